@@ -1,0 +1,34 @@
+# trickle: the two ways in are `make demo` (install everything, run the main job on
+# embedded defaults) and `make test` (install what the tests need, lint, run them).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: venv demo test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+
+venv: $(PY)
+
+demo: $(PY)
+	$(PIP) -e ".[all]"
+	$(VENV)/bin/trickle simulate --out runs/demo
+
+lint: $(PY)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
+test: $(PY)
+	$(PIP) -e ".[all,dev]"
+	$(MAKE) lint
+	$(VENV)/bin/pytest -q
+
+bench: $(PY)
+	$(VENV)/bin/trickle bench simulator
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,186 @@
+"""Simulator benchmark: exactness against closed forms and the fixed-step reference, and speed.
+
+    trickle bench simulator [--quick]
+
+Keys of bench/results/simulator.json (goals in GOALS):
+- exact_vs_closed_form_max_rel_err: constant harvest/load scenarios whose boot times and
+  power-failure times follow from the capacitor ODE by hand (written out below,
+  independently of simulator/storage.py).
+- exact_vs_fixed_step_on_time_rel_err, exact_vs_fixed_step_power_cycles_rel_err and
+  exact_speedup_vs_fixed_step: the bundled nrel_24h scenario on both engines, one run.
+- fleet_node_seconds_per_wall_second: the bundled fleet_1000 scenario on every core.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from simulator.cli import scenario_path
+from simulator.config import Scenario, build_scenario, load_scenario
+from simulator.devices import MCUS
+from simulator.fleet import simulate
+from simulator.node import Mode
+
+RESULTS = Path(__file__).parent / "results"
+GOALS = {
+    "exact_vs_closed_form_max_rel_err": ("<=", 1e-9),
+    "exact_vs_fixed_step_on_time_rel_err": ("<=", 0.01),
+    "exact_vs_fixed_step_power_cycles_rel_err": ("<=", 0.01),
+    "exact_speedup_vs_fixed_step": (">=", 100.0),
+    "fleet_node_seconds_per_wall_second": (">=", 1e6),
+}
+
+# ---- closed forms ----------------------------------------------------------------------
+
+_QUIET = {"sense_period_s": 86400.0, "sense_offset_s": 1e12}  # no sensing: the load is boot, then sleep
+
+
+def _closed_form_scenario(harvest_w: float, c_f: float, r_ohm: float | None, i_a: float, duration_s: float) -> Scenario:
+    return build_scenario({
+        "run": {"duration_s": duration_s, "workers": 1},
+        "harvester": {"kind": "constant", "power_w": harvest_w},
+        "storage": {"capacitance_f": c_f, "leakage_r_ohm": r_ohm, "leakage_a": i_a, "quiescent_a": 0.0,
+                    "v_on_v": 3.0, "v_off_v": 2.0, "v_max_v": 3.6},
+        "workload": _QUIET,
+        "nodes": {"count": 1, "record_traces": 1, "harvest_scale_min": 1.0, "harvest_scale_max": 1.0},
+    })
+
+
+def _mode_times(sc: Scenario, mode: Mode) -> list[float]:
+    trace = simulate(sc).nodes[0].trace
+    assert trace is not None
+    return [t for t, m in zip(trace["time_s"], trace["mode"]) if m == mode]
+
+
+def _charge_time(c: float, p: float, g: float, i: float, v0: float, v1: float) -> float:
+    """Time to charge v0 → v1 at constant input power p with leakage g (S) or i (A), one at a time."""
+    if g == 0.0 and i == 0.0:
+        return c * (v1**2 - v0**2) / (2.0 * p)
+    if i == 0.0:  # (C/2) du/dt = p − g u
+        return c / (2.0 * g) * math.log((p - g * v0**2) / (p - g * v1**2))
+    # C v dv/dt = p − i v:  t = C [ (v0 − v1)/i + (p/i²) ln((p − i v0)/(p − i v1)) ]
+    return c * ((v0 - v1) / i + p / i**2 * math.log((p - i * v0) / (p - i * v1)))
+
+
+def closed_form_errors() -> dict[str, float]:
+    """Relative errors of first-boot and power-failure times against the hand-derived formulas."""
+    errors: dict[str, float] = {}
+    eta_in = 0.8  # StorageConfig defaults, used by the scenarios above
+    for label, r_ohm, i_a in (("ideal", None, 0.0), ("resistive", 2e5, 0.0), ("current", None, 2e-6)):
+        p_h = 5e-3
+        sc = _closed_form_scenario(p_h, 10e-3, r_ohm, i_a, 600.0)
+        t_sim = _mode_times(sc, Mode.BOOT)[0]
+        g = 0.0 if r_ohm is None else 1.0 / r_ohm
+        t_ref = _charge_time(10e-3, eta_in * p_h, g, i_a, 0.0, 3.0)
+        errors[f"first_boot_{label}"] = abs(t_sim - t_ref) / t_ref
+    for label, r_ohm in (("ideal", None), ("resistive", 5e7)):
+        errors[f"duty_cycle_{label}"] = _duty_cycle_error(r_ohm)
+    return errors
+
+
+def _duty_cycle_error(r_ohm: float | None) -> float:
+    """Harvest below the sleep draw: boot, sleep down to v_off, recharge with the load off; repeat."""
+    mcu = MCUS["msp430fr5994"]
+    c, eta_in, eta_out, v_on, v_off = 1e-4, 0.8, 0.9, 3.0, 2.0
+    p_in = 1.0e-6
+    sc = _closed_form_scenario(p_in / eta_in, c, r_ohm, 0.0, 86400.0)
+    g = 0.0 if r_ohm is None else 1.0 / r_ohm
+    p_boot = p_in - mcu.active_power_w() / eta_out
+    p_sleep = p_in - mcu.sleep_power_w() / eta_out
+
+    def u_after(u0: float, p: float, t: float) -> float:  # (C/2) du/dt = p − g u
+        return u0 + 2.0 * p * t / c if g == 0.0 else p / g + (u0 - p / g) * math.exp(-2.0 * g * t / c)
+
+    def t_between(u0: float, u1: float, p: float) -> float:
+        return c * (u1 - u0) / (2.0 * p) if g == 0.0 else c / (2.0 * g) * math.log((p - g * u0) / (p - g * u1))
+
+    t_first_on = t_between(0.0, v_on**2, p_in)
+    u_booted = u_after(v_on**2, p_boot, mcu.boot_s)
+    t_on = mcu.boot_s + t_between(u_booted, v_off**2, p_sleep)
+    period = t_on + t_between(v_off**2, v_on**2, p_in)
+    failures = _mode_times(sc, Mode.OFF)[1:]  # the first record is the initial state
+    if not failures:
+        raise RuntimeError("duty-cycle scenario produced no power failure")
+    expected = [t_first_on + k * period + t_on for k in range(len(failures))]
+    return max(abs(a - b) / b for a, b in zip(failures, expected))
+
+
+# ---- engines and fleet -------------------------------------------------------------------
+
+
+def _timed(sc: Scenario) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    result = simulate(sc)
+    return result, time.perf_counter() - t0
+
+
+def engine_comparison(quick: bool) -> dict[str, float]:
+    base = load_scenario(scenario_path("nrel_24h"))
+    duration = 7200.0 if quick else base.run.duration_s
+    exact, t_exact = _timed(load_scenario(scenario_path("nrel_24h"), run={"duration_s": duration, "workers": 1}))
+    fixed, t_fixed = _timed(load_scenario(scenario_path("nrel_24h"),
+                                          run={"duration_s": duration, "workers": 1, "engine": "fixed_step", "step_s": 1e-3}))
+    a, b = exact.summary, fixed.summary
+    return {
+        "exact_vs_fixed_step_on_time_rel_err": abs(a["on_time_s"] - b["on_time_s"]) / b["on_time_s"],
+        "exact_vs_fixed_step_power_cycles_rel_err": abs(a["power_cycles"] - b["power_cycles"]) / max(b["power_cycles"], 1),
+        "exact_speedup_vs_fixed_step": t_fixed / t_exact,
+        "engine_duration_s": duration,
+        "engine_power_cycles_exact": a["power_cycles"],
+        "engine_power_cycles_fixed_step": b["power_cycles"],
+        "engine_on_time_s_exact": a["on_time_s"],
+        "engine_on_time_s_fixed_step": b["on_time_s"],
+        "engine_completed_exact": a["completed"],
+        "engine_completed_fixed_step": b["completed"],
+        "engine_wall_s_exact": t_exact,
+        "engine_wall_s_fixed_step": t_fixed,
+    }
+
+
+def fleet_speed(quick: bool) -> dict[str, float]:
+    overrides = {"nodes": {"count": 50}, "run": {"duration_s": 7200.0}} if quick else {}
+    sc = load_scenario(scenario_path("fleet_1000"), **overrides)
+    result, wall = _timed(sc)
+    s = result.summary
+    return {
+        "fleet_node_seconds_per_wall_second": s["nodes"] * s["duration_s"] / wall,
+        "fleet_nodes": s["nodes"],
+        "fleet_duration_s": s["duration_s"],
+        "fleet_wall_s": wall,
+        "fleet_workers": sc.run.workers or os.cpu_count() or 1,
+        "fleet_power_cycles": s["power_cycles"],
+        "fleet_completed": s["completed"],
+        "fleet_packets_delivered": s["packets_delivered"],
+        "fleet_packets_collided": s["packets_collided"],
+    }
+
+
+def _verdict(key: str, value: float) -> str:
+    op, goal = GOALS[key]
+    ok = value <= goal if op == "<=" else value >= goal
+    return f"{'meets' if ok else 'MISSES'} goal {op} {goal:g}"
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    errors = closed_form_errors()
+    out: dict[str, Any] = {"exact_vs_closed_form_max_rel_err": max(errors.values()),
+                           "closed_form_cases_rel_err": errors}
+    out.update(engine_comparison(quick))
+    out.update(fleet_speed(quick))
+    out["goals"] = {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()}
+    out["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    out["quick"] = quick
+    print(f"{'metric':45s} {'measured':>14s}  verdict")
+    for key in GOALS:
+        print(f"{key:45s} {out[key]:14.4g}  {_verdict(key, out[key])}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / ("simulator-quick.json" if quick else "simulator.json")
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+    return out

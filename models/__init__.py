@@ -1,0 +1,1 @@
+"""PyTorch training for intermittent power: datasets, architectures, NExUME and later methods."""

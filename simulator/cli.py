@@ -1,0 +1,124 @@
+"""Simulate energy-harvesting sensor nodes.
+
+Runs the default scenario (a small fleet on outdoor solar from pvlib's TMY data,
+MSP430FR5994 nodes running a small CNN with per-layer checkpoints and LoRa uplinks)
+unless --scenario names a TOML file or one of the bundled scenarios. Writes
+results.json, report.md and plots/*.png to --out.
+
+examples:
+  trickle simulate
+  trickle simulate --scenario nrel_24h --nodes 50 --out runs/nrel
+  trickle simulate --scenario my.toml --set storage.capacitance_f=0.047 --seed 3
+  trickle simulate --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from simulator.config import Scenario, load_scenario
+from simulator.errors import SimulatorError
+
+USER_ERRORS = (SimulatorError,)
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", metavar="FILE|NAME", help="TOML scenario file, or the name of a bundled one (see --list)")
+    p.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
+    p.add_argument("--out", metavar="DIR", type=Path, help="output folder (default: runs/<scenario name>)")
+    p.add_argument("--seed", type=int, help="override run.seed")
+    p.add_argument("--nodes", type=int, help="override nodes.count")
+    p.add_argument("--duration-s", type=float, help="override run.duration_s (simulated seconds)")
+    p.add_argument("--engine", choices=("exact", "fixed_step"), help="override run.engine")
+    p.add_argument("--workers", type=int, help="override run.workers (processes; default all cores)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any field, value in TOML syntax (repeatable), e.g. --set workload.policy='\"jit\"'")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def scenario_path(name: str) -> Path:
+    """A bundled scenario by name, else the path as given."""
+    bundled = SCENARIO_DIR / f"{name}.toml"
+    return bundled if not Path(name).exists() and bundled.exists() else Path(name)
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in (("seed", args.seed), ("duration_s", args.duration_s), ("engine", args.engine), ("workers", args.workers)):
+        if value is not None:
+            overrides.setdefault("run", {})[key] = value
+    if args.nodes is not None:
+        overrides.setdefault("nodes", {})["count"] = args.nodes
+    for item in args.set:
+        section, field, value = _parse_set(item)
+        overrides.setdefault(section, {})[field] = value
+    path = scenario_path(args.scenario) if args.scenario else None
+    return load_scenario(path, **overrides)
+
+
+def _parse_set(item: str) -> tuple[str, str, Any]:
+    import tomllib
+
+    from simulator.errors import ConfigError
+
+    key, sep, raw = item.partition("=")
+    section, dot, field = key.strip().partition(".")
+    if not sep or not dot:
+        raise ConfigError("--set", item, "expected SECTION.FIELD=VALUE, e.g. storage.capacitance_f=0.047")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is taken as a string
+    return section, field, value
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for path in sorted(SCENARIO_DIR.glob("*.toml")):
+            first = next((ln[1:].strip() for ln in path.read_text().splitlines() if ln.startswith("#")), "")
+            print(f"{path.stem:24s} {first}")
+        return 0
+    from simulator.fleet import simulate
+    from simulator.report import write_outputs
+
+    scenario = scenario_from_args(args)
+    out = args.out or Path("runs") / scenario.name
+    started = time.perf_counter()
+    with _progress(scenario, disable=args.no_progress) as bar:
+        result = simulate(scenario, progress=bar.update)
+    wall_s = time.perf_counter() - started
+    paths = write_outputs(result, out, plots=not args.no_plots)
+    _print_summary(result.summary, wall_s)
+    print(f"wrote {', '.join(str(p) for p in paths[:2])}" + (f" and {len(paths) - 2} plots" if len(paths) > 2 else ""))
+    return 0
+
+
+def _progress(scenario: Scenario, disable: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=scenario.nodes.count, unit="node", desc=f"simulating {scenario.name}",
+                disable=disable or None, file=sys.stderr, leave=False)
+
+
+def _print_summary(s: dict[str, Any], wall_s: float) -> None:
+    node_s = s["nodes"] * s["duration_s"]
+    rows = [
+        ("nodes x simulated time", f"{s['nodes']} x {s['duration_s'] / 3600:.2f} h"),
+        ("availability", f"{s['availability']:.3f}"),
+        ("power failures", f"{s['power_cycles']}"),
+        ("sensing events", f"{s['released']}"),
+        ("results in time / late", f"{s['completed']} / {s['missed']}"),
+        ("lost off / dropped / unfinished", f"{s['lost_off']} / {s['dropped']} / {s['unfinished']}"),
+        ("packets delivered / collided", f"{s['packets_delivered']} / {s['packets_collided']}"),
+        ("energy harvested / to load (J)", f"{s['harvested_j']:.4g} / {s['load_j']:.4g}"),
+        ("wall time", f"{wall_s:.2f} s ({node_s / wall_s:.3g} node-s per s)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")

@@ -1,0 +1,31 @@
+"""Where the simulator finds the real data named in a scenario.
+
+Relative paths resolve against the working directory first, then against
+``$TRICKLE_DATA`` (default: ``../shared/data`` beside the repository).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from simulator.errors import DataError
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("TRICKLE_DATA", _REPO_ROOT.parent / "shared" / "data"))
+
+
+def resolve_data_file(path: str | os.PathLike[str], field: str) -> Path:
+    """Return an existing file for ``path`` or raise a DataError naming ``field`` and where it looked."""
+    p = Path(path).expanduser()
+    candidates = [p] if p.is_absolute() else [Path.cwd() / p, data_root() / p]
+    for c in candidates:
+        if c.is_file():
+            return c
+    looked = ", ".join(str(c) for c in candidates)
+    raise DataError(
+        f"{field}: data file {str(path)!r} not found (looked in {looked}; set TRICKLE_DATA to the shared data folder)"
+    )

@@ -1,0 +1,249 @@
+"""Run a scenario: build the nodes, simulate them (SimPy, sharded over processes), resolve the network.
+
+Nodes do not interact through energy, so a fleet splits into contiguous shards of
+node ids that run independently — here in a multiprocessing pool, later on any
+engine that can map ``run_shard`` over shards (Ray). Every random draw is keyed by
+(seed, node id), so results do not depend on how the fleet was sharded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing as mp
+import os
+from collections.abc import Callable, Generator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import simpy
+
+from simulator import network
+from simulator.config import Scenario
+from simulator.data import resolve_data_file
+from simulator.devices import RADIOS
+from simulator.errors import DataError
+from simulator.harvesters import build_trace
+from simulator.node import Event, Node, NodeSpec, NodeStats, apply_event, next_event
+from simulator.reference import run_fixed_step
+from simulator.trace import PowerTrace
+from simulator.workload import Phase, build_plan
+
+_NODE_STREAM = 1  # rng stream of per-node draws; the network uses its own
+
+
+@dataclass
+class NodeResult:
+    node_id: int
+    harvest_scale: float
+    stats: NodeStats
+    packets: np.ndarray  # (n, 3): start_s, airtime_s, deadline_s
+    trace: dict[str, list[float] | list[int]] | None = None
+
+
+@dataclass
+class SimulationResult:
+    scenario: Scenario
+    nodes: list[NodeResult]
+    distances_m: np.ndarray
+    resolution: network.Resolution
+    harvest: PowerTrace
+    summary: dict[str, float | int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every shard needs, built once in the parent."""
+
+    scenario: Scenario
+    harvest: PowerTrace
+    plan: tuple[Phase, ...]
+    airtime_s: float
+    sense_times_s: np.ndarray | None
+
+
+def tx_timing(scenario: Scenario) -> tuple[float, float, float]:
+    """(on-air time, radio-on time, radio power) of one result packet."""
+    net = scenario.network
+    radio = RADIOS[net.radio]
+    airtime_s = network.packet_airtime_s(net)
+    repeats = 3 if net.radio == "ble" else 1  # BLE advertising: the same PDU on the three channels
+    return airtime_s, repeats * (radio.startup_s + airtime_s), radio.tx_a * radio.vdd_v
+
+
+def _shared(scenario: Scenario) -> _Shared:
+    run = scenario.run
+    harvest = build_trace(scenario.harvester, run.duration_s, np.random.default_rng([run.seed, 0, 0]))
+    airtime_s, on_s, tx_w = tx_timing(scenario)
+    plan = build_plan(scenario.workload, on_s, tx_w)
+    return _Shared(scenario, harvest, plan, airtime_s, _sense_times(scenario))
+
+
+def _sense_times(scenario: Scenario) -> np.ndarray | None:
+    path = scenario.workload.sense_trace
+    if path is None:
+        return None
+    file = resolve_data_file(path, "workload.sense_trace")
+    try:
+        times = np.loadtxt(file, delimiter=",", usecols=0, ndmin=1, comments="#", skiprows=_header_rows(file))
+    except ValueError as e:
+        raise DataError(f"workload.sense_trace: {file}: {e}") from None
+    if np.any(np.diff(times) < 0):
+        raise DataError(f"workload.sense_trace: {file}: event times must be non-decreasing")
+    return times[(times >= 0) & (times < scenario.run.duration_s)]
+
+
+def _header_rows(file: os.PathLike[str]) -> int:
+    with open(file) as fh:
+        first = fh.readline().split(",")[0].strip()
+    try:
+        float(first)
+        return 0
+    except ValueError:
+        return 1
+
+
+def _node_spec(shared: _Shared, node_id: int) -> NodeSpec:
+    sc = shared.scenario
+    rng = np.random.default_rng([sc.run.seed, node_id, _NODE_STREAM])
+    scale = float(rng.uniform(sc.nodes.harvest_scale_min, sc.nodes.harvest_scale_max))
+    offset = sc.workload.sense_offset_s
+    if offset is None:
+        offset = float(rng.uniform(0.0, sc.workload.sense_period_s))
+    return NodeSpec(
+        node_id=node_id, storage=sc.storage, work=sc.workload, plan=shared.plan, harvest=shared.harvest,
+        harvest_scale=scale, sense_times_s=shared.sense_times_s, sense_offset_s=offset,
+        airtime_s=shared.airtime_s, record_trace=node_id < sc.nodes.record_traces,
+    )
+
+
+# Events another process could observe; the node's internal events (phases, voltage
+# crossings) are applied in closed form without a round trip through the event queue.
+_SYNC = (Event.SENSE, Event.HARVEST, Event.END)
+
+
+def _node_process(env: simpy.Environment, node: Node) -> Generator[simpy.Event, None, None]:
+    while True:
+        t_next, kind, v_new, clamped = next_event(node)
+        if kind in _SYNC:
+            yield env.timeout(max(t_next - env.now, 0.0))
+        apply_event(node, t_next, kind, v_new, clamped)
+        if kind == Event.END:
+            return
+
+
+def run_shard(shared: _Shared, node_ids: range) -> list[NodeResult]:
+    """Simulate the nodes ``node_ids`` in one SimPy environment (or the fixed-step reference)."""
+    run = shared.scenario.run
+    nodes = [Node(_node_spec(shared, i), run.duration_s) for i in node_ids]
+    if run.engine == "exact":
+        env = simpy.Environment()
+        for node in nodes:
+            env.process(_node_process(env, node))
+        env.run()
+    else:
+        for node in nodes:
+            run_fixed_step(node, run.step_s)
+    return [_result(node) for node in nodes]
+
+
+def _result(node: Node) -> NodeResult:
+    trace: dict[str, list[float] | list[int]] | None = None
+    if node.spec.record_trace:
+        trace = {"time_s": node.trace_t, "voltage_v": node.trace_v, "mode": node.trace_mode}
+    packets = np.asarray(node.packets, dtype=np.float64).reshape(-1, 3)
+    return NodeResult(node.spec.node_id, node.spec.harvest_scale, node.finish(), packets, trace)
+
+
+def _shards(n_nodes: int, n_shards: int) -> list[range]:
+    bounds = np.linspace(0, n_nodes, n_shards + 1).round().astype(int)
+    return [range(a, b) for a, b in itertools.pairwise(bounds.tolist()) if b > a]
+
+
+def simulate(scenario: Scenario, progress: Callable[[int], None] | None = None) -> SimulationResult:
+    """Run ``scenario``; ``progress`` is called with the number of nodes each finished shard held."""
+    shared = _shared(scenario)
+    n = scenario.nodes.count
+    workers = min(scenario.run.workers or os.cpu_count() or 1, n)
+    shards = _shards(n, min(n, max(workers * 8, 1)))
+    if workers == 1:
+        parts = []
+        for shard in shards:
+            parts.append(run_shard(shared, shard))
+            if progress:
+                progress(len(shard))
+    else:
+        parts = _run_pool(shared, shards, workers, progress)
+    nodes = [r for part in parts for r in part]
+    distances = network.node_distances_m(scenario.network, n, scenario.run.seed)
+    resolution = network.resolve(_packet_log(scenario, nodes, distances), scenario.network, scenario.run.seed)
+    result = SimulationResult(scenario, nodes, distances, resolution, shared.harvest)
+    result.summary = summarize(result)
+    return result
+
+
+def _run_pool(
+    shared: _Shared, shards: list[range], workers: int, progress: Callable[[int], None] | None
+) -> list[list[NodeResult]]:
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(shared,)) as pool:
+        parts = []
+        for part in pool.imap(_run_in_worker, shards):  # imap keeps shard order: deterministic output
+            parts.append(part)
+            if progress:
+                progress(len(part))
+    return parts
+
+
+_WORKER_SHARED: _Shared | None = None
+
+
+def _init_worker(shared: _Shared) -> None:
+    global _WORKER_SHARED
+    _WORKER_SHARED = shared
+
+
+def _run_in_worker(shard: range) -> list[NodeResult]:
+    assert _WORKER_SHARED is not None
+    return run_shard(_WORKER_SHARED, shard)
+
+
+def _packet_log(scenario: Scenario, nodes: list[NodeResult], distances_m: np.ndarray) -> network.PacketLog:
+    net = scenario.network
+    logs = []
+    for r in nodes:
+        k = len(r.packets)
+        rng = np.random.default_rng([scenario.run.seed, r.node_id, _NODE_STREAM + 1])
+        rx = network.received_power_dbm(net.tx_power_dbm, distances_m[r.node_id], net.frequency_hz, net.path_loss_exponent)
+        logs.append(network.PacketLog(
+            node_id=np.full(k, r.node_id, dtype=np.int64), start_s=r.packets[:, 0], airtime_s=r.packets[:, 1],
+            channel=rng.integers(0, net.channels, size=k).astype(np.int16),
+            sf=np.full(k, net.spreading_factor, dtype=np.int8), rx_power_dbm=np.full(k, float(rx)),
+            deadline_s=r.packets[:, 2],
+        ))
+    return network.PacketLog.concatenate(logs)
+
+
+def summarize(result: SimulationResult) -> dict[str, float | int]:
+    """Fleet totals and the rates a reader looks for first."""
+    sc = result.scenario
+    totals: dict[str, float] = {}
+    for r in result.nodes:
+        for k, v in asdict(r.stats).items():
+            if k not in ("v_initial_v", "v_final_v"):
+                totals[k] = totals.get(k, 0) + v
+    n, duration = len(result.nodes), sc.run.duration_s
+    done = totals["completed"] + totals["missed"]
+    summary: dict[str, float | int] = {"nodes": n, "duration_s": duration, **totals}
+    summary["availability"] = totals["on_time_s"] / (n * duration)
+    summary["completed_fraction"] = totals["completed"] / totals["released"] if totals["released"] else 0.0
+    summary["inferences_per_node_hour"] = done / n / (duration / 3600.0)
+    summary["load_energy_per_result_j"] = totals["load_j"] / done if done else math.nan
+    summary["mean_latency_s"] = totals["latency_sum_s"] / done if done else math.nan
+    res = result.resolution
+    for k in PACKET_OUTCOMES:
+        summary[f"packets_{k}"] = int(getattr(res, k).sum())
+    return summary
+
+
+PACKET_OUTCOMES = ("delivered", "delivered_in_time", "collided", "lost", "below_sensitivity")

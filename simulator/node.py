@@ -1,0 +1,396 @@
+"""One energy-harvesting node: the state machine shared by the exact and the fixed-step engines.
+
+The node is always in one mode; each mode draws a constant load, so with the harvest
+trace piecewise constant, eq. (1) of ``storage.py`` has constant coefficients between
+events. The exact engine (``run_exact``) jumps from event to event with closed-form
+crossing times; ``simulator.reference`` steps the same machine on a fixed grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from simulator import storage
+from simulator.storage import StorageConfig
+from simulator.trace import PowerTrace
+from simulator.workload import Phase, WorkloadConfig, boot_phase, checkpoint_phase, restore_phase
+
+
+class Mode(IntEnum):
+    OFF = 0  # load disconnected, the capacitor charges
+    BOOT = 1
+    RESTORE = 2  # reading progress back from NVM after a boot
+    RUN = 3  # executing a phase of the current task
+    CHECKPOINT = 4  # jit: saving volatile state
+    IDLE = 5  # sleeping until the next sensing event
+    HIBERNATE = 6  # jit: sleeping on a checkpoint until the voltage recovers
+
+
+class Event(IntEnum):
+    END = 0
+    HARVEST = 1  # the harvest trace steps
+    PHASE = 2  # the current phase finishes
+    SENSE = 3  # a sensing event
+    V_ON = 4  # voltage rises to v_on
+    V_CUT = 5  # voltage falls to the cut-off: power failure
+    V_JIT = 6  # voltage falls to the jit threshold
+    V_MAX = 7  # voltage reaches the clamp
+
+
+_FINITE = (Mode.BOOT, Mode.RESTORE, Mode.RUN, Mode.CHECKPOINT)
+
+
+@dataclass
+class NodeStats:
+    """Per-node results. Energies in J at the point named; leaked_j includes the power path's quiescent draw."""
+
+    harvested_j: float = 0.0  # transducer output
+    input_loss_j: float = 0.0  # lost in the MPPT/boost converter
+    wasted_j: float = 0.0  # shunted at the clamp
+    leaked_j: float = 0.0
+    load_j: float = 0.0  # delivered to MCU, sensor and radio
+    output_loss_j: float = 0.0  # lost in the buck/LDO
+    lost_work_j: float = 0.0  # load energy of work a power failure rolled back
+    on_time_s: float = 0.0
+    power_cycles: int = 0  # power failures (on -> off)
+    boots: int = 0
+    checkpoints: int = 0
+    released: int = 0  # sensing events
+    lost_off: int = 0  # sensing events while the node was off or booting
+    dropped: int = 0  # sensing events that found the queue full
+    completed: int = 0  # results within the deadline
+    missed: int = 0  # results after the deadline
+    unfinished: int = 0  # tasks still pending at the end
+    packets_sent: int = 0
+    latency_sum_s: float = 0.0  # of completed + missed results
+    v_initial_v: float = 0.0
+    v_final_v: float = 0.0
+    stored_delta_j: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Everything one node needs; shared objects (trace, plan) are not copied per node."""
+
+    node_id: int
+    storage: StorageConfig
+    work: WorkloadConfig
+    plan: tuple[Phase, ...]
+    harvest: PowerTrace
+    harvest_scale: float  # shading / placement factor of this node
+    sense_times_s: np.ndarray | None  # explicit sensing events, or None for periodic
+    sense_offset_s: float
+    airtime_s: float  # on-air part of the tx phase (the rest is radio start-up)
+    record_trace: bool = False
+
+
+@dataclass
+class _Progress:
+    phase: int = 0
+    elapsed_s: float = 0.0
+
+
+class Node:
+    """The mutable state of one node and the transitions between its modes."""
+
+    def __init__(self, spec: NodeSpec, end_s: float) -> None:
+        s, w = spec.storage, spec.work
+        self.spec, self.end_s = spec, end_s
+        self.c_f, self.i_a, self.g_s = s.capacitance_f, s.current_draw_a, s.conductance_s
+        self.eta_in, self.eta_out = s.input_efficiency, s.output_efficiency
+        self.v_on, self.v_max = s.v_on_v, s.v_max_v
+        self.v_cut = max(s.v_off_v, w.mcu_profile.brown_out_v)
+        self.v_jit = w.jit_threshold_v if w.policy == "jit" else -1.0
+        self.sleep_w = w.mcu_profile.sleep_power_w()
+        self.boot, self.ckpt = boot_phase(w), checkpoint_phase(w)
+        self.v = min(s.v_initial_v, s.v_max_v)
+        self.t = 0.0
+        self.mode = Mode.OFF
+        self.load_w = 0.0  # load power of the current mode, at the load
+        self.phase: Phase | None = None  # what a finite mode is executing
+        self.remaining_s = math.inf
+        self.task_release_s: float | None = None  # the task in progress
+        self.pos = _Progress()  # volatile progress in the plan
+        self.durable = _Progress()  # progress in NVM
+        self.restore_bytes = 0
+        self.queue: deque[float] = deque()
+        self.jit_armed = True
+        self.seg = 0
+        self.harvest_w = float(spec.harvest.power_w[0]) * spec.harvest_scale
+        self.next_harvest_s = self._next_harvest_s()
+        self.next_sense_idx = 0
+        self.next_sense_s = self._sense_time(0)
+        self.stats = NodeStats(v_initial_v=self.v)
+        self.packets: list[tuple[float, float, float]] = []  # (start_s, airtime_s, deadline_s)
+        self.trace_t: list[float] = []
+        self.trace_v: list[float] = []
+        self.trace_mode: list[int] = []
+        self.record()
+        if self.v >= self.v_on:
+            self._power_on()
+
+    # ---- coefficients of eq. (1) -------------------------------------------------
+
+    def net_power_w(self) -> float:
+        """The constant-power part p_w of eq. (1)."""
+        return self.eta_in * self.harvest_w - self.load_w / self.eta_out
+
+    def clamped(self, p_w: float) -> bool:
+        return self.v >= self.v_max and storage.rate(self.v_max, p_w, self.i_a, self.g_s) > 0.0
+
+    # ---- scheduled (non-voltage) events ------------------------------------------
+
+    def _sense_time(self, k: int) -> float:
+        times = self.spec.sense_times_s
+        if times is not None:
+            return float(times[k]) if k < len(times) else math.inf
+        return self.spec.sense_offset_s + k * self.spec.work.sense_period_s
+
+    def _next_harvest_s(self) -> float:
+        times = self.spec.harvest.time_s
+        return float(times[self.seg + 1]) if self.seg + 1 < len(times) else math.inf
+
+    def scheduled(self) -> tuple[float, Event]:
+        """The earliest event that does not depend on the voltage."""
+        best, kind = self.end_s, Event.END
+        if self.next_harvest_s < best:
+            best, kind = self.next_harvest_s, Event.HARVEST
+        if self.next_sense_s < best:
+            best, kind = self.next_sense_s, Event.SENSE
+        if self.remaining_s != math.inf and self.t + self.remaining_s < best:
+            best, kind = self.t + self.remaining_s, Event.PHASE
+        return best, kind
+
+    # ---- accounting --------------------------------------------------------------
+
+    def account(self, dt: float, v_new: float, p_w: float, wasted_j: float) -> None:
+        """Book ``dt`` seconds at constant coefficients ending at ``v_new``; leakage is the balance."""
+        st = self.stats
+        delta_j = 0.5 * self.c_f * (v_new - self.v) * (v_new + self.v)
+        st.harvested_j += self.harvest_w * dt
+        st.load_j += self.load_w * dt
+        st.wasted_j += wasted_j
+        st.leaked_j += p_w * dt - delta_j - wasted_j
+        st.stored_delta_j += delta_j
+        mode = self.mode
+        if mode != Mode.OFF:
+            st.on_time_s += dt
+            if self.remaining_s != math.inf:
+                self.remaining_s -= dt
+                if mode == Mode.RUN:
+                    self.pos.elapsed_s += dt
+        self.v, self.t = v_new, self.t + dt
+
+    def record(self) -> None:
+        if self.spec.record_trace:
+            self.trace_t.append(self.t)
+            self.trace_v.append(self.v)
+            self.trace_mode.append(int(self.mode))
+
+    # ---- transitions -------------------------------------------------------------
+
+    def handle(self, kind: Event) -> None:
+        if kind == Event.HARVEST:
+            self.seg += 1
+            self.harvest_w = float(self.spec.harvest.power_w[self.seg]) * self.spec.harvest_scale
+            self.next_harvest_s = self._next_harvest_s()
+        elif kind == Event.SENSE:
+            self._sense()
+        elif kind == Event.PHASE:
+            self._phase_done()
+        elif kind == Event.V_ON:
+            self._resume() if self.mode == Mode.HIBERNATE else self._power_on()
+        elif kind == Event.V_CUT:
+            self._power_fail()
+        elif kind == Event.V_JIT:
+            self.jit_armed = False
+            self._enter(Mode.CHECKPOINT, self.ckpt)
+        self.record()
+
+    def _enter(self, mode: Mode, phase: Phase | None = None, remaining_s: float | None = None) -> None:
+        self.mode, self.phase = mode, phase
+        self.remaining_s = math.inf if phase is None else (phase.duration_s if remaining_s is None else remaining_s)
+        if phase is not None:
+            self.load_w = phase.power_w
+        else:
+            self.load_w = 0.0 if mode == Mode.OFF else self.sleep_w
+
+    def _sense(self) -> None:
+        st = self.stats
+        st.released += 1
+        release_s = self.next_sense_s
+        self.next_sense_idx += 1
+        self.next_sense_s = self._sense_time(self.next_sense_idx)
+        if self.mode in (Mode.OFF, Mode.BOOT):
+            st.lost_off += 1
+        elif self.mode == Mode.IDLE:
+            self.queue.append(release_s)
+            self._next_task()
+        elif len(self.queue) >= self.spec.work.queue_capacity:
+            st.dropped += 1
+        else:
+            self.queue.append(release_s)
+
+    def _power_on(self) -> None:
+        self.stats.boots += 1
+        self._enter(Mode.BOOT, self.boot)
+
+    def _power_fail(self) -> None:
+        self.stats.power_cycles += 1
+        if self.task_release_s is not None:
+            self._roll_back()
+        self.jit_armed = True
+        self._enter(Mode.OFF)
+
+    def _roll_back(self) -> None:
+        """Volatile progress falls back to what NVM holds; account the work that is lost."""
+        pos, plan = self.pos, self.spec.plan
+        if pos.phase < len(plan) and plan[pos.phase].granule_s > 0.0 and self.durable.phase == pos.phase:
+            # loop continuation: every whole tile done in this phase is already committed
+            g = plan[pos.phase].granule_s
+            kept = math.floor(pos.elapsed_s / g * (1.0 + 1e-12)) * g
+            if kept > self.durable.elapsed_s:
+                self.durable = _Progress(pos.phase, kept)
+                self.restore_bytes = plan[pos.phase].restore_bytes
+        self.stats.lost_work_j += _plan_energy(plan, self.durable, pos)
+        self.pos = _Progress(self.durable.phase, self.durable.elapsed_s)
+
+    def _phase_done(self) -> None:
+        mode = self.mode
+        if mode == Mode.BOOT:
+            if self.task_release_s is not None and self.restore_bytes > 0:
+                self._enter(Mode.RESTORE, restore_phase(self.spec.work, self.restore_bytes))
+            else:
+                self._continue()
+        elif mode == Mode.RESTORE:
+            self._continue()
+        elif mode == Mode.CHECKPOINT:
+            self.stats.checkpoints += 1
+            self.durable = _Progress(self.pos.phase, self.pos.elapsed_s)
+            self.restore_bytes = self.ckpt.restore_bytes
+            self._enter(Mode.HIBERNATE)
+        else:
+            self._next_phase()
+
+    def _resume(self) -> None:
+        self.jit_armed = True
+        self._continue()
+
+    def _continue(self) -> None:
+        """Carry on with the task in progress, else the next one, else sleep."""
+        if self.task_release_s is None:
+            self._next_task()
+            return
+        phase = self.spec.plan[self.pos.phase]
+        self._enter(Mode.RUN, phase, phase.duration_s - self.pos.elapsed_s)
+
+    def _next_task(self) -> None:
+        if not self.queue:
+            self._enter(Mode.IDLE)
+            return
+        self.task_release_s = self.queue.popleft()
+        self.pos, self.durable, self.restore_bytes = _Progress(), _Progress(), 0
+        self._enter(Mode.RUN, self.spec.plan[0])
+
+    def _next_phase(self) -> None:
+        plan = self.spec.plan
+        done = plan[self.pos.phase]
+        self.pos = _Progress(self.pos.phase + 1, 0.0)
+        if done.durable_end:
+            self.durable = _Progress(self.pos.phase, 0.0)
+            self.restore_bytes = done.restore_bytes
+        if done.kind == "tx":
+            self.stats.packets_sent += 1
+            airtime_s = self.spec.airtime_s
+            self.packets.append((self.t - airtime_s, airtime_s, self._deadline()))
+        if self.pos.phase == len(plan):
+            self._task_done()
+        else:
+            self._enter(Mode.RUN, plan[self.pos.phase])
+
+    def _deadline(self) -> float:
+        assert self.task_release_s is not None
+        return self.task_release_s + self.spec.work.deadline_s
+
+    def _task_done(self) -> None:
+        st = self.stats
+        if self.t <= self._deadline():
+            st.completed += 1
+        else:
+            st.missed += 1
+        assert self.task_release_s is not None
+        st.latency_sum_s += self.t - self.task_release_s
+        self.task_release_s = None
+        self._next_task()
+
+    def finish(self) -> NodeStats:
+        st = self.stats
+        st.unfinished = len(self.queue) + (self.task_release_s is not None)
+        st.v_final_v = self.v
+        st.input_loss_j = (1.0 - self.eta_in) * st.harvested_j
+        st.output_loss_j = st.load_j * (1.0 / self.eta_out - 1.0)
+        return st
+
+
+def _plan_energy(plan: tuple[Phase, ...], a: _Progress, b: _Progress) -> float:
+    """Load energy of the plan between positions a <= b."""
+    if b.phase == a.phase:
+        return plan[a.phase].power_w * (b.elapsed_s - a.elapsed_s) if a.phase < len(plan) else 0.0
+    total = plan[a.phase].power_w * (plan[a.phase].duration_s - a.elapsed_s)
+    total += sum(p.energy_j for p in plan[a.phase + 1 : b.phase])
+    if b.phase < len(plan):
+        total += plan[b.phase].power_w * b.elapsed_s
+    return total
+
+
+def next_event(node: Node) -> tuple[float, Event, float, bool]:
+    """The exact engine's step: (time of the next event, its kind, the voltage then, clamped)."""
+    t_next, kind = node.scheduled()
+    p_w = node.net_power_w()
+    v, c, i, g = node.v, node.c_f, node.i_a, node.g_s
+    f = p_w - i * v - g * v * v
+    if v >= node.v_max and f > 0.0:
+        return t_next, kind, node.v_max, True
+    v_at = math.nan
+    # only thresholds in the direction the voltage moves can be crossed
+    if f > 0.0:
+        waiting = node.mode == Mode.OFF or node.mode == Mode.HIBERNATE
+        up, ev = (node.v_on, Event.V_ON) if waiting else (node.v_max, Event.V_MAX)
+        t_cross = node.t + storage.time_to(v, up, p_w, i, g, c)
+        if t_cross < t_next:
+            t_next, kind, v_at = t_cross, ev, up
+    elif f < 0.0 and node.mode != Mode.OFF:
+        down, ev = node.v_cut, Event.V_CUT
+        if node.mode == Mode.RUN and node.jit_armed and v > node.v_jit > 0.0:
+            down, ev = node.v_jit, Event.V_JIT
+        t_cross = node.t + storage.time_to(v, down, p_w, i, g, c)
+        if t_cross < t_next:
+            t_next, kind, v_at = t_cross, ev, down
+    if not math.isnan(v_at):
+        return t_next, kind, v_at, False
+    return t_next, kind, storage.voltage_after(v, t_next - node.t, p_w, i, g, c), False
+
+
+def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: bool) -> None:
+    """Book the stretch up to ``t_next`` and apply the event found by ``next_event``."""
+    p_w = node.net_power_w()
+    dt = t_next - node.t
+    wasted_j = storage.rate(node.v_max, p_w, node.i_a, node.g_s) * dt if clamped else 0.0
+    node.account(dt, v_new, p_w, wasted_j)
+    node.t = t_next  # the exact event time, free of accumulated rounding
+    if kind == Event.V_MAX:
+        node.record()
+    elif kind != Event.END:
+        node.handle(kind)
+
+
+def step_exact(node: Node) -> Event:
+    """Advance the node to its next event and apply it."""
+    t_next, kind, v_new, clamped = next_event(node)
+    apply_event(node, t_next, kind, v_new, clamped)
+    return kind

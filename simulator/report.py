@@ -1,0 +1,245 @@
+"""Results on disk: JSON (byte-identical for the same seed), a Markdown report, and PNG plots.
+
+Every file is written to a temporary name and renamed, so an interrupted run never
+leaves a half-written result behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulator.fleet import PACKET_OUTCOMES, SimulationResult
+from simulator.node import Mode
+
+SCHEMA_VERSION = 1
+
+
+def result_dict(result: SimulationResult) -> dict[str, Any]:
+    """The JSON document: scenario, fleet summary, one record per node. No wall-clock values."""
+    res = result.resolution
+    per_node_net = {k: dict(zip(res.node_id.tolist(), getattr(res, k).tolist())) for k in PACKET_OUTCOMES}
+    nodes = []
+    for r in result.nodes:
+        record: dict[str, Any] = {"node_id": r.node_id, "harvest_scale": r.harvest_scale,
+                                  "distance_m": float(result.distances_m[r.node_id]), **asdict(r.stats)}
+        for k in PACKET_OUTCOMES:
+            record[f"packets_{k}"] = per_node_net[k].get(r.node_id, 0)
+        nodes.append(record)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "scenario": result.scenario.model_dump(mode="json"),
+        "harvest_mean_power_w": result.harvest.mean_power_w(),
+        "summary": result.summary,
+        "nodes": nodes,
+    }
+    return _finite(doc)
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN or infinity: they become null."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def to_json(result: SimulationResult) -> str:
+    return json.dumps(result_dict(result), sort_keys=True, indent=1, allow_nan=False) + "\n"
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_outputs(result: SimulationResult, out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """results.json, report.md and (optionally) plots/*.png in ``out_dir``; returns the paths."""
+    out = Path(out_dir)
+    written = [out / "results.json", out / "report.md"]
+    write_atomic(written[0], to_json(result))
+    images = write_plots(result, out / "plots") if plots else []
+    write_atomic(written[1], markdown(result, [p.relative_to(out) for p in images]))
+    return written + images
+
+
+# ---- Markdown ------------------------------------------------------------------------
+
+_SUMMARY_ROWS = (
+    ("nodes", "nodes", "{:.0f}"),
+    ("duration_s", "simulated time per node (h)", "h"),
+    ("availability", "availability (on-time fraction)", "{:.3f}"),
+    ("power_cycles", "power failures", "{:.0f}"),
+    ("released", "sensing events", "{:.0f}"),
+    ("completed", "results within deadline", "{:.0f}"),
+    ("missed", "results after deadline", "{:.0f}"),
+    ("lost_off", "events lost (node off)", "{:.0f}"),
+    ("dropped", "events dropped (queue full)", "{:.0f}"),
+    ("unfinished", "tasks unfinished at the end", "{:.0f}"),
+    ("completed_fraction", "completed fraction", "{:.3f}"),
+    ("inferences_per_node_hour", "inferences per node-hour", "{:.2f}"),
+    ("load_energy_per_result_j", "load energy per result (mJ)", "mJ"),
+    ("lost_work_j", "energy of rolled-back work (J)", "{:.4g}"),
+    ("mean_latency_s", "mean latency (s)", "{:.3f}"),
+    ("packets_delivered", "packets delivered", "{:.0f}"),
+    ("packets_delivered_in_time", "packets delivered in time", "{:.0f}"),
+    ("packets_collided", "packets collided", "{:.0f}"),
+    ("packets_below_sensitivity", "packets below sensitivity", "{:.0f}"),
+)
+
+_ENERGY_ROWS = ("harvested_j", "input_loss_j", "wasted_j", "leaked_j", "load_j", "output_loss_j", "stored_delta_j")
+
+
+def _fmt(value: float | int | None, style: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if style == "h":
+        return f"{value / 3600:.2f}"
+    if style == "mJ":
+        return f"{value * 1e3:.3f}"
+    return style.format(value)
+
+
+def markdown(result: SimulationResult, images: list[Path]) -> str:
+    sc, s = result.scenario, result.summary
+    lines = [
+        f"# Simulation: {sc.name}",
+        "",
+        f"Harvester `{sc.harvester.kind}` (mean {result.harvest.mean_power_w() * 1e3:.3f} mW before per-node scaling), "
+        f"{sc.storage.capacitance_f * 1e3:g} mF between {sc.storage.v_off_v} V and {sc.storage.v_on_v} V, "
+        f"MCU `{sc.workload.mcu}`, policy `{sc.workload.policy}`, radio `{sc.network.radio}`, "
+        f"seed {sc.run.seed}, engine `{sc.run.engine}`.",
+        "",
+        "| quantity | value |",
+        "| --- | ---: |",
+    ]
+    lines += [f"| {label} | {_fmt(s.get(key), style)} |" for key, label, style in _SUMMARY_ROWS]
+    lines += ["", "## Energy (J, whole fleet)", "", "| term | J |", "| --- | ---: |"]
+    lines += [f"| {k.removesuffix('_j').replace('_', ' ')} | {s[k]:.6g} |" for k in _ENERGY_ROWS]
+    lines += ["", "## Nodes", "",
+              "| node | harvest scale | on-time (h) | power failures | completed | missed | lost off | delivered |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    doc_nodes = {r.node_id: r for r in result.nodes[:20]}
+    delivered = dict(zip(result.resolution.node_id.tolist(), result.resolution.delivered.tolist()))
+    for i, r in doc_nodes.items():
+        st = r.stats
+        lines.append(f"| {i} | {r.harvest_scale:.3f} | {st.on_time_s / 3600:.2f} | {st.power_cycles} | {st.completed} "
+                     f"| {st.missed} | {st.lost_off} | {delivered.get(i, 0)} |")
+    if len(result.nodes) > 20:
+        lines.append(f"\n({len(result.nodes) - 20} more nodes in results.json)")
+    lines += [""] + [f"![{p.stem}]({p.as_posix()})" for p in images]
+    return "\n".join(lines) + "\n"
+
+
+# ---- plots ---------------------------------------------------------------------------
+
+_MODE_COLORS = {Mode.OFF: "#dddddd", Mode.BOOT: "#f4a259", Mode.RESTORE: "#f4a259", Mode.RUN: "#2a9d8f",
+                Mode.CHECKPOINT: "#e76f51", Mode.IDLE: "#8ecae6", Mode.HIBERNATE: "#6a4c93"}
+
+
+def write_plots(result: SimulationResult, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    paths = []
+    traced = [r for r in result.nodes if r.trace is not None]
+    if traced:
+        paths.append(_save(_voltage_figure(result, traced), out_dir / "voltage.png"))
+        paths.append(_save(_timeline_figure(result, traced), out_dir / "timeline.png"))
+    paths.append(_save(_energy_figure(result), out_dir / "energy.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+    return path
+
+
+def _hours_axis(result: SimulationResult) -> tuple[float, str]:
+    d = result.scenario.run.duration_s
+    return (3600.0, "time (h)") if d >= 3 * 3600 else ((60.0, "time (min)") if d >= 180 else (1.0, "time (s)"))
+
+
+def _voltage_figure(result: SimulationResult, traced: list[Any]) -> Any:
+    import matplotlib.pyplot as plt
+
+    st = result.scenario.storage
+    scale, label = _hours_axis(result)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for r in traced:
+        t = np.asarray(r.trace["time_s"]) / scale
+        ax.plot(t, r.trace["voltage_v"], lw=0.8, label=f"node {r.node_id} (x{r.harvest_scale:.2f})")
+    for v, name in ((st.v_on_v, "v_on"), (st.v_off_v, "v_off"), (st.v_max_v, "v_max")):
+        ax.axhline(v, ls="--", lw=0.6, color="grey")
+        ax.text(0, v, f" {name}", va="bottom", fontsize=7, color="grey")
+    ax.set(xlabel=label, ylabel="capacitor voltage (V)", title=f"{result.scenario.name}: storage voltage (at events)")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def _timeline_figure(result: SimulationResult, traced: list[Any]) -> Any:
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    scale, label = _hours_axis(result)
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.45 * len(traced)))
+    end = result.scenario.run.duration_s
+    for row, r in enumerate(traced):
+        t = np.append(np.asarray(r.trace["time_s"]), end)
+        modes = np.asarray(r.trace["mode"])
+        for m, color in _MODE_COLORS.items():
+            sel = modes == m
+            spans = [(a / scale, (b - a) / scale) for a, b in zip(t[:-1][sel], t[1:][sel]) if b > a]
+            if spans:
+                ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=color)
+    ax.set_yticks(range(len(traced)), [f"node {r.node_id}" for r in traced])
+    ax.set(xlabel=label, xlim=(0, end / scale), ylim=(-0.6, len(traced) - 0.4))
+    ax.set_title("mode over time", pad=22)
+    ax.legend(handles=[Patch(color=c, label=m.name.lower()) for m, c in _MODE_COLORS.items()],
+              fontsize=7, ncol=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def _energy_figure(result: SimulationResult) -> Any:
+    import matplotlib.pyplot as plt
+
+    shown = result.nodes[:20]
+    parts = ("load_j", "output_loss_j", "leaked_j", "wasted_j", "input_loss_j")
+    fig, ax = plt.subplots(figsize=(10, 4))
+    bottom = np.zeros(len(shown))
+    x = np.arange(len(shown))
+    for key in parts:
+        vals = np.array([max(getattr(r.stats, key), 0.0) for r in shown])
+        ax.bar(x, vals, bottom=bottom, label=key.removesuffix("_j").replace("_", " "))
+        bottom += vals
+    ax.set_xticks(x, [str(r.node_id) for r in shown])
+    ax.set(xlabel="node", ylabel="energy (J)", title="where the harvested energy went")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

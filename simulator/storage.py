@@ -1,0 +1,220 @@
+"""Energy storage: a capacitor behind an input converter, feeding a load through an output converter.
+
+Between two events every power and current is constant, so the capacitor obeys
+
+    C · v · dv/dt = f(v) = p_w − i_a · v − g_s · v²                         (1)
+
+with ``p_w`` = η_in·P_harvest − P_load/η_out (constant-power terms), ``i_a`` the
+constant-current draw (dielectric leakage current + power-path quiescent current)
+and ``g_s = 1/R_leak`` (resistive leakage). Separating variables gives the time to
+move between two voltages in closed form,
+
+    t(v0 → v1) = C · ∫_{v0}^{v1} v / f(v) dv,                                  (2)
+
+which is what threshold crossings need. For ``i_a = 0``, u = v² obeys a linear ODE
+and (2) inverts in closed form too; with ``i_a > 0`` the voltage after a given time
+is found by safeguarded Newton iteration on (2) — the only root-finding here.
+
+On v > 0, f has at most one root (f(0) = p_w and the quadratic's roots multiply to
+−p_w/g_s), so the voltage moves monotonically towards ``equilibrium_v``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from simulator.errors import ConfigError
+from simulator.typed import Config
+
+
+class StorageConfig(Config):
+    """The capacitor and the power path around it (a BQ25570-class harvesting PMU)."""
+
+    capacitance_f: float = Field(10e-3, gt=0, le=100)
+    """Storage capacitance."""
+    v_max_v: float = Field(3.6, gt=0, le=50)
+    """Clamp voltage: surplus harvest above it is shunted and counted as wasted."""
+    v_on_v: float = Field(3.0, gt=0, le=50)
+    """The load is connected when the voltage rises to this (hysteresis upper threshold)."""
+    v_off_v: float = Field(2.0, gt=0, le=50)
+    """The load is disconnected when the voltage falls to this (power failure)."""
+    v_initial_v: float = Field(0.0, ge=0, le=50)
+    """Voltage at t = 0."""
+    leakage_r_ohm: float | None = Field(1e6, gt=0)
+    """Resistive leakage (parallel resistance); None for none."""
+    leakage_a: float = Field(0.0, ge=0, le=1)
+    """Constant leakage current of the dielectric."""
+    quiescent_a: float = Field(0.5e-6, ge=0, le=1)
+    """Quiescent current of the power path, drawn from the capacitor at all times."""
+    input_efficiency: float = Field(0.8, gt=0, le=1)
+    """MPPT/boost converter efficiency, harvester → capacitor."""
+    output_efficiency: float = Field(0.9, gt=0, le=1)
+    """Buck/LDO efficiency, capacitor → load."""
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> StorageConfig:
+        if not self.v_off_v < self.v_on_v <= self.v_max_v:
+            raise ConfigError(
+                "storage.v_on_v", self.v_on_v, f"must satisfy v_off_v ({self.v_off_v}) < v_on_v <= v_max_v ({self.v_max_v})"
+            )
+        if self.v_initial_v > self.v_max_v:
+            raise ConfigError("storage.v_initial_v", self.v_initial_v, f"must be <= v_max_v ({self.v_max_v})")
+        return self
+
+    @property
+    def conductance_s(self) -> float:
+        return 0.0 if self.leakage_r_ohm is None else 1.0 / self.leakage_r_ohm
+
+    @property
+    def current_draw_a(self) -> float:
+        return self.leakage_a + self.quiescent_a
+
+    def energy_j(self, v: float) -> float:
+        return 0.5 * self.capacitance_f * v * v
+
+
+def rate(v: float, p_w: float, i_a: float, g_s: float) -> float:
+    """f(v) of eq. (1): net power into the capacitor at voltage v."""
+    return p_w - i_a * v - g_s * v * v
+
+
+def equilibrium_v(p_w: float, i_a: float, g_s: float) -> float:
+    """The voltage the capacitor tends to: the positive root of f, 0 if f < 0 on v > 0, inf if none."""
+    if p_w <= 0.0:
+        return 0.0
+    if g_s == 0.0:
+        return math.inf if i_a == 0.0 else p_w / i_a
+    # positive root of g v² + i v − p = 0, in the form that avoids cancellation
+    return 2.0 * p_w / (i_a + math.sqrt(i_a * i_a + 4.0 * g_s * p_w))
+
+
+def time_to(v0: float, v1: float, p_w: float, i_a: float, g_s: float, c_f: float) -> float:
+    """Time for the voltage to move from v0 to v1, eq. (2); inf if it never gets there."""
+    if v1 == v0:
+        return 0.0
+    f0 = rate(v0, p_w, i_a, g_s)
+    if (v1 > v0 and f0 <= 0.0) or (v1 < v0 and f0 >= 0.0):
+        return math.inf
+    v_eq = equilibrium_v(p_w, i_a, g_s)
+    if v1 > v0 and not v1 < v_eq:
+        return math.inf
+    if v1 < v0 and not (v1 > v_eq or (v1 == 0.0 and _reaches_zero(p_w, i_a, g_s))):
+        return math.inf
+    return max(c_f * _integral(v0, v1, p_w, i_a, g_s), 0.0)
+
+
+def _reaches_zero(p_w: float, i_a: float, g_s: float) -> bool:
+    # with p = 0 and only resistive leakage the decay is exponential and never ends
+    return p_w < 0.0 or (p_w == 0.0 and i_a > 0.0)
+
+
+def _integral(v0: float, v1: float, p: float, i: float, g: float) -> float:
+    """∫_{v0}^{v1} v / (p − i v − g v²) dv, written in differenced, cancellation-free forms."""
+    if g == 0.0 and i == 0.0:
+        return (v1 - v0) * (v1 + v0) / (2.0 * p)
+    if i == 0.0:
+        # u = v²: ∫ du / (2(p − g u)) = ln((p − g u0)/(p − g u1)) / (2g)
+        return math.log1p(g * (v1 - v0) * (v1 + v0) / (p - g * v1 * v1)) / (2.0 * g)
+    if p == 0.0:
+        # f = −v (i + g v): the integrand is −1/(i + g v)
+        dv = v1 - v0
+        return -dv / i if g == 0.0 else -math.log1p(g * dv / (i + g * v0)) / g
+    if g == 0.0:
+        return _integral_linear(v0, v1, p, i)
+    return _integral_quadratic(v0, v1, p, i, g)
+
+
+def _integral_linear(v0: float, v1: float, p: float, i: float) -> float:
+    # w = p − i v: ∫ v/w dv = Δv·v0/w0 − p (Δv/w0)² · (log1p(x) − x)/x², x = −i Δv / w0
+    dv = v1 - v0
+    w0 = p - i * v0
+    x = -i * dv / w0
+    return dv * v0 / w0 - p * (dv / w0) ** 2 * _log1p_remainder(x)
+
+
+def _log1p_remainder(x: float) -> float:
+    """(log1p(x) − x) / x², accurate near 0 where it tends to −1/2."""
+    if abs(x) < 1e-4:
+        return -0.5 + x / 3.0 - x * x / 4.0 + x**3 / 5.0
+    return (math.log1p(x) - x) / (x * x)
+
+
+def _integral_quadratic(v0: float, v1: float, p: float, i: float, g: float) -> float:
+    disc = i * i + 4.0 * g * p
+    if disc > 0.0:
+        # f = −g (v − r1)(v − r2), partial fractions: v/f = −1/(g(r1−r2)) [r1/(v−r1) − r2/(v−r2)]
+        sq = math.sqrt(disc)
+        q = -0.5 * (-i - sq)  # roots of g v² + i v − p = 0 without cancellation
+        r1, r2 = -q / g, p / q
+        if r1 > r2:
+            r1, r2 = r2, r1
+        dv = v1 - v0
+        a = r1 * math.log1p(dv / (v0 - r1))
+        b = r2 * math.log1p(dv / (v0 - r2))
+        return -(a - b) / (g * (r1 - r2))
+    if disc == 0.0:
+        r = -i / (2.0 * g)
+        return -(math.log((v1 - r) / (v0 - r)) - r / (v1 - r) + r / (v0 - r)) / g
+    # complex roots: f = −g ((v + h)² + k²); both terms below cancel to first order as g → 0,
+    # so each is formed as a small difference directly (log1p, and atan a − atan b = atan((a−b)/(1+ab)))
+    h = i / (2.0 * g)
+    k = math.sqrt(-disc) / (2.0 * g)
+    dv = v1 - v0
+    log_term = 0.5 * math.log1p(dv * (v1 + v0 + 2.0 * h) / ((v0 + h) ** 2 + k * k))
+    a, b = (v1 + h) / k, (v0 + h) / k
+    atan_term = (h / k) * math.atan2(dv / k, 1.0 + a * b)
+    return -(log_term - atan_term) / g
+
+
+def voltage_after(v0: float, dt_s: float, p_w: float, i_a: float, g_s: float, c_f: float) -> float:
+    """Voltage after ``dt_s`` from v0 under constant coefficients (the inverse of ``time_to``)."""
+    if dt_s <= 0.0:
+        return v0
+    if i_a == 0.0:
+        return math.sqrt(max(_u_after(v0 * v0, dt_s, p_w, g_s, c_f), 0.0))
+    v_eq = equilibrium_v(p_w, i_a, g_s)
+    if v0 == v_eq:
+        return v0
+    if v0 > v_eq and v_eq == 0.0 and dt_s >= time_to(v0, 0.0, p_w, i_a, g_s, c_f):
+        return 0.0
+    return _invert(v0, dt_s, p_w, i_a, g_s, c_f, v_eq)
+
+
+def _u_after(u0: float, dt_s: float, p: float, g: float, c: float) -> float:
+    # linear ODE (c/2) du/dt = p − g u: u → p/g with time constant c/(2g)
+    if g == 0.0:
+        return u0 + 2.0 * p * dt_s / c
+    return u0 + (p / g - u0) * -math.expm1(-2.0 * g * dt_s / c)
+
+
+def _invert(v0: float, dt_s: float, p: float, i: float, g: float, c: float, v_eq: float) -> float:
+    """Safeguarded Newton on h(v) = t(v0 → v) − dt, monotone between v0 and the equilibrium."""
+    rising = v_eq > v0
+    lo, hi = (v0, v_eq) if rising else (v_eq, v0)
+    if math.isinf(hi):
+        hi = _upper_bracket(v0, dt_s, p, i, g, c)
+    # initial guess: the resistive-only closed form with the current draw frozen at v0
+    v = math.sqrt(max(_u_after(v0 * v0, dt_s, p - i * v0, g, c), 0.0))
+    for _ in range(60):
+        if not lo < v < hi:
+            v = 0.5 * (lo + hi)
+        h = c * _integral(v0, v, p, i, g) - dt_s
+        if (h < 0.0) == rising:
+            lo = v
+        else:
+            hi = v
+        step = h * rate(v, p, i, g) / (c * v) if v > 0.0 else math.inf
+        v_next = v - step
+        if abs(v_next - v) <= 4e-16 * max(v, 1e-300) or hi - lo <= 4e-16 * hi:
+            return v_next if lo <= v_next <= hi else v
+        v = v_next
+    return v
+
+
+def _upper_bracket(v0: float, dt_s: float, p: float, i: float, g: float, c: float) -> float:
+    hi = max(2.0 * v0, 1e-6)
+    while c * _integral(v0, hi, p, i, g) < dt_s:
+        hi *= 2.0
+    return hi

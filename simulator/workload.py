@@ -1,0 +1,172 @@
+"""What a node does with its energy: sense, infer layer by layer, transmit — and how it survives power failures.
+
+A task is a fixed plan of phases, each a constant load for a known time. The
+execution policy decides which phases make progress durable (written to NVM) and
+what a power failure rolls back to:
+
+- ``restart``: nothing but the input sample is kept; a failure restarts inference.
+- ``jit``: Hibernus-style just-in-time checkpoint — when the voltage falls to
+  ``jit_threshold_v`` the volatile state is written to NVM and the MCU sleeps until
+  the voltage recovers to v_on (resume, nothing to restore) or fails (restore on boot).
+- ``per_layer``: task-based (Alpaca/InK-style) — each layer's output is committed.
+- ``loop_continuation``: SONIC-style — loop indices and outputs live in NVM and a
+  tile of ``tile_macs`` is committed with a word store, so a failure loses at most a tile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from simulator.devices import MCUS, McuProfile
+from simulator.errors import ConfigError
+from simulator.typed import Config
+
+Policy = Literal["restart", "jit", "per_layer", "loop_continuation"]
+
+
+class LayerSpec(Config):
+    """One layer of the inference task."""
+
+    name: str
+    """Layer name, for reports."""
+    macs: int = Field(ge=0, le=10**10)
+    """Multiply-accumulates in the layer."""
+    output_bytes: int = Field(ge=0, le=10**8)
+    """Bytes of its output activation (what a per-layer commit writes)."""
+
+
+# A small 1-D CNN over 49 frames x 10 MFCCs (a keyword-spotting shape); later issues fill
+# this from a real bundle's manifest.
+DEFAULT_LAYERS = (
+    LayerSpec(name="conv1", macs=47 * 16 * 10 * 3, output_bytes=47 * 16),
+    LayerSpec(name="conv2", macs=45 * 32 * 16 * 3, output_bytes=22 * 32),
+    LayerSpec(name="conv3", macs=20 * 32 * 32 * 3, output_bytes=20 * 32),
+    LayerSpec(name="dense", macs=640 * 10, output_bytes=10),
+)
+
+
+class WorkloadConfig(Config):
+    """Sensing, the inference task, and the intermittent-execution policy."""
+
+    mcu: str = "msp430fr5994"
+    """MCU profile (see simulator.devices.MCUS)."""
+    sense_period_s: float = Field(60.0, gt=0, le=86400)
+    """Period of the sensing events."""
+    sense_offset_s: float | None = Field(None, ge=0)
+    """Time of the first sensing event; None draws it per node in [0, period)."""
+    sense_trace: str | None = None
+    """CSV of sensing event times in seconds (first column); replaces the period when set."""
+    sense_time_s: float = Field(5e-3, ge=0, le=60)
+    """How long the sensor is powered to take a sample."""
+    sense_power_w: float = Field(1e-3, ge=0, le=1)
+    """Sensor + ADC power while sampling (on top of the MCU's active power)."""
+    input_bytes: int = Field(490, ge=0, le=10**8)
+    """Size of the sample, written to NVM as it is taken."""
+    layers: tuple[LayerSpec, ...] = DEFAULT_LAYERS
+    """The inference task."""
+    policy: Policy = "per_layer"
+    """What survives a power failure (see the module docstring)."""
+    jit_threshold_v: float = Field(2.4, gt=0, le=50)
+    """jit policy: checkpoint when the voltage falls to this (between v_off_v and v_on_v)."""
+    state_bytes: int = Field(2048, ge=0, le=10**8)
+    """jit policy: volatile state (registers, stack, live buffers) a checkpoint saves."""
+    tile_macs: int = Field(256, ge=1, le=10**9)
+    """loop_continuation policy: MACs between two progress commits."""
+    tile_commit_bytes: int = Field(4, ge=1, le=4096)
+    """loop_continuation policy: bytes written per commit (the loop-index word)."""
+    deadline_s: float = Field(30.0, gt=0)
+    """A result later than this after its sensing event counts as missed."""
+    queue_capacity: int = Field(1, ge=0, le=1000)
+    """Sensing events that may wait while a task runs; further ones are dropped."""
+    send_packet: bool = True
+    """Transmit each result to the gateway."""
+
+    @field_validator("mcu")
+    @classmethod
+    def _known_mcu(cls, name: str) -> str:
+        if name not in MCUS:
+            raise ConfigError("workload.mcu", name, f"must be one of {sorted(MCUS)}")
+        return name
+
+    @property
+    def mcu_profile(self) -> McuProfile:
+        return MCUS[self.mcu]
+
+    @property
+    def total_macs(self) -> int:
+        return sum(layer.macs for layer in self.layers)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A stretch of constant load. Energy = power_w x duration_s at the load (before the output converter)."""
+
+    kind: str
+    duration_s: float
+    power_w: float
+    granule_s: float = 0.0  # progress inside the phase survives a failure in whole granules (0: none)
+    durable_end: bool = False  # finishing the phase commits progress to NVM
+    restore_bytes: int = 0  # what a reboot must read back when progress rests at the end of this phase
+
+    @property
+    def energy_j(self) -> float:
+        return self.power_w * self.duration_s
+
+
+def _nvm_phase(kind: str, mcu: McuProfile, nbytes: int, write: bool, **kw: object) -> Phase:
+    """Moving ``nbytes`` to or from NVM; the profile's energy per byte includes the MCU core's."""
+    per_byte_s = mcu.nvm_write_s_per_byte if write else mcu.nvm_read_s_per_byte
+    per_byte_j = mcu.nvm_write_j_per_byte if write else mcu.nvm_read_j_per_byte
+    return Phase(kind, nbytes * per_byte_s, per_byte_j / per_byte_s, **kw)  # type: ignore[arg-type]
+
+
+def build_plan(work: WorkloadConfig, tx_time_s: float, tx_power_w: float) -> tuple[Phase, ...]:
+    """The phases of one task under the workload's policy."""
+    mcu = work.mcu_profile
+    # sensing: sensor + MCU for sense_time_s, then the sample is written to NVM; one phase
+    store = _nvm_phase("sense", mcu, work.input_bytes, write=True)
+    duration_s = work.sense_time_s + store.duration_s
+    energy_j = work.sense_time_s * (mcu.active_power_w() + work.sense_power_w) + store.energy_j
+    plan = [Phase("sense", duration_s, energy_j / duration_s if duration_s > 0 else 0.0, durable_end=True)]
+    for layer in work.layers:
+        plan.extend(_layer_phases(work, mcu, layer))
+    if work.send_packet:
+        plan.append(Phase("tx", tx_time_s, tx_power_w + mcu.sleep_power_w(), durable_end=work.policy != "restart"))
+    return tuple(plan)
+
+
+def _layer_phases(work: WorkloadConfig, mcu: McuProfile, layer: LayerSpec) -> list[Phase]:
+    compute_s = mcu.compute_time_s(layer.macs)
+    if work.policy == "loop_continuation":
+        tiles = max(1, math.ceil(layer.macs / work.tile_macs))
+        commit = _nvm_phase("commit", mcu, work.tile_commit_bytes, write=True)
+        duration_s = compute_s + tiles * commit.duration_s
+        energy_j = compute_s * mcu.active_power_w() + tiles * commit.energy_j
+        return [
+            Phase("compute", duration_s, energy_j / duration_s, granule_s=duration_s / tiles, durable_end=True,
+                  restore_bytes=work.tile_commit_bytes)
+        ]
+    compute = Phase("compute", compute_s, mcu.active_power_w())
+    if work.policy == "per_layer":
+        return [compute, _nvm_phase("commit", mcu, layer.output_bytes, write=True, durable_end=True,
+                                    restore_bytes=layer.output_bytes)]
+    return [compute]
+
+
+def checkpoint_phase(work: WorkloadConfig) -> Phase:
+    """jit policy: saving the volatile state when the voltage falls to the threshold."""
+    return _nvm_phase("checkpoint", work.mcu_profile, work.state_bytes, write=True, durable_end=True,
+                      restore_bytes=work.state_bytes)
+
+
+def restore_phase(work: WorkloadConfig, nbytes: int) -> Phase:
+    return _nvm_phase("restore", work.mcu_profile, nbytes, write=False)
+
+
+def boot_phase(work: WorkloadConfig) -> Phase:
+    mcu = work.mcu_profile
+    return Phase("boot", mcu.boot_s, mcu.active_power_w())

@@ -1,0 +1,3 @@
+from trickle.cli import main
+
+raise SystemExit(main())
