@@ -119,6 +119,9 @@ def _one_line(e: ValidationError, source: str) -> ConfigError:
     if len(loc) > 1 and loc[0] == "harvester" and loc[1] in _HARVESTER_KINDS:
         del loc[1]
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    if err["type"] == "union_tag_invalid":  # an unknown harvester kind
+        ctx = err.get("ctx") or {}
+        return ConfigError(".".join([*loc, "kind"]), ctx.get("tag"), f"must be one of {ctx.get('expected_tags')}{more}")
     value = err.get("input", "")
     if err["type"] == "missing":
         value = "missing"

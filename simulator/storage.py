@@ -195,8 +195,10 @@ def _invert(v0: float, dt_s: float, p: float, i: float, g: float, c: float, v_eq
     lo, hi = (v0, v_eq) if rising else (v_eq, v0)
     if math.isinf(hi):
         hi = _upper_bracket(v0, dt_s, p, i, g, c)
-    # initial guess: the resistive-only closed form with the current draw frozen at v0
+    # initial guess: the resistive-only closed form with the current draw frozen at the
+    # midpoint of a first such estimate; its error is second order in the voltage change
     v = math.sqrt(max(_u_after(v0 * v0, dt_s, p - i * v0, g, c), 0.0))
+    v = math.sqrt(max(_u_after(v0 * v0, dt_s, p - i * 0.5 * (v0 + v), g, c), 0.0))
     for _ in range(60):
         if not lo < v < hi:
             v = 0.5 * (lo + hi)
@@ -207,7 +209,8 @@ def _invert(v0: float, dt_s: float, p: float, i: float, g: float, c: float, v_eq
             hi = v
         step = h * rate(v, p, i, g) / (c * v) if v > 0.0 else math.inf
         v_next = v - step
-        if abs(v_next - v) <= 4e-16 * max(v, 1e-300) or hi - lo <= 4e-16 * hi:
+        # Newton converges quadratically: after a step this small the error is below rounding
+        if abs(step) <= 1e-9 * v or hi - lo <= 4e-16 * hi:
             return v_next if lo <= v_next <= hi else v
         v = v_next
     return v

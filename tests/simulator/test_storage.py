@@ -16,14 +16,14 @@ from scipy.integrate import quad, solve_ivp
 
 from simulator.storage import equilibrium_v, time_to, voltage_after
 
-mpmath.mp.dps = 40
+mpmath.mp.dps = 30
 
 
 # ---- oracles ---------------------------------------------------------------------------
 
 
 def mp_equilibrium_v(p: float, i: float, g: float) -> float:
-    """Positive root of g v² + i v − p = 0 in 40-digit arithmetic (0 when p <= 0, inf when none)."""
+    """Positive root of g v² + i v − p = 0 in 30-digit arithmetic (0 when p <= 0, inf when none)."""
     if p <= 0:
         return 0.0
     if g == 0:
@@ -33,7 +33,7 @@ def mp_equilibrium_v(p: float, i: float, g: float) -> float:
 
 
 def mp_time(v0: float, v1: float, p: float, i: float, g: float, c: float) -> float:
-    """C ∫_{v0}^{v1} v / (p − i v − g v²) dv by 40-digit Gauss-Legendre quadrature."""
+    """C ∫_{v0}^{v1} v / (p − i v − g v²) dv by 30-digit Gauss-Legendre quadrature."""
     p_, i_, g_ = mpmath.mpf(p), mpmath.mpf(i), mpmath.mpf(g)
     val = mpmath.quad(lambda v: v / (p_ - i_ * v - g_ * v * v), [mpmath.mpf(v0), mpmath.mpf(v1)], method="gauss-legendre")
     return float(mpmath.mpf(c) * val)
@@ -270,12 +270,35 @@ def test_voltage_after_without_leakage_is_energy_balance() -> None:
     assert voltage_after(3.0, 10.0, -1e-3, 0.0, 0.0, 10e-3) == pytest.approx(math.sqrt(9.0 - 2.0), rel=1e-15)
 
 
-def test_voltage_after_settles_at_equilibrium_and_stops_at_zero() -> None:
-    # after many time constants the voltage sits at the positive root of f
+def test_voltage_after_settles_at_equilibrium_from_below_and_stops_at_zero() -> None:
+    # after many time constants the voltage sits at the positive root of f: v² + v − 2 = 0 → 1 V
     p, i, g, c = 2e-6, 1e-6, 1e-6, 1e-3
     assert voltage_after(0.0, 1e6, p, i, g, c) == pytest.approx(1.0, rel=1e-9)
-    assert voltage_after(5.0, 1e6, p, i, g, c) == pytest.approx(1.0, rel=1e-9)
+    assert voltage_after(0.5, 1e6, p, 0.0, 2e-6, c) == pytest.approx(1.0, rel=1e-12)  # RC: sqrt(p/g)
     # a constant drain empties the capacitor in finite time and leaves it at 0, not negative
     assert voltage_after(2.0, 1e4, -1e-3, 1e-6, 1e-6, 1e-3) == 0.0
     assert voltage_after(2.0, 1e4, -1e-3, 0.0, 0.0, 1e-3) == 0.0
     assert voltage_after(2.0, 0.0, -1e-3, 1e-6, 1e-6, 1e-3) == 2.0
+
+
+ROUNDS_ONTO_ROOT = (
+    "storage._integral_quadratic evaluates log1p(dv / (v0 - r)) at the real root r of f; when v1 is within "
+    "rounding of r the argument rounds to <= -1 and math.log1p raises 'math domain error' instead of the "
+    "time (finite, or inf at the root). voltage_after's Newton/bisection reaches such v1 once dt spans many "
+    "time constants"
+)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=ROUNDS_ONTO_ROOT)
+def test_voltage_after_settles_at_equilibrium_from_above() -> None:
+    # 5 V decaying towards the 1 V equilibrium of v² + v − 2 = 0 for 1e6 s (~250 time constants)
+    assert voltage_after(5.0, 1e6, 2e-6, 1e-6, 1e-6, 1e-3) == pytest.approx(1.0, rel=1e-9)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=ROUNDS_ONTO_ROOT)
+def test_time_to_just_below_equilibrium_is_finite() -> None:
+    p, i, g, c = 1.1200911395398857e-06, 1.6193434141203448e-07, 4.0772347970328205e-08, 0.0002524207726387186
+    v_eq = mp_equilibrium_v(p, i, g)
+    v1 = math.nextafter(v_eq, 0.0)  # the last voltage below the equilibrium: reachable, in a long but finite time
+    t = time_to(1.0857320002407904, v1, p, i, g, c)
+    assert math.isfinite(t) and t > time_to(1.0857320002407904, v1 * (1 - 1e-12), p, i, g, c)
