@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
-from simulator.data import data_root, resolve_data_file
+from simulator.data import resolve_data_dir, resolve_data_file
 from simulator.errors import ConfigError, DataError
 from simulator.trace import PowerTrace
 from simulator.typed import Config
@@ -285,17 +285,6 @@ def _windowed(
     return _tiled(time_s, power_w, span_s, offset_s, duration_s, field)
 
 
-def _resolve_data_dir(path: str, field: str) -> Path:
-    """Like ``resolve_data_file``, for a folder."""
-    p = Path(path).expanduser()
-    candidates = [p] if p.is_absolute() else [Path.cwd() / p, data_root() / p]
-    for c in candidates:
-        if c.is_dir():
-            return c
-    looked = ", ".join(str(c) for c in candidates)
-    raise DataError(f"{field}: data folder {path!r} not found (looked in {looked}; set TRICKLE_DATA to the shared data folder)")
-
-
 # --- constant, generic CSV trace, NREL ------------------------------------------------------
 
 
@@ -392,7 +381,7 @@ def _mpp_by_lux(curves_dir: Path, cell: str) -> tuple[tuple[float, float], ...]:
 
 
 def _cell_levels(cfg: IvCurveHarvester, field: str) -> tuple[np.ndarray, np.ndarray]:
-    curves_dir = _resolve_data_dir(cfg.curves_dir, f"{field}.curves_dir")
+    curves_dir = resolve_data_dir(cfg.curves_dir, f"{field}.curves_dir")
     levels = _mpp_by_lux(curves_dir, cfg.cell)
     if not levels:
         cells = sorted({p.stem.rsplit("_lux", 1)[0] for p in curves_dir.glob("*_lux*.json")})

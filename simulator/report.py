@@ -227,19 +227,24 @@ def _timeline_figure(result: SimulationResult, traced: list[Any]) -> Any:
 
 
 def _energy_figure(result: SimulationResult) -> Any:
+    """Fleet energy by destination on a log axis: the load is often a sliver of what is harvested."""
     import matplotlib.pyplot as plt
 
-    shown = result.nodes[:20]
-    parts = ("load_j", "output_loss_j", "leaked_j", "wasted_j", "input_loss_j")
-    fig, ax = plt.subplots(figsize=(10, 4))
-    bottom = np.zeros(len(shown))
-    x = np.arange(len(shown))
-    for key in parts:
-        vals = np.array([max(getattr(r.stats, key), 0.0) for r in shown])
-        ax.bar(x, vals, bottom=bottom, label=key.removesuffix("_j").replace("_", " "))
-        bottom += vals
-    ax.set_xticks(x, [str(r.node_id) for r in shown])
-    ax.set(xlabel="node", ylabel="energy (J)", title="where the harvested energy went")
-    ax.legend(fontsize=7)
+    s = result.summary
+    terms = [("harvested", "harvested_j"), ("input converter loss", "input_loss_j"), ("wasted at clamp", "wasted_j"),
+             ("leakage + quiescent", "leaked_j"), ("output converter loss", "output_loss_j"),
+             ("delivered to load", "load_j"), ("lost to rolled-back work", "lost_work_j")]
+    values = [max(float(s[key]), 1e-12) for _, key in terms]
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    y = np.arange(len(terms))[::-1]
+    ax.barh(y, values, color=["#264653", "#8d99ae", "#e76f51", "#f4a261", "#8d99ae", "#2a9d8f", "#e9c46a"])
+    for yi, v in zip(y, values):
+        share = v / values[0] * 100
+        pct = f"{share:.0f}" if share >= 1 else f"{share:.2g}"
+        ax.text(v, yi, f"  {v:.3g} J ({pct} %)", va="center", fontsize=8)
+    ax.set_yticks(y, [name for name, _ in terms])
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 2, values[0] * 50)
+    ax.set(xlabel="energy, whole fleet (J, log scale)", title="where the harvested energy went")
     fig.tight_layout()
     return fig
