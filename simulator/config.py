@@ -73,10 +73,12 @@ class Scenario(Config):
     @model_validator(mode="after")
     def _jit_between_thresholds(self) -> Scenario:
         w, s = self.workload, self.storage
-        if w.policy == "jit" and not s.v_off_v < w.jit_threshold_v < s.v_on_v:
+        cut_v = max(s.v_off_v, w.mcu_profile.brown_out_v)  # where the MCU stops, whichever comes first
+        if w.policy == "jit" and not cut_v < w.jit_threshold_v < s.v_on_v:
             raise ConfigError(
                 "workload.jit_threshold_v", w.jit_threshold_v,
-                f"must lie between storage.v_off_v ({s.v_off_v}) and storage.v_on_v ({s.v_on_v})",
+                f"must lie between the cut-off max(storage.v_off_v, {w.mcu} brown-out) = {cut_v} V "
+                f"and storage.v_on_v ({s.v_on_v})",
             )
         return self
 

@@ -366,7 +366,7 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
             t_next, kind, v_at = t_cross, ev, up
     elif f < 0.0 and node.mode != Mode.OFF:
         down, ev = node.v_cut, Event.V_CUT
-        if node.mode == Mode.RUN and node.jit_armed and v > node.v_jit > 0.0:
+        if node.mode == Mode.RUN and node.jit_armed and v > node.v_jit > node.v_cut:
             down, ev = node.v_jit, Event.V_JIT
         t_cross = node.t + storage.time_to(v, down, p_w, i, g, c)
         if t_cross < t_next:

@@ -39,7 +39,7 @@ def _integrate(node: Node, n_max: int, dt: float) -> Event | None:
     mode = node.mode
     u_up = node.v_on**2 if mode in (Mode.OFF, Mode.HIBERNATE) else math.inf
     u_cut = node.v_cut**2 if mode != Mode.OFF else -math.inf
-    jit = mode == Mode.RUN and node.jit_armed and node.v > node.v_jit > 0.0
+    jit = mode == Mode.RUN and node.jit_armed and node.v > node.v_jit > node.v_cut
     u_down = max(u_cut, node.v_jit**2) if jit else u_cut
     u = node.v * node.v
     overflow_u = 0.0

@@ -116,7 +116,10 @@ def _integral(v0: float, v1: float, p: float, i: float, g: float) -> float:
         return (v1 - v0) * (v1 + v0) / (2.0 * p)
     if i == 0.0:
         # u = v²: ∫ du / (2(p − g u)) = ln((p − g u0)/(p − g u1)) / (2g)
-        return math.log1p(g * (v1 - v0) * (v1 + v0) / (p - g * v1 * v1)) / (2.0 * g)
+        w1 = p - g * v1 * v1
+        if w1 * (p - g * v0 * v0) <= 0.0:  # v1 at (or, by rounding, past) the equilibrium
+            return math.inf
+        return math.log1p(g * (v1 - v0) * (v1 + v0) / w1) / (2.0 * g)
     if p == 0.0:
         # f = −v (i + g v): the integrand is −1/(i + g v)
         dv = v1 - v0
@@ -131,6 +134,8 @@ def _integral_linear(v0: float, v1: float, p: float, i: float) -> float:
     dv = v1 - v0
     w0 = p - i * v0
     x = -i * dv / w0
+    if x <= -1.0:  # v1 at (or, by rounding, past) the equilibrium
+        return math.inf
     return dv * v0 / w0 - p * (dv / w0) ** 2 * _log1p_remainder(x)
 
 
@@ -151,9 +156,10 @@ def _integral_quadratic(v0: float, v1: float, p: float, i: float, g: float) -> f
         if r1 > r2:
             r1, r2 = r2, r1
         dv = v1 - v0
-        a = r1 * math.log1p(dv / (v0 - r1))
-        b = r2 * math.log1p(dv / (v0 - r2))
-        return -(a - b) / (g * (r1 - r2))
+        xa, xb = dv / (v0 - r1), dv / (v0 - r2)
+        if xa <= -1.0 or xb <= -1.0:  # v1 at (or, by rounding, past) a root: never reached
+            return math.inf
+        return -(r1 * math.log1p(xa) - r2 * math.log1p(xb)) / (g * (r1 - r2))
     if disc == 0.0:
         r = -i / (2.0 * g)
         return -(math.log((v1 - r) / (v0 - r)) - r / (v1 - r) + r / (v0 - r)) / g
@@ -207,6 +213,11 @@ def _invert(v0: float, dt_s: float, p: float, i: float, g: float, c: float, v_eq
             lo = v
         else:
             hi = v
+        if math.isinf(h):  # v sits on the equilibrium within rounding: bisect
+            if hi - lo <= 4e-16 * hi:
+                return v
+            v = 0.5 * (lo + hi)
+            continue
         step = h * rate(v, p, i, g) / (c * v) if v > 0.0 else math.inf
         v_next = v - step
         # Newton converges quadratically: after a step this small the error is below rounding

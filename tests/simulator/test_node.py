@@ -18,6 +18,7 @@ from scipy.integrate import quad, solve_ivp
 
 from simulator.config import Scenario, build_scenario
 from simulator.devices import MCUS
+from simulator.errors import ConfigError
 from simulator.fleet import NodeResult, simulate
 from simulator.node import Mode
 
@@ -75,7 +76,13 @@ def test_msp430_profile_holds_the_datasheet_figures_used_here() -> None:
 # ---- charging and discharging in closed form ---------------------------------------------------
 
 
-def first_on_time_s(trace: dict[str, list[float]]) -> float:
+def recorded(r: NodeResult) -> dict[str, list[Any]]:
+    """The node's (time_s, voltage_v, mode) at every event."""
+    assert r.trace is not None
+    return r.trace
+
+
+def first_on_time_s(trace: dict[str, list[Any]]) -> float:
     return next(t for t, m in zip(trace["time_s"], trace["mode"]) if m != Mode.OFF)
 
 
@@ -94,17 +101,24 @@ def first_on_time_s(trace: dict[str, list[float]]) -> float:
 def test_first_boot_from_empty_capacitor_at_closed_form_time(leak: dict[str, Any], expected_s: float) -> None:
     storage = {"capacitance_f": 10e-3, "v_max_v": 3.6, "v_on_v": 3.0, "v_off_v": 2.0, "v_initial_v": 0.0, **leak}
     r = run_one(run={"duration_s": 100.0}, harvester={"kind": "constant", "power_w": 1e-3}, storage=storage, workload=NO_TASKS)
-    assert first_on_time_s(r.trace) == pytest.approx(expected_s, rel=1e-12)
-    assert r.trace["voltage_v"][r.trace["mode"].index(Mode.BOOT)] == pytest.approx(3.0, rel=1e-14)
+    trace = recorded(r)
+    assert first_on_time_s(trace) == pytest.approx(expected_s, rel=1e-12)
+    assert trace["voltage_v"][trace["mode"].index(Mode.BOOT)] == pytest.approx(3.0, rel=1e-14)
     st = r.stats
     assert (st.boots, st.power_cycles, st.released) == (1, 0, 0)
     assert st.on_time_s == pytest.approx(100.0 - expected_s, rel=1e-12)
 
 
-@pytest.mark.parametrize("r_ohm", [None, 1e6])
-def test_charged_node_without_harvest_drains_from_v_on_to_v_off_in_closed_form(r_ohm: float | None) -> None:
-    c, u_on, u_cut = 10e-3, 3.0**2, 2.0**2
-    # boot: 0.5 ms at the MCU's active power, then sleep at LPM3 power until the voltage falls to v_off
+@pytest.mark.parametrize(
+    "r_ohm, v_off, v_cut",
+    [(None, 2.0, 2.0), (1e6, 2.0, 2.0), (None, 1.0, 1.8)],  # below the MSP430's 1.8 V brown-out, that is the cut-off
+    ids=["no_leak", "resistive", "brown_out"],
+)
+def test_charged_node_without_harvest_drains_from_v_on_to_cut_off_in_closed_form(
+    r_ohm: float | None, v_off: float, v_cut: float
+) -> None:
+    c, u_on, u_cut = 10e-3, 3.0**2, v_cut**2
+    # boot: 0.5 ms at the MCU's active power, then sleep at LPM3 power until the voltage falls to the cut-off
     p_boot, p_sleep = -ACTIVE_W / ETA_OUT, -SLEEP_W / ETA_OUT
     if r_ohm is None:
         u_boot = u_on + 2 * p_boot * BOOT_S / c
@@ -114,18 +128,19 @@ def test_charged_node_without_harvest_drains_from_v_on_to_v_off_in_closed_form(r
         u_boot = p_boot / g + (u_on - p_boot / g) * math.exp(-2 * g * BOOT_S / c)
         idle_s = c / (2 * g) * math.log((p_sleep - g * u_boot) / (p_sleep - g * u_cut))
     expected_s = BOOT_S + idle_s
-    storage = {"capacitance_f": c, "v_max_v": 3.6, "v_on_v": 3.0, "v_off_v": 2.0, "v_initial_v": 3.0,
+    storage = {"capacitance_f": c, "v_max_v": 3.6, "v_on_v": 3.0, "v_off_v": v_off, "v_initial_v": 3.0,
                **NO_LEAK, "leakage_r_ohm": r_ohm}
     r = run_one(run={"duration_s": round(2 * expected_s)}, harvester={"kind": "constant", "power_w": 0.0},
                 storage=storage, workload=NO_TASKS)
     st = r.stats
     assert (st.boots, st.power_cycles) == (1, 1)
     assert st.on_time_s == pytest.approx(expected_s, rel=1e-10)
-    off = [t for t, m in zip(r.trace["time_s"][1:], r.trace["mode"][1:]) if m == Mode.OFF]
+    trace = recorded(r)
+    off = [t for t, m in zip(trace["time_s"][1:], trace["mode"][1:]) if m == Mode.OFF]
     assert off[0] == pytest.approx(expected_s, rel=1e-10)
     assert st.load_j == pytest.approx(ACTIVE_W * BOOT_S + SLEEP_W * idle_s, rel=1e-10)
-    if r_ohm is None:  # nothing drains an off node without leakage: it stays at v_off
-        assert st.v_final_v == pytest.approx(2.0, rel=1e-12)
+    if r_ohm is None:  # nothing drains an off node without leakage: it stays at the cut-off
+        assert st.v_final_v == pytest.approx(v_cut, rel=1e-12)
 
 
 def test_clamp_wastes_the_surplus_at_v_max() -> None:
@@ -252,6 +267,41 @@ def test_restart_never_finishes_a_task_larger_than_the_capacitor_but_the_others_
     assert results["jit"].checkpoints > 0 and results["jit"].lost_work_j == 0.0
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_lost_work_of_a_single_power_failure_by_hand(policy: str) -> None:
+    # A charged 470 µF node, no harvest, no leakage: boot, sleep until the sensing event at 1 ms, sample,
+    # then compute until the capacitor reaches v_off. Whatever load energy is left after the sample goes into
+    # the layers; the policy decides how much of it a power failure throws away.
+    c, release_s = 470e-6, 1e-3
+    sense_j = 5e-3 * (ACTIVE_W + 1e-3) + 490 * NVM_J_PER_BYTE
+    compute_j = ETA_OUT * 0.5 * c * (3.0**2 - 2.0**2) - ACTIVE_W * BOOT_S - SLEEP_W * (release_s - BOOT_S) - sense_j
+    layer_j = LAYER_MACS * S_PER_MAC * ACTIVE_W
+    assert layer_j < compute_j < 2 * layer_j  # the failure strikes in the second layer
+    tiles = math.ceil(LAYER_MACS / 256)
+    tile_j = (LAYER_MACS * S_PER_MAC * ACTIVE_W + tiles * 4 * NVM_J_PER_BYTE) / tiles
+    expected_j = {
+        "restart": compute_j,  # only the sample is durable
+        "per_layer": compute_j - layer_j - 256 * NVM_J_PER_BYTE,  # the first layer and its commit survive
+        "loop_continuation": math.fmod(compute_j - tiles * tile_j, tile_j),  # only the tile in flight is lost
+        "jit": 0.0,  # checkpointed at 2.4 V, then hibernated until the failure (~250 s later)
+    }[policy]
+    storage = {"capacitance_f": c, "v_max_v": 3.3, "v_on_v": 3.0, "v_off_v": 2.0, "v_initial_v": 3.0, **NO_LEAK}
+    st = run_one(run={"duration_s": 1000.0}, harvester={"kind": "constant", "power_w": 0.0}, storage=storage,
+                 workload={"policy": policy, "sense_offset_s": release_s, "sense_period_s": 1000.0}).stats
+    assert (st.released, st.power_cycles, st.completed, st.unfinished) == (1, 1, 0, 1)
+    assert st.checkpoints == (1 if policy == "jit" else 0)
+    assert st.lost_work_j == pytest.approx(expected_j, rel=1e-9, abs=1e-15)
+
+
+def test_a_sensing_event_while_booting_is_lost() -> None:
+    # a charged node boots at t = 0 for 0.5 ms; events at 0.2 ms (booting) and 1.2 ms (idle)
+    st = run_one(run={"duration_s": 10.0}, harvester={"kind": "constant", "power_w": 50e-3},
+                 storage={"v_initial_v": 3.0}, workload={"sense_offset_s": 0.2e-3, "sense_period_s": 1e-3}).stats
+    assert st.released == 10_000
+    assert st.lost_off == 1
+    assert st.completed >= 1 and task_accounting(st) == st.released
+
+
 def test_lost_work_falls_from_restart_to_per_layer_to_loop_continuation() -> None:
     lost = {}
     for policy in ("restart", "per_layer", "loop_continuation"):
@@ -314,30 +364,12 @@ def test_exact_engine_agrees_with_fixed_step_euler(policy: str, harvester: dict[
     assert euler.completed == exact.completed
 
 
-JIT_BELOW_BROWN_OUT = (
-    "node.next_event: with the jit policy armed in RUN it watches only v_jit and ignores v_cut, so when "
-    "jit_threshold_v lies below the MCU's brown-out (MSP430 1.8 V; the config only checks v_off < jit < v_on) "
-    "the exact engine keeps computing down to v_jit instead of failing at v_cut; the fixed-step engine fails at v_cut"
-)
+def test_jit_threshold_below_brown_out_is_rejected() -> None:
+    # a checkpoint threshold the MCU never sees (below its 1.8 V brown-out) is a configuration mistake
+    with pytest.raises(ConfigError, match=r"workload.jit_threshold_v = 1.5: must lie between the cut-off .* = 1.8 V"):
+        scenario(storage={"v_off_v": 1.0}, workload={"policy": "jit", "jit_threshold_v": 1.5})
 
 
-@pytest.mark.xfail(strict=True, reason=JIT_BELOW_BROWN_OUT)
-def test_jit_threshold_below_brown_out_never_runs_the_mcu_below_brown_out() -> None:
-    sections = {"storage": {"v_off_v": 1.0}, "workload": {"policy": "jit", "jit_threshold_v": 1.5}}
-    r = run_one(**sections)
-    powered = [v for v, m in zip(r.trace["voltage_v"], r.trace["mode"]) if m != Mode.OFF]
-    euler = run_one(run={"engine": "fixed_step"}, **sections).stats
-    assert min(powered) >= 1.8 * (1 - 1e-12)
-    assert r.stats.power_cycles == pytest.approx(euler.power_cycles, rel=0.01)
-
-
-STALLS_AT_EQUILIBRIUM = (
-    "storage._integral_quadratic: once an off node has settled onto its equilibrium (i, g > 0), voltage_after's "
-    "bracket reaches the root of f and log1p(dv / (v0 - r)) gets an argument <= -1: ValueError 'math domain error'"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=STALLS_AT_EQUILIBRIUM)
 def test_node_below_v_on_settles_at_its_equilibrium_for_days() -> None:
     # default storage (10 mF, 1 MΩ, 0.5 µA quiescent) on 2 µW: the equilibrium, solved by hand, is below v_on
     p, i, g = ETA_IN * 2e-6, 0.5e-6, 1e-6
@@ -357,8 +389,11 @@ def summary_json(**sections: dict[str, Any]) -> str:
 
 
 def test_same_seed_gives_identical_results_and_another_seed_differs() -> None:
-    sections = {"harvester": PIEZO, "nodes": {"count": 3, "harvest_scale_min": 0.5, "harvest_scale_max": 1.0},
-                "workload": {"policy": "per_layer", "sense_offset_s": None, "send_packet": True}}
+    sections: dict[str, dict[str, Any]] = {
+        "harvester": PIEZO,
+        "nodes": {"count": 3, "harvest_scale_min": 0.5, "harvest_scale_max": 1.0},
+        "workload": {"policy": "per_layer", "sense_offset_s": None, "send_packet": True},
+    }
     first = summary_json(run={"seed": 7}, **sections)
     assert summary_json(run={"seed": 7}, **sections) == first
     assert summary_json(run={"seed": 8}, **sections) != first
