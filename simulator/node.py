@@ -349,31 +349,35 @@ def _plan_energy(plan: tuple[Phase, ...], a: _Progress, b: _Progress) -> float:
 
 
 def next_event(node: Node) -> tuple[float, Event, float, bool]:
-    """The exact engine's step: (time of the next event, its kind, the voltage then, clamped)."""
+    """The exact engine's step: (time of the next event, its kind, the voltage then, clamped).
+
+    The voltage moves monotonically under constant coefficients, so a threshold is crossed
+    before the next scheduled event exactly when the voltage then lies past it; only then
+    is the crossing time (eq. 2 of storage.py) needed.
+    """
     t_next, kind = node.scheduled()
     p_w = node.net_power_w()
     v, c, i, g = node.v, node.c_f, node.i_a, node.g_s
     f = p_w - i * v - g * v * v
     if v >= node.v_max and f > 0.0:
         return t_next, kind, node.v_max, True
-    v_at = math.nan
-    # only thresholds in the direction the voltage moves can be crossed
+    v_next = storage.voltage_after(v, t_next - node.t, p_w, i, g, c)
     if f > 0.0:
         waiting = node.mode == Mode.OFF or node.mode == Mode.HIBERNATE
-        up, ev = (node.v_on, Event.V_ON) if waiting else (node.v_max, Event.V_MAX)
-        t_cross = node.t + storage.time_to(v, up, p_w, i, g, c)
-        if t_cross < t_next:
-            t_next, kind, v_at = t_cross, ev, up
+        v_th, ev = (node.v_on, Event.V_ON) if waiting else (node.v_max, Event.V_MAX)
+        crossed = v_next >= v_th
     elif f < 0.0 and node.mode != Mode.OFF:
-        down, ev = node.v_cut, Event.V_CUT
+        v_th, ev = node.v_cut, Event.V_CUT
         if node.mode == Mode.RUN and node.jit_armed and v > node.v_jit > node.v_cut:
-            down, ev = node.v_jit, Event.V_JIT
-        t_cross = node.t + storage.time_to(v, down, p_w, i, g, c)
-        if t_cross < t_next:
-            t_next, kind, v_at = t_cross, ev, down
-    if not math.isnan(v_at):
-        return t_next, kind, v_at, False
-    return t_next, kind, storage.voltage_after(v, t_next - node.t, p_w, i, g, c), False
+            v_th, ev = node.v_jit, Event.V_JIT
+        crossed = v_next <= v_th
+    else:
+        return t_next, kind, v_next, False
+    if crossed:
+        t_cross = node.t + storage.time_to(v, v_th, p_w, i, g, c)
+        if t_cross < t_next:  # on a tie the scheduled event goes first
+            return t_cross, ev, v_th, False
+    return t_next, kind, v_next, False
 
 
 def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: bool) -> None:

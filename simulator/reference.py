@@ -1,51 +1,57 @@
 """Fixed-step reference engine: the same node machine, integrated with forward Euler on u = v².
 
-It validates the exact engine and is the baseline of the speed benchmark. Events take
-effect at the first grid point at or after their time; a phase that ends between grid
-points hands its overshoot to the next phase so task durations do not drift.
+It validates the exact engine and is the baseline of the speed benchmark. The grid has a
+fixed step; a step that would cross a scheduled event (a phase end, a harvest step, a
+sensing event) is shortened to end on it, as fixed-step integrators with events do.
+Voltage thresholds are detected at the end of a step, so crossings land up to one step late.
 """
 
 from __future__ import annotations
 
 import math
 
-from simulator.node import _FINITE, Event, Mode, Node
+from simulator.node import Event, Mode, Node
 
 
 def run_fixed_step(node: Node, step_s: float = 1e-3) -> None:
-    """Advance ``node`` to its end time on a grid of ``step_s``."""
-    while node.t < node.end_s * (1.0 - 1e-15):
+    """Advance ``node`` to its end time with steps of at most ``step_s``."""
+    while True:
         t_sched, kind = node.scheduled()
-        n_max = max(1, math.ceil((t_sched - node.t) / step_s - 1e-9))
-        crossed = _integrate(node, n_max, step_s)
+        crossed = _integrate(node, t_sched, step_s)
         if crossed is not None:
             node.handle(crossed)
-            continue
-        overshoot_s = node.t - t_sched
-        if kind == Event.END:
+        elif kind == Event.END:
             return
-        node.handle(kind)
-        if kind == Event.PHASE and node.mode in _FINITE and overshoot_s > 0.0:
-            node.remaining_s -= overshoot_s
-            if node.mode == Mode.RUN:
-                node.pos.elapsed_s += overshoot_s
+        else:
+            node.t = t_sched
+            node.handle(kind)
 
 
-def _integrate(node: Node, n_max: int, dt: float) -> Event | None:
-    """Up to ``n_max`` Euler steps at constant coefficients; stops early at a threshold crossing."""
+def _integrate(node: Node, t_end: float, dt: float) -> Event | None:
+    """Euler steps at constant coefficients up to ``t_end``; stops early at a threshold crossing."""
     p_w, i_a, g_s, c_f = node.net_power_w(), node.i_a, node.g_s, node.c_f
-    k = 2.0 * dt / c_f
     u_max = node.v_max * node.v_max
     mode = node.mode
     u_up = node.v_on**2 if mode in (Mode.OFF, Mode.HIBERNATE) else math.inf
     u_cut = node.v_cut**2 if mode != Mode.OFF else -math.inf
     jit = mode == Mode.RUN and node.jit_armed and node.v > node.v_jit > node.v_cut
-    u_down = max(u_cut, node.v_jit**2) if jit else u_cut
+    u_down = node.v_jit**2 if jit else u_cut
+    span = t_end - node.t
+    n_full = max(int(span / dt), 0)
+    last = span - n_full * dt  # the step that ends on the scheduled event
     u = node.v * node.v
     overflow_u = 0.0
     crossed: Event | None = None
     n = 0
-    while n < n_max:
+    h = dt
+    elapsed = 0.0
+    while n <= n_full:
+        if n == n_full:
+            h = last
+            if h <= 0.0:
+                break
+        elapsed += h
+        k = 2.0 * h / c_f
         u += k * (p_w - i_a * math.sqrt(u if u > 0.0 else 0.0) - g_s * u) if i_a else k * (p_w - g_s * u)
         n += 1
         if u > u_max:
@@ -57,6 +63,5 @@ def _integrate(node: Node, n_max: int, dt: float) -> Event | None:
         if u <= u_down:
             crossed = Event.V_JIT if jit and u > u_cut else Event.V_CUT
             break
-    u = max(u, 0.0)
-    node.account(n * dt, math.sqrt(u), p_w, 0.5 * c_f * overflow_u)
+    node.account(elapsed, math.sqrt(max(u, 0.0)), p_w, 0.5 * c_f * overflow_u)
     return crossed
