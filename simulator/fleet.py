@@ -24,7 +24,7 @@ from simulator.data import resolve_data_file
 from simulator.devices import RADIOS
 from simulator.errors import DataError
 from simulator.harvesters import build_trace
-from simulator.node import Event, Node, NodeSpec, NodeStats, apply_event, next_event
+from simulator.node import END, SENSE, Node, NodeSpec, NodeStats, apply_event, next_event
 from simulator.reference import run_fixed_step
 from simulator.trace import PowerTrace
 from simulator.workload import Phase, build_plan
@@ -117,9 +117,10 @@ def _node_spec(shared: _Shared, node_id: int) -> NodeSpec:
     )
 
 
-# Events another process could observe; the node's internal events (phases, voltage
-# crossings) are applied in closed form without a round trip through the event queue.
-_SYNC = (Event.SENSE, Event.HARVEST, Event.END)
+# Events where the node meets the world (a sensing event, the end); its internal events
+# (harvest steps, phases, voltage crossings) are applied in closed form without a round
+# trip through the event queue, since no other process observes them.
+_SYNC = (SENSE, END)
 
 
 def _node_process(env: simpy.Environment, node: Node) -> Generator[simpy.Event, None, None]:
@@ -128,7 +129,7 @@ def _node_process(env: simpy.Environment, node: Node) -> Generator[simpy.Event, 
         if kind in _SYNC:
             yield env.timeout(max(t_next - env.now, 0.0))
         apply_event(node, t_next, kind, v_new, clamped)
-        if kind == Event.END:
+        if kind == END:
             return
 
 

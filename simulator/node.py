@@ -42,7 +42,10 @@ class Event(IntEnum):
     V_MAX = 7  # voltage reaches the clamp
 
 
-_FINITE = (Mode.BOOT, Mode.RESTORE, Mode.RUN, Mode.CHECKPOINT)
+# Looking up an enum member costs ~0.1 µs in CPython 3.11, ten times a global: the hot
+# paths below use these aliases.
+OFF, BOOT, RESTORE, RUN, CHECKPOINT, IDLE, HIBERNATE = Mode
+END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX = Event
 
 
 @dataclass
@@ -110,7 +113,7 @@ class Node:
         self.boot, self.ckpt = boot_phase(w), checkpoint_phase(w)
         self.v = min(s.v_initial_v, s.v_max_v)
         self.t = 0.0
-        self.mode = Mode.OFF
+        self.mode = OFF
         self.load_w = 0.0  # load power of the current mode, at the load
         self.phase: Phase | None = None  # what a finite mode is executing
         self.remaining_s = math.inf
@@ -130,6 +133,7 @@ class Node:
         self.trace_t: list[float] = []
         self.trace_v: list[float] = []
         self.trace_mode: list[int] = []
+        self.tracing = spec.record_trace
         self.record()
         if self.v >= self.v_on:
             self._power_on()
@@ -157,13 +161,13 @@ class Node:
 
     def scheduled(self) -> tuple[float, Event]:
         """The earliest event that does not depend on the voltage."""
-        best, kind = self.end_s, Event.END
+        best, kind = self.end_s, END
         if self.next_harvest_s < best:
-            best, kind = self.next_harvest_s, Event.HARVEST
+            best, kind = self.next_harvest_s, HARVEST
         if self.next_sense_s < best:
-            best, kind = self.next_sense_s, Event.SENSE
+            best, kind = self.next_sense_s, SENSE
         if self.remaining_s != math.inf and self.t + self.remaining_s < best:
-            best, kind = self.t + self.remaining_s, Event.PHASE
+            best, kind = self.t + self.remaining_s, PHASE
         return best, kind
 
     # ---- accounting --------------------------------------------------------------
@@ -178,16 +182,16 @@ class Node:
         st.leaked_j += p_w * dt - delta_j - wasted_j
         st.stored_delta_j += delta_j
         mode = self.mode
-        if mode != Mode.OFF:
+        if mode != OFF:
             st.on_time_s += dt
             if self.remaining_s != math.inf:
                 self.remaining_s -= dt
-                if mode == Mode.RUN:
+                if mode == RUN:
                     self.pos.elapsed_s += dt
         self.v, self.t = v_new, self.t + dt
 
     def record(self) -> None:
-        if self.spec.record_trace:
+        if self.tracing:
             self.trace_t.append(self.t)
             self.trace_v.append(self.v)
             self.trace_mode.append(int(self.mode))
@@ -195,22 +199,23 @@ class Node:
     # ---- transitions -------------------------------------------------------------
 
     def handle(self, kind: Event) -> None:
-        if kind == Event.HARVEST:
+        if kind == HARVEST:
             self.seg += 1
             self.harvest_w = float(self.spec.harvest.power_w[self.seg]) * self.spec.harvest_scale
             self.next_harvest_s = self._next_harvest_s()
-        elif kind == Event.SENSE:
+        elif kind == SENSE:
             self._sense()
-        elif kind == Event.PHASE:
+        elif kind == PHASE:
             self._phase_done()
-        elif kind == Event.V_ON:
-            self._resume() if self.mode == Mode.HIBERNATE else self._power_on()
-        elif kind == Event.V_CUT:
+        elif kind == V_ON:
+            self._resume() if self.mode == HIBERNATE else self._power_on()
+        elif kind == V_CUT:
             self._power_fail()
-        elif kind == Event.V_JIT:
+        elif kind == V_JIT:
             self.jit_armed = False
-            self._enter(Mode.CHECKPOINT, self.ckpt)
-        self.record()
+            self._enter(CHECKPOINT, self.ckpt)
+        if self.tracing:
+            self.record()
 
     def _enter(self, mode: Mode, phase: Phase | None = None, remaining_s: float | None = None) -> None:
         self.mode, self.phase = mode, phase
@@ -218,7 +223,7 @@ class Node:
         if phase is not None:
             self.load_w = phase.power_w
         else:
-            self.load_w = 0.0 if mode == Mode.OFF else self.sleep_w
+            self.load_w = 0.0 if mode == OFF else self.sleep_w
 
     def _sense(self) -> None:
         st = self.stats
@@ -226,9 +231,9 @@ class Node:
         release_s = self.next_sense_s
         self.next_sense_idx += 1
         self.next_sense_s = self._sense_time(self.next_sense_idx)
-        if self.mode in (Mode.OFF, Mode.BOOT):
+        if self.mode in (OFF, BOOT):
             st.lost_off += 1
-        elif self.mode == Mode.IDLE:
+        elif self.mode == IDLE:
             self.queue.append(release_s)
             self._next_task()
         elif len(self.queue) >= self.spec.work.queue_capacity:
@@ -238,14 +243,14 @@ class Node:
 
     def _power_on(self) -> None:
         self.stats.boots += 1
-        self._enter(Mode.BOOT, self.boot)
+        self._enter(BOOT, self.boot)
 
     def _power_fail(self) -> None:
         self.stats.power_cycles += 1
         if self.task_release_s is not None:
             self._roll_back()
         self.jit_armed = True
-        self._enter(Mode.OFF)
+        self._enter(OFF)
 
     def _roll_back(self) -> None:
         """Volatile progress falls back to what NVM holds; account the work that is lost."""
@@ -262,18 +267,18 @@ class Node:
 
     def _phase_done(self) -> None:
         mode = self.mode
-        if mode == Mode.BOOT:
+        if mode == BOOT:
             if self.task_release_s is not None and self.restore_bytes > 0:
-                self._enter(Mode.RESTORE, restore_phase(self.spec.work, self.restore_bytes))
+                self._enter(RESTORE, restore_phase(self.spec.work, self.restore_bytes))
             else:
                 self._continue()
-        elif mode == Mode.RESTORE:
+        elif mode == RESTORE:
             self._continue()
-        elif mode == Mode.CHECKPOINT:
+        elif mode == CHECKPOINT:
             self.stats.checkpoints += 1
             self.durable = _Progress(self.pos.phase, self.pos.elapsed_s)
             self.restore_bytes = self.ckpt.restore_bytes
-            self._enter(Mode.HIBERNATE)
+            self._enter(HIBERNATE)
         else:
             self._next_phase()
 
@@ -287,20 +292,21 @@ class Node:
             self._next_task()
             return
         phase = self.spec.plan[self.pos.phase]
-        self._enter(Mode.RUN, phase, phase.duration_s - self.pos.elapsed_s)
+        self._enter(RUN, phase, phase.duration_s - self.pos.elapsed_s)
 
     def _next_task(self) -> None:
         if not self.queue:
-            self._enter(Mode.IDLE)
+            self._enter(IDLE)
             return
         self.task_release_s = self.queue.popleft()
         self.pos, self.durable, self.restore_bytes = _Progress(), _Progress(), 0
-        self._enter(Mode.RUN, self.spec.plan[0])
+        self._enter(RUN, self.spec.plan[0])
 
     def _next_phase(self) -> None:
         plan = self.spec.plan
         done = plan[self.pos.phase]
-        self.pos = _Progress(self.pos.phase + 1, 0.0)
+        self.pos.phase += 1
+        self.pos.elapsed_s = 0.0
         if done.durable_end:
             self.durable = _Progress(self.pos.phase, 0.0)
             self.restore_bytes = done.restore_bytes
@@ -311,7 +317,7 @@ class Node:
         if self.pos.phase == len(plan):
             self._task_done()
         else:
-            self._enter(Mode.RUN, plan[self.pos.phase])
+            self._enter(RUN, plan[self.pos.phase])
 
     def _deadline(self) -> float:
         assert self.task_release_s is not None
@@ -363,13 +369,13 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
         return t_next, kind, node.v_max, True
     v_next = storage.voltage_after(v, t_next - node.t, p_w, i, g, c)
     if f > 0.0:
-        waiting = node.mode == Mode.OFF or node.mode == Mode.HIBERNATE
-        v_th, ev = (node.v_on, Event.V_ON) if waiting else (node.v_max, Event.V_MAX)
+        waiting = node.mode == OFF or node.mode == HIBERNATE
+        v_th, ev = (node.v_on, V_ON) if waiting else (node.v_max, V_MAX)
         crossed = v_next >= v_th
-    elif f < 0.0 and node.mode != Mode.OFF:
-        v_th, ev = node.v_cut, Event.V_CUT
-        if node.mode == Mode.RUN and node.jit_armed and v > node.v_jit > node.v_cut:
-            v_th, ev = node.v_jit, Event.V_JIT
+    elif f < 0.0 and node.mode != OFF:
+        v_th, ev = node.v_cut, V_CUT
+        if node.mode == RUN and node.jit_armed and v > node.v_jit > node.v_cut:
+            v_th, ev = node.v_jit, V_JIT
         crossed = v_next <= v_th
     else:
         return t_next, kind, v_next, False
@@ -387,9 +393,10 @@ def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: b
     wasted_j = storage.rate(node.v_max, p_w, node.i_a, node.g_s) * dt if clamped else 0.0
     node.account(dt, v_new, p_w, wasted_j)
     node.t = t_next  # the exact event time, free of accumulated rounding
-    if kind == Event.V_MAX:
-        node.record()
-    elif kind != Event.END:
+    if kind == V_MAX:
+        if node.tracing:
+            node.record()
+    elif kind != END:
         node.handle(kind)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.node import Event, Mode, Node
+from simulator.node import END, HIBERNATE, OFF, RUN, V_CUT, V_JIT, V_ON, Event, Node
 
 
 def run_fixed_step(node: Node, step_s: float = 1e-3) -> None:
@@ -20,7 +20,7 @@ def run_fixed_step(node: Node, step_s: float = 1e-3) -> None:
         crossed = _integrate(node, t_sched, step_s)
         if crossed is not None:
             node.handle(crossed)
-        elif kind == Event.END:
+        elif kind == END:
             return
         else:
             node.t = t_sched
@@ -32,9 +32,9 @@ def _integrate(node: Node, t_end: float, dt: float) -> Event | None:
     p_w, i_a, g_s, c_f = node.net_power_w(), node.i_a, node.g_s, node.c_f
     u_max = node.v_max * node.v_max
     mode = node.mode
-    u_up = node.v_on**2 if mode in (Mode.OFF, Mode.HIBERNATE) else math.inf
-    u_cut = node.v_cut**2 if mode != Mode.OFF else -math.inf
-    jit = mode == Mode.RUN and node.jit_armed and node.v > node.v_jit > node.v_cut
+    u_up = node.v_on**2 if mode in (OFF, HIBERNATE) else math.inf
+    u_cut = node.v_cut**2 if mode != OFF else -math.inf
+    jit = mode == RUN and node.jit_armed and node.v > node.v_jit > node.v_cut
     u_down = node.v_jit**2 if jit else u_cut
     span = t_end - node.t
     n_full = max(int(span / dt), 0)
@@ -58,10 +58,10 @@ def _integrate(node: Node, t_end: float, dt: float) -> Event | None:
             overflow_u += u - u_max
             u = u_max
         if u >= u_up:
-            crossed = Event.V_ON
+            crossed = V_ON
             break
         if u <= u_down:
-            crossed = Event.V_JIT if jit and u > u_cut else Event.V_CUT
+            crossed = V_JIT if jit and u > u_cut else V_CUT
             break
     node.account(elapsed, math.sqrt(max(u, 0.0)), p_w, 0.5 * c_f * overflow_u)
     return crossed

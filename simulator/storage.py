@@ -183,9 +183,18 @@ def voltage_after(v0: float, dt_s: float, p_w: float, i_a: float, g_s: float, c_
     v_eq = equilibrium_v(p_w, i_a, g_s)
     if v0 == v_eq:
         return v0
-    if v0 > v_eq and v_eq == 0.0 and dt_s >= time_to(v0, 0.0, p_w, i_a, g_s, c_f):
+    # emptying is possible only past a cheap lower bound on its time; check that first
+    if v0 > v_eq == 0.0 and dt_s >= _empty_time_lower_bound(v0, p_w, i_a, g_s, c_f) and dt_s >= time_to(
+        v0, 0.0, p_w, i_a, g_s, c_f
+    ):
         return 0.0
     return _invert(v0, dt_s, p_w, i_a, g_s, c_f, v_eq)
+
+
+def _empty_time_lower_bound(v0: float, p: float, i: float, g: float, c: float) -> float:
+    """The stored energy over the largest drain on [0, v0]: the capacitor cannot empty sooner."""
+    drain_w = max(-p, 0.0) + i * v0 + g * v0 * v0
+    return 0.5 * c * v0 * v0 / drain_w if drain_w > 0.0 else math.inf
 
 
 def _u_after(u0: float, dt_s: float, p: float, g: float, c: float) -> float:
@@ -205,10 +214,11 @@ def _invert(v0: float, dt_s: float, p: float, i: float, g: float, c: float, v_eq
     # midpoint of a first such estimate; its error is second order in the voltage change
     v = math.sqrt(max(_u_after(v0 * v0, dt_s, p - i * v0, g, c), 0.0))
     v = math.sqrt(max(_u_after(v0 * v0, dt_s, p - i * 0.5 * (v0 + v), g, c), 0.0))
+    integral = _integral_quadratic if g > 0.0 and p != 0.0 else _integral
     for _ in range(60):
         if not lo < v < hi:
             v = 0.5 * (lo + hi)
-        h = c * _integral(v0, v, p, i, g) - dt_s
+        h = c * integral(v0, v, p, i, g) - dt_s
         if (h < 0.0) == rising:
             lo = v
         else:
