@@ -2,8 +2,9 @@
 
 The node is always in one mode; each mode draws a constant load, so with the harvest
 trace piecewise constant, eq. (1) of ``storage.py`` has constant coefficients between
-events. The exact engine (``run_exact``) jumps from event to event with closed-form
-crossing times; ``simulator.reference`` steps the same machine on a fixed grid.
+events. The exact engine (``next_event`` then ``apply_event``) jumps from event to event
+with closed-form crossing times; ``simulator.reference`` steps the same machine on a
+fixed grid.
 """
 
 from __future__ import annotations
@@ -381,8 +382,11 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
         return t_next, kind, v_next, False
     if crossed:
         t_cross = node.t + storage.time_to(v, v_th, p_w, i, g, c)
-        if t_cross < t_next:  # on a tie the scheduled event goes first
+        if t_cross < t_next:
             return t_cross, ev, v_th, False
+        # a tie (or rounding between eq. 2 and its inverse): the scheduled event goes first and
+        # the voltage rests on the threshold, so the crossing follows at once
+        return t_next, kind, v_th, False
     return t_next, kind, v_next, False
 
 
