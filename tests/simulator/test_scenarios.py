@@ -14,7 +14,8 @@ from simulator.fleet import simulate
 
 @pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.toml")), ids=lambda p: p.stem)
 def test_bundled_scenario_runs(path: Path) -> None:
-    if "nrel" in path.read_text() and not (data_root() / "harvest" / "nrel").is_dir():
+    uses_shared_data = any(f'kind = "{k}"' in path.read_text() for k in ("nrel", "iv_curve"))
+    if uses_shared_data and not (data_root() / "harvest").is_dir():
         pytest.skip("needs ../shared/data (TRICKLE_DATA)")
     sc = load_scenario(path, run={"duration_s": 600.0, "workers": 1}, nodes={"count": 2})
     s = simulate(sc).summary
