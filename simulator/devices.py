@@ -17,6 +17,18 @@ from dataclasses import dataclass, fields
 from simulator.errors import ConfigError
 
 
+# Cycles of a sub-byte MAC relative to int8 (NExUME's energy-per-operation-at-precision): packed
+# operands halve (4 bit) or quarter (2 bit) the loads per MAC, unpacking adds shifts and masks.
+# An engineering estimate, to be replaced by instruction counts measured on the firmware.
+PRECISION_CYCLE_FACTOR: dict[int, float] = {8: 1.0, 4: 0.7, 2: 0.5}
+
+
+def _precision_factor(bits: int) -> float:
+    if bits not in PRECISION_CYCLE_FACTOR:
+        raise ConfigError("bits", bits, f"must be one of {sorted(PRECISION_CYCLE_FACTOR)}")
+    return PRECISION_CYCLE_FACTOR[bits]
+
+
 @dataclass(frozen=True)
 class McuProfile:
     """One microcontroller with its non-volatile memory (on-chip FRAM or an SPI FRAM).
@@ -56,11 +68,12 @@ class McuProfile:
     def energy_per_cycle_j(self) -> float:
         return self.active_a_per_hz * self.vdd_v
 
-    def compute_time_s(self, macs: float) -> float:
-        return _non_negative("macs", macs) * self.cycles_per_mac / self.clock_hz
+    def compute_time_s(self, macs: float, bits: int = 8) -> float:
+        return _non_negative("macs", macs) * self.cycles_per_mac * _precision_factor(bits) / self.clock_hz
 
-    def compute_energy_j(self, macs: float) -> float:
-        return _non_negative("macs", macs) * self.cycles_per_mac * self.energy_per_cycle_j()
+    def compute_energy_j(self, macs: float, bits: int = 8) -> float:
+        """Energy of ``macs`` MACs at ``bits``-bit weights and activations: the shared cost model."""
+        return _non_negative("macs", macs) * self.cycles_per_mac * _precision_factor(bits) * self.energy_per_cycle_j()
 
     def boot_energy_j(self) -> float:
         """Upper bound: the whole boot is charged at full-clock active power."""
