@@ -10,6 +10,8 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	# the CPU build of torch, before anything that depends on torch
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
 
 venv: $(PY)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import brevitas.nn as qnn
 import torch
@@ -47,13 +48,13 @@ class Arch:
     def dims(self) -> int:
         return len(self.input_shape) - 1
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, object]) -> Arch:
-        convs = tuple(ConvSpec(**c) for c in d["convs"])  # type: ignore[union-attr, arg-type]
-        return cls(str(d["name"]), tuple(d["input_shape"]), int(d["n_classes"]), convs)  # type: ignore[arg-type, call-overload]
+    def from_dict(cls, d: dict[str, Any]) -> Arch:
+        convs = tuple(ConvSpec(**c) for c in d["convs"])
+        return cls(str(d["name"]), tuple(d["input_shape"]), int(d["n_classes"]), convs)
 
 
 def arch_for(dataset: str, input_shape: tuple[int, ...], n_classes: int) -> Arch:
@@ -91,11 +92,11 @@ class SwitchableLayer(nn.Module):
 
     @property
     def weight(self) -> nn.Parameter:
-        return self.quant[str(SUPPORTED_BITS[-1])].weight
+        return cast(nn.Parameter, self.quant[str(SUPPORTED_BITS[-1])].weight)
 
     @property
     def bias(self) -> nn.Parameter:
-        return self.quant[str(SUPPORTED_BITS[-1])].bias
+        return cast(nn.Parameter, self.quant[str(SUPPORTED_BITS[-1])].bias)
 
     def forward(self, x: torch.Tensor, bits: int) -> torch.Tensor:
         if bits == FLOAT_BITS:
@@ -136,7 +137,7 @@ class SwitchableNet(nn.Module):
             x = self.input_quant(x)
         for conv, act in zip(self.convs, self.acts):
             x = conv(x, self.bits)
-            x = F.relu(x) if self.bits == FLOAT_BITS else act[str(self.bits)](x)
+            x = F.relu(x) if self.bits == FLOAT_BITS else act[str(self.bits)](x)  # type: ignore[index]
             x = _ordered_dropout(x, self.drop)
         x = x.flatten(2).mean(dim=2)  # global average pool: (B, C)
         return self.classifier(x, self.bits)  # (B, n_classes)

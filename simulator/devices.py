@@ -16,7 +16,6 @@ from dataclasses import dataclass, fields
 
 from simulator.errors import ConfigError
 
-
 # Cycles of a sub-byte MAC relative to int8 (NExUME's energy-per-operation-at-precision): packed
 # operands halve (4 bit) or quarter (2 bit) the loads per MAC, unpacking adds shifts and masks.
 # An engineering estimate, to be replaced by instruction counts measured on the firmware.

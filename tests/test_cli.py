@@ -80,3 +80,28 @@ def test_help_and_list() -> None:
 def test_simulator_never_imports_torch() -> None:
     code = "import sys, simulator.fleet, simulator.report, simulator.cli; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_train_writes_checkpoint_and_summary(tmp_path: Path) -> None:
+    out = tmp_path / "train"
+    proc = trickle("train", "nexume", "--dataset", "basic_motions", "--epochs", "2", "--out", str(out),
+                   "--set", 'harvest_scenario="rf_powercast"', "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["variants"]) == 9 and summary["config"]["method"] == "nexume"
+    assert (out / "checkpoint.pt").stat().st_size > 0 and "| bits |" in (out / "summary.md").read_text()
+
+    from models.checkpoint import load_checkpoint
+    from models.datasets import load
+    from models.nexume import accuracy
+
+    model, payload = load_checkpoint(out / "checkpoint.pt")
+    data = load("basic_motions")
+    v = payload["variants"][0]
+    assert accuracy(model, data.x_test, data.y_test, v["bits"], v["drop"]) == v["accuracy"]
+
+
+def test_train_bad_config_is_one_line() -> None:
+    proc = trickle("train", "nexume", "--set", "d_max=2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "trickle train: error: d_max = 2: should be less than 1"

@@ -19,6 +19,7 @@ from trickle import __version__
 # verb -> (module that defines add_arguments(parser) and run(args) -> int, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "simulate": ("simulator.cli", "simulate energy-harvesting sensor nodes (SimPy, exact event-driven)"),
+    "train": ("models.cli", "train a model for intermittent power (NExUME) and write a checkpoint"),
     "bench": ("bench.cli", "run a benchmark from bench/ and write bench/results/NAME.json"),
 }
 

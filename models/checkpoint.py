@@ -1,0 +1,67 @@
+"""Checkpoints and training summaries on disk, written atomically."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.datasets import Dataset
+from models.nexume import TrainResult
+from models.switchable import Arch, SwitchableNet
+from simulator.report import write_atomic
+
+CHECKPOINT_VERSION = 1
+
+
+def save_checkpoint(result: TrainResult, data: Dataset, out_dir: Path) -> list[Path]:
+    """checkpoint.pt, summary.json and summary.md in ``out_dir``."""
+    payload = {
+        "version": CHECKPOINT_VERSION,
+        "arch": result.model.arch.to_dict(),
+        "state_dict": result.model.state_dict(),
+        "config": result.config.model_dump(mode="json"),
+        "labels": list(data.labels),
+        "preprocessing": data.preprocessing,
+        "variants": result.variants,
+    }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    paths = [out_dir / "checkpoint.pt", out_dir / "summary.json", out_dir / "summary.md"]
+    write_atomic(paths[0], buf.getvalue())
+    summary = {"config": payload["config"], "train_time_s": result.train_time_s, "history": result.history,
+               "variants": result.variants, "dataset": data.name, "n_train": len(data.y_train), "n_test": len(data.y_test)}
+    write_atomic(paths[1], json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    write_atomic(paths[2], _markdown(summary))
+    return paths
+
+
+def load_checkpoint(path: Path) -> tuple[SwitchableNet, dict[str, Any]]:
+    import brevitas.config
+
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    model = SwitchableNet(Arch.from_dict(payload["arch"]))
+    # an activation quantizer that never ran in training has no learned scale yet; brevitas
+    # initialises it on first use, exactly as it would have in the saved model
+    saved, brevitas.config.IGNORE_MISSING_KEYS = brevitas.config.IGNORE_MISSING_KEYS, True
+    try:
+        model.load_state_dict(payload["state_dict"])
+    finally:
+        brevitas.config.IGNORE_MISSING_KEYS = saved
+    return model, payload
+
+
+def _markdown(summary: dict[str, Any]) -> str:
+    cfg = summary["config"]
+    lines = [f"# {cfg['method']} on {summary['dataset']}", "",
+             f"{summary['n_train']} training / {summary['n_test']} test examples, {cfg['epochs']} epochs, "
+             f"seed {cfg['seed']}, {summary['train_time_s']:.1f} s. Energy on `{cfg['mcu']}`.", "",
+             "| bits | dropout | test accuracy | MACs | weight bytes | energy (µJ) |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for v in summary["variants"]:
+        lines.append(f"| {v['bits']} | {v['drop']:.2f} | {v['accuracy']:.3f} | {v['macs']} | {v['weight_bytes']} "
+                     f"| {v['energy_j'] * 1e6:.1f} |")
+    return "\n".join(lines) + "\n"

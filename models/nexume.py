@@ -1,0 +1,278 @@
+"""NExUME DynFit: energy-aware training for intermittently powered nodes (ICLR 2025).
+
+At every iteration the energy at hand E_b is drawn from a simulated node living on a real
+harvest trace (simulator/, not a uniform random number); then (NExUME §3.2)
+
+    d_i = d_max · (1 − E_b / E_max)                       per-layer structured dropout
+    q   = q_min + (q_max − q_min) · E_b / E_max           bit-width, rounded to {2, 4, 8}
+    L   = CE + λ1 · Σ_j c_q(q_j) + λ2 · Σ_i c_d(d_i)
+
+where c_q is a layer's energy at precision q relative to 8 bit (the shared cost model of
+simulator.devices) and c_d(d) = d. Per-weight update counts are kept, and after the main
+phase the rarely updated weights are fine-tuned with dropout and quantization off.
+
+Methods (the baselines of the evaluation use the same network and loop):
+``nexume`` as above; ``uniform``: q and d drawn uniformly, energy-unaware (the ablation);
+``qat8``: fixed 8-bit QAT, no dropout; ``fp32``: float training (quantized after training).
+
+    trickle train nexume --dataset digits --epochs 20 --out runs/train/digits
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator, model_validator
+from torch import nn
+from torch.nn import functional as F
+
+from models.datasets import Dataset
+from models.switchable import FLOAT_BITS, SUPPORTED_BITS, SwitchableNet, arch_for
+from simulator.devices import MCUS, PRECISION_CYCLE_FACTOR
+from simulator.errors import ConfigError
+from simulator.typed import Config
+
+Method = Literal["nexume", "uniform", "qat8", "fp32"]
+DROP_LEVELS = (0.0, 0.25, 0.5)  # the dropout levels a device can choose among (variants)
+
+
+class TrainConfig(Config):
+    """One training run."""
+
+    dataset: Literal["fsdd", "basic_motions", "digits"] = "digits"
+    """Which task."""
+    method: Method = "nexume"
+    """nexume, uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) or fp32."""
+    epochs: int = Field(30, ge=1, le=10_000)
+    """Passes over the training split in the main phase."""
+    finetune_epochs: int = Field(3, ge=0, le=1000)
+    """nexume: passes fine-tuning the rarely updated weights, dropout and quantization off."""
+    rare_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    """nexume: share of weights (the least often updated) that the fine-tuning touches."""
+    batch_size: int = Field(64, ge=1, le=65536)
+    """Mini-batch size."""
+    lr: float = Field(3e-3, gt=0, le=1)
+    """Adam learning rate."""
+    seed: int = Field(0, ge=0)
+    """Seeds initialisation, batching and the energy draws."""
+    d_max: float = Field(0.5, ge=0.0, lt=1.0)
+    """Largest structured dropout (at zero energy)."""
+    q_min: int = Field(2, ge=2, le=8)
+    """Bit-width at zero energy."""
+    q_max: int = Field(8, ge=2, le=8)
+    """Bit-width at full energy."""
+    lambda_q: float = Field(0.01, ge=0)
+    """λ1: weight of the precision cost term."""
+    lambda_d: float = Field(0.01, ge=0)
+    """λ2: weight of the dropout cost term."""
+    mcu: str = "msp430fr5994"
+    """MCU whose cost model prices the variants (simulator.devices.MCUS)."""
+    harvest_scenario: str = "nrel_24h"
+    """Bundled scenario name or TOML file whose simulated node supplies the energy draws."""
+
+    @field_validator("mcu")
+    @classmethod
+    def _known_mcu(cls, name: str) -> str:
+        if name not in MCUS:
+            raise ConfigError("mcu", name, f"must be one of {sorted(MCUS)}")
+        return name
+
+    @field_validator("harvest_scenario")
+    @classmethod
+    def _scenario_exists(cls, name: str) -> str:
+        from simulator.cli import scenario_path
+
+        if not scenario_path(name).is_file():
+            raise ConfigError("harvest_scenario", name, "must name a bundled scenario (trickle simulate --list) or a TOML file")
+        return name
+
+    @model_validator(mode="after")
+    def _bits_ordered(self) -> TrainConfig:
+        if self.q_min > self.q_max:
+            raise ConfigError("q_min", self.q_min, f"must be <= q_max ({self.q_max})")
+        return self
+
+
+# ---- the schedule (NExUME §3.2) -----------------------------------------------------------
+
+
+def dropout_for(energy_j: float, energy_max_j: float, d_max: float) -> float:
+    """d = d_max · (1 − E_b / E_max), with E_b clipped to [0, E_max]."""
+    frac = min(max(energy_j / energy_max_j, 0.0), 1.0)
+    return d_max * (1.0 - frac)
+
+
+def bits_for(energy_j: float, energy_max_j: float, q_min: int, q_max: int, supported: tuple[int, ...] = SUPPORTED_BITS) -> int:
+    """q = q_min + (q_max − q_min) · E_b / E_max, rounded to the nearest supported bit-width."""
+    frac = min(max(energy_j / energy_max_j, 0.0), 1.0)
+    q = q_min + (q_max - q_min) * frac
+    return min(supported, key=lambda b: (abs(b - q), b))
+
+
+def precision_cost(bits: int) -> float:
+    """c_q: a MAC's energy at ``bits`` relative to 8 bit (float training counts as 8 bit)."""
+    return PRECISION_CYCLE_FACTOR[8 if bits == FLOAT_BITS else bits]
+
+
+# ---- energy draws from a simulated node -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnergySampler:
+    """Usable stored energy of a simulated node at random on-times, time-weighted."""
+
+    energies_j: np.ndarray
+    energy_max_j: float
+
+    @classmethod
+    def from_scenario(cls, scenario_name: str, n_draws: int = 100_000, seed: int = 0) -> EnergySampler:
+        from simulator.cli import scenario_path
+        from simulator.config import load_scenario
+        from simulator.fleet import simulate
+        from simulator.node import Mode
+
+        sc = load_scenario(scenario_path(scenario_name), nodes={"count": 1, "record_traces": 1}, run={"workers": 1})
+        trace = simulate(sc).nodes[0].trace
+        assert trace is not None
+        t = np.append(np.asarray(trace["time_s"]), sc.run.duration_s)
+        v = np.asarray(trace["voltage_v"])
+        on = np.asarray(trace["mode"]) != Mode.OFF
+        dwell = np.diff(t) * on
+        if dwell.sum() <= 0:
+            raise ValueError(f"harvest_scenario = {scenario_name!r}: the simulated node is never on")
+        st = sc.storage
+        v_cut = max(st.v_off_v, MCUS[sc.workload.mcu].brown_out_v)
+        rng = np.random.default_rng(seed)
+        idx = rng.choice(len(dwell), size=n_draws, p=dwell / dwell.sum())
+        energies = 0.5 * st.capacitance_f * np.clip(v[idx] ** 2 - v_cut**2, 0.0, None)
+        return cls(energies, 0.5 * st.capacitance_f * (st.v_max_v**2 - v_cut**2))
+
+    def draw(self, i: int) -> float:
+        return float(self.energies_j[i % len(self.energies_j)])
+
+
+# ---- training -----------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    config: TrainConfig
+    model: SwitchableNet
+    train_time_s: float
+    history: list[dict[str, float]] = field(default_factory=list)
+    variants: list[dict[str, float]] = field(default_factory=list)
+
+
+def _schedule(cfg: TrainConfig, sampler: EnergySampler | None, rng: np.random.Generator, step: int) -> tuple[int, float]:
+    if cfg.method == "qat8":
+        return 8, 0.0
+    if cfg.method == "fp32":
+        return FLOAT_BITS, 0.0
+    if cfg.method == "uniform":
+        return int(rng.choice(SUPPORTED_BITS)), float(rng.uniform(0.0, cfg.d_max))
+    assert sampler is not None
+    e = sampler.draw(step)
+    return bits_for(e, sampler.energy_max_j, cfg.q_min, cfg.q_max), dropout_for(e, sampler.energy_max_j, cfg.d_max)
+
+
+def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Train ``cfg.method`` on ``data``; ``progress(epoch, epochs, metrics)`` after each epoch."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    model = SwitchableNet(arch_for(data.name, data.input_shape, data.n_classes))
+    sampler = EnergySampler.from_scenario(cfg.harvest_scenario, seed=cfg.seed) if cfg.method == "nexume" else None
+    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    weights = [p for layer in (*model.convs, model.classifier) for p in (layer.weight, layer.bias)]
+    updates = [torch.zeros_like(p) for p in weights]
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    history: list[dict[str, float]] = []
+    started = time.perf_counter()
+    step = 0
+    for epoch in range(cfg.epochs):
+        model.train()
+        order = torch.from_numpy(rng.permutation(len(x)))
+        total, n_seen, correct = 0.0, 0, 0
+        for batch in order.split(cfg.batch_size):
+            bits, drop = _schedule(cfg, sampler, rng, step)
+            model.configure(bits, drop)
+            logits = model(x[batch])
+            task = F.cross_entropy(logits, y[batch])
+            # λ terms: constant for the sampled (q, d), so they shape the loss value, not the gradient
+            cost = cfg.lambda_q * precision_cost(bits) * len(model.convs) + cfg.lambda_d * drop * len(model.convs)
+            loss = task + cost
+            opt.zero_grad()
+            loss.backward()
+            for count, p in zip(updates, weights):
+                if p.grad is not None:
+                    count += (p.grad != 0).to(count.dtype)
+            opt.step()
+            step += 1
+            total += task.item() * len(batch)
+            n_seen += len(batch)
+            correct += int((logits.argmax(1) == y[batch]).sum())
+        metrics = {"epoch": epoch + 1, "loss": total / n_seen, "train_acc": correct / n_seen}
+        history.append(metrics)
+        if progress:
+            progress(epoch + 1, cfg.epochs, metrics)
+    if cfg.method == "nexume" and cfg.finetune_epochs and cfg.rare_fraction > 0:
+        _finetune_rare(model, cfg, x, y, weights, updates, rng)
+    elapsed = time.perf_counter() - started
+    result = TrainResult(cfg, model, elapsed, history)
+    result.variants = evaluate_variants(model, data, cfg.mcu)
+    return result
+
+
+def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor,
+                   weights: list[nn.Parameter], updates: list[torch.Tensor], rng: np.random.Generator) -> None:
+    """NExUME's regularization: train only the least-updated weights, at full precision, no dropout."""
+    counts = torch.cat([u.flatten() for u in updates])
+    threshold = torch.quantile(counts.float(), cfg.rare_fraction)
+    masks = [(u <= threshold).to(u.dtype) for u in updates]
+    opt = torch.optim.Adam(weights, lr=cfg.lr * 0.3)
+    model.configure(FLOAT_BITS, 0.0)
+    model.train()
+    for _ in range(cfg.finetune_epochs):
+        for batch in torch.from_numpy(rng.permutation(len(x))).split(cfg.batch_size):
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            opt.zero_grad()
+            loss.backward()
+            for p, m in zip(weights, masks):
+                if p.grad is not None:
+                    p.grad *= m
+            opt.step()
+
+
+@torch.no_grad()
+def accuracy(model: SwitchableNet, x: np.ndarray, y: np.ndarray, bits: int, drop: float) -> float:
+    model.eval()
+    model.configure(bits, drop)
+    pred = model(torch.from_numpy(x)).argmax(1).numpy()
+    return float((pred == y).mean())
+
+
+def variant_energy_j(model: SwitchableNet, bits: int, drop: float, mcu: str) -> float:
+    """One inference's compute energy on ``mcu`` (the cost model the simulator uses)."""
+    profile = MCUS[mcu]
+    return sum(profile.compute_energy_j(macs, bits) for _, macs, _ in model.layer_costs(drop))
+
+
+def evaluate_variants(model: SwitchableNet, data: Dataset, mcu: str) -> list[dict[str, float]]:
+    """Test accuracy, MACs, weight bytes and energy of every (bits, drop) variant."""
+    rows = []
+    for bits in SUPPORTED_BITS:
+        for drop in DROP_LEVELS:
+            costs = model.layer_costs(drop)
+            rows.append({
+                "bits": bits, "drop": drop,
+                "accuracy": accuracy(model, data.x_test, data.y_test, bits, drop),
+                "macs": sum(c[1] for c in costs),
+                "weight_bytes": math.ceil(sum(c[2] for c in costs) * bits / 8),
+                "energy_j": variant_energy_j(model, bits, drop, mcu),
+            })
+    return rows
