@@ -259,7 +259,7 @@ def accuracy(model: SwitchableNet, x: np.ndarray, y: np.ndarray, bits: int, drop
 def variant_energy_j(model: SwitchableNet, bits: int, drop: float, mcu: str) -> float:
     """One inference's compute energy on ``mcu`` (the cost model the simulator uses)."""
     profile = MCUS[mcu]
-    return sum(profile.compute_energy_j(macs, bits) for _, macs, _ in model.layer_costs(drop))
+    return sum(profile.compute_energy_j(c.macs, bits) for c in model.layer_costs(drop))
 
 
 def evaluate_variants(model: SwitchableNet, data: Dataset, mcu: str) -> list[dict[str, float]]:
@@ -271,8 +271,8 @@ def evaluate_variants(model: SwitchableNet, data: Dataset, mcu: str) -> list[dic
             rows.append({
                 "bits": bits, "drop": drop,
                 "accuracy": accuracy(model, data.x_test, data.y_test, bits, drop),
-                "macs": sum(c[1] for c in costs),
-                "weight_bytes": math.ceil(sum(c[2] for c in costs) * bits / 8),
+                "macs": sum(c.macs for c in costs),
+                "weight_bytes": math.ceil(sum(c.weights for c in costs) * bits / 8),
                 "energy_j": variant_energy_j(model, bits, drop, mcu),
             })
     return rows

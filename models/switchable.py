@@ -142,20 +142,30 @@ class SwitchableNet(nn.Module):
         x = x.flatten(2).mean(dim=2)  # global average pool: (B, C)
         return self.classifier(x, self.bits)  # (B, n_classes)
 
-    def layer_costs(self, drop: float) -> list[tuple[str, int, int]]:
-        """(name, MACs, weights) per layer at dropout ``drop``: what the device computes."""
-        out: list[tuple[str, int, int]] = []
+    def layer_costs(self, drop: float) -> list[LayerCost]:
+        """What the device computes per layer at dropout ``drop``."""
+        out: list[LayerCost] = []
         shape = list(self.arch.input_shape[1:])
         in_keep = self.arch.input_shape[0]
         for i, spec in enumerate(self.arch.convs):
             shape = [(n + 2 * spec.padding - spec.kernel) // spec.stride + 1 for n in shape]
             keep = kept_channels(spec.out_channels, drop)
             kernel = spec.kernel ** len(shape)
-            out.append((f"conv{i + 1}", keep * in_keep * kernel * math.prod(shape), keep * in_keep * kernel + keep))
+            positions = math.prod(shape)
+            out.append(LayerCost(f"conv{i + 1}", keep * in_keep * kernel * positions, keep * in_keep * kernel + keep,
+                                 keep * positions))
             in_keep = keep
         n = self.arch.n_classes
-        out.append(("classifier", in_keep * n, in_keep * n + n))
+        out.append(LayerCost("classifier", in_keep * n, in_keep * n + n, n))
         return out
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    name: str
+    macs: int
+    weights: int  # weights + biases
+    outputs: int  # output activations
 
 
 def _ordered_dropout(x: torch.Tensor, drop: float) -> torch.Tensor:

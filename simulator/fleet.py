@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import simpy
 
+from edge.dyninfer import Variant, choose_variant, usable_energy_j
 from simulator import network
 from simulator.config import Scenario
 from simulator.data import resolve_data_file
@@ -27,7 +28,7 @@ from simulator.harvesters import build_trace
 from simulator.node import END, SENSE, Node, NodeSpec, NodeStats, apply_event, next_event
 from simulator.reference import run_fixed_step
 from simulator.trace import PowerTrace
-from simulator.workload import Phase, build_plan
+from simulator.workload import InferenceModel, Phase, build_plan
 
 _NODE_STREAM = 1  # rng stream of per-node draws; the network uses its own
 
@@ -39,6 +40,7 @@ class NodeResult:
     stats: NodeStats
     packets: np.ndarray  # (n, 3): start_s, airtime_s, deadline_s
     trace: dict[str, list[float] | list[int]] | None = None
+    task_log: np.ndarray | None = None  # (k, 3) int: sensing event, variant, within deadline
 
 
 @dataclass
@@ -48,6 +50,7 @@ class SimulationResult:
     distances_m: np.ndarray
     resolution: network.Resolution
     harvest: PowerTrace
+    model: InferenceModel | None = None
     summary: dict[str, float | int] = field(default_factory=dict)
 
 
@@ -60,6 +63,23 @@ class _Shared:
     plan: tuple[Phase, ...]
     airtime_s: float
     sense_times_s: np.ndarray | None
+    variant_plans: tuple[tuple[Phase, ...], ...] = ()
+    chooser: DynInferChooser | None = None
+
+
+@dataclass(frozen=True)
+class DynInferChooser:
+    """Picks a variant from the capacitor voltage with edge.dyninfer, as a device would."""
+
+    variants: tuple[Variant, ...]
+    capacitance_f: float
+    v_cut_v: float
+    output_efficiency: float
+    margin: float
+
+    def __call__(self, v: float) -> int:
+        budget_j = usable_energy_j(v, self.capacitance_f, self.v_cut_v) * self.output_efficiency
+        return self.variants.index(choose_variant(self.variants, budget_j, self.margin))
 
 
 def tx_timing(scenario: Scenario) -> tuple[float, float, float]:
@@ -71,12 +91,24 @@ def tx_timing(scenario: Scenario) -> tuple[float, float, float]:
     return airtime_s, repeats * (radio.startup_s + airtime_s), radio.tx_a * radio.vdd_v
 
 
-def _shared(scenario: Scenario) -> _Shared:
-    run = scenario.run
+def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
+    run, st, work = scenario.run, scenario.storage, scenario.workload
     harvest = build_trace(scenario.harvester, run.duration_s, np.random.default_rng([run.seed, 0, 0]))
     airtime_s, on_s, tx_w = tx_timing(scenario)
-    plan = build_plan(scenario.workload, on_s, tx_w)
-    return _Shared(scenario, harvest, plan, airtime_s, _sense_times(scenario))
+    v_cut = max(st.v_off_v, work.mcu_profile.brown_out_v)
+    # QuantaTasks fit half of what a full charge delivers to the load
+    budget_j = 0.5 * usable_energy_j(st.v_on_v, st.capacitance_f, v_cut) * st.output_efficiency
+    if model is None:
+        plan = build_plan(work, on_s, tx_w, quanta_budget_j=budget_j)
+        return _Shared(scenario, harvest, plan, airtime_s, _sense_times(scenario))
+    plans = tuple(build_plan(work, on_s, tx_w, bits=v.bits, layers=v.layers, quanta_budget_j=budget_j)
+                  for v in model.variants)
+    chooser = None
+    if model.adaptive and len(plans) > 1:
+        costs = tuple(Variant(v.bits, v.drop, sum(p.energy_j for p in plan), v.accuracy)
+                      for v, plan in zip(model.variants, plans))
+        chooser = DynInferChooser(costs, st.capacitance_f, v_cut, st.output_efficiency, model.margin)
+    return _Shared(scenario, harvest, plans[0], airtime_s, _sense_times(scenario), plans, chooser)
 
 
 def _sense_times(scenario: Scenario) -> np.ndarray | None:
@@ -114,6 +146,7 @@ def _node_spec(shared: _Shared, node_id: int) -> NodeSpec:
         node_id=node_id, storage=sc.storage, work=sc.workload, plan=shared.plan, harvest=shared.harvest,
         harvest_scale=scale, sense_times_s=shared.sense_times_s, sense_offset_s=offset,
         airtime_s=shared.airtime_s, record_trace=node_id < sc.nodes.record_traces,
+        variant_plans=shared.variant_plans, choose_variant=shared.chooser,
     )
 
 
@@ -153,7 +186,8 @@ def _result(node: Node) -> NodeResult:
     if node.spec.record_trace:
         trace = {"time_s": node.trace_t, "voltage_v": node.trace_v, "mode": node.trace_mode}
     packets = np.asarray(node.packets, dtype=np.float64).reshape(-1, 3)
-    return NodeResult(node.spec.node_id, node.spec.harvest_scale, node.finish(), packets, trace)
+    task_log = np.asarray(node.task_log, dtype=np.int64).reshape(-1, 3)
+    return NodeResult(node.spec.node_id, node.spec.harvest_scale, node.finish(), packets, trace, task_log)
 
 
 def _shards(n_nodes: int, n_shards: int) -> list[range]:
@@ -161,9 +195,15 @@ def _shards(n_nodes: int, n_shards: int) -> list[range]:
     return [range(a, b) for a, b in itertools.pairwise(bounds.tolist()) if b > a]
 
 
-def simulate(scenario: Scenario, progress: Callable[[int], None] | None = None) -> SimulationResult:
-    """Run ``scenario``; ``progress`` is called with the number of nodes each finished shard held."""
-    shared = _shared(scenario)
+def simulate(
+    scenario: Scenario, progress: Callable[[int], None] | None = None, model: InferenceModel | None = None
+) -> SimulationResult:
+    """Run ``scenario``; ``progress`` is called with the number of nodes each finished shard held.
+
+    With ``model`` the task runs that trained model's variants (DynInfer picks one per task when
+    the model is adaptive) and the summary adds accuracy-within-deadline.
+    """
+    shared = _shared(scenario, model)
     n = scenario.nodes.count
     workers = min(scenario.run.workers or os.cpu_count() or 1, n)
     shards = _shards(n, min(n, max(workers * 8, 1)))
@@ -178,7 +218,7 @@ def simulate(scenario: Scenario, progress: Callable[[int], None] | None = None) 
     nodes = [r for part in parts for r in part]
     distances = network.node_distances_m(scenario.network, n, scenario.run.seed)
     resolution = network.resolve(_packet_log(scenario, nodes, distances), scenario.network, scenario.run.seed)
-    result = SimulationResult(scenario, nodes, distances, resolution, shared.harvest)
+    result = SimulationResult(scenario, nodes, distances, resolution, shared.harvest, model)
     result.summary = summarize(result)
     return result
 
@@ -244,7 +284,32 @@ def summarize(result: SimulationResult) -> dict[str, float | int]:
     res = result.resolution
     for k in PACKET_OUTCOMES:
         summary[f"packets_{k}"] = int(getattr(res, k).sum())
+    if result.model is not None:
+        summary.update(_accuracy_summary(result, result.model))
     return summary
+
+
+_SAMPLE_STREAM = 3  # rng stream of the test sample each sensing event observes
+
+
+def _accuracy_summary(result: SimulationResult, model: InferenceModel) -> dict[str, float | int]:
+    """Accuracy within deadline: a sensing event counts as right only if its result came in time and
+    was correct; events lost, dropped, late or unfinished count as wrong."""
+    seed = result.scenario.run.seed
+    right, released = 0, 0
+    usage = np.zeros(len(model.variants), dtype=np.int64)
+    for r in result.nodes:
+        released += r.stats.released
+        log = r.task_log if r.task_log is not None else np.zeros((0, 3), dtype=np.int64)
+        rng = np.random.default_rng([seed, r.node_id, _SAMPLE_STREAM])
+        samples = rng.integers(0, model.n_test, size=max(r.stats.released, 1))
+        for event, variant, in_time in log:
+            usage[variant] += 1
+            right += int(in_time and model.variants[variant].correct[samples[event]])
+    out: dict[str, float | int] = {"accuracy_within_deadline": right / released if released else 0.0}
+    for i, v in enumerate(model.variants):
+        out[f"variant_{v.bits}b_d{v.drop:g}_tasks"] = int(usage[i])
+    return out
 
 
 PACKET_OUTCOMES = ("delivered", "delivered_in_time", "collided", "lost", "below_sensitivity")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -91,6 +92,8 @@ class NodeSpec:
     sense_offset_s: float
     airtime_s: float  # on-air part of the tx phase (the rest is radio start-up)
     record_trace: bool = False
+    variant_plans: tuple[tuple[Phase, ...], ...] = ()  # one plan per model variant (adaptive inference)
+    choose_variant: Callable[[float], int] | None = None  # capacitor voltage -> variant, at task start
 
 
 @dataclass
@@ -122,7 +125,11 @@ class Node:
         self.pos = _Progress()  # volatile progress in the plan
         self.durable = _Progress()  # progress in NVM
         self.restore_bytes = 0
-        self.queue: deque[float] = deque()
+        self.queue: deque[tuple[float, int]] = deque()  # (release time, sensing event number)
+        self.plan = spec.plan
+        self.variant = 0
+        self.task_event = -1
+        self.task_log: list[tuple[int, int, bool]] = []  # (sensing event, variant, within deadline)
         self.jit_armed = True
         self.seg = 0
         self.harvest_w = float(spec.harvest.power_w[0]) * spec.harvest_scale
@@ -229,18 +236,18 @@ class Node:
     def _sense(self) -> None:
         st = self.stats
         st.released += 1
-        release_s = self.next_sense_s
+        release = (self.next_sense_s, self.next_sense_idx)
         self.next_sense_idx += 1
         self.next_sense_s = self._sense_time(self.next_sense_idx)
         if self.mode in (OFF, BOOT):
             st.lost_off += 1
         elif self.mode == IDLE:
-            self.queue.append(release_s)
+            self.queue.append(release)
             self._next_task()
         elif len(self.queue) >= self.spec.work.queue_capacity:
             st.dropped += 1
         else:
-            self.queue.append(release_s)
+            self.queue.append(release)
 
     def _power_on(self) -> None:
         self.stats.boots += 1
@@ -255,7 +262,7 @@ class Node:
 
     def _roll_back(self) -> None:
         """Volatile progress falls back to what NVM holds; account the work that is lost."""
-        pos, plan = self.pos, self.spec.plan
+        pos, plan = self.pos, self.plan
         if pos.phase < len(plan) and plan[pos.phase].granule_s > 0.0 and self.durable.phase == pos.phase:
             # loop continuation: every whole tile done in this phase is already committed
             g = plan[pos.phase].granule_s
@@ -292,19 +299,22 @@ class Node:
         if self.task_release_s is None:
             self._next_task()
             return
-        phase = self.spec.plan[self.pos.phase]
+        phase = self.plan[self.pos.phase]
         self._enter(RUN, phase, phase.duration_s - self.pos.elapsed_s)
 
     def _next_task(self) -> None:
         if not self.queue:
             self._enter(IDLE)
             return
-        self.task_release_s = self.queue.popleft()
+        self.task_release_s, self.task_event = self.queue.popleft()
+        if self.spec.choose_variant is not None:  # DynInfer: the variant the stored energy affords
+            self.variant = self.spec.choose_variant(self.v)
+            self.plan = self.spec.variant_plans[self.variant]
         self.pos, self.durable, self.restore_bytes = _Progress(), _Progress(), 0
-        self._enter(RUN, self.spec.plan[0])
+        self._enter(RUN, self.plan[0])
 
     def _next_phase(self) -> None:
-        plan = self.spec.plan
+        plan = self.plan
         done = plan[self.pos.phase]
         self.pos.phase += 1
         self.pos.elapsed_s = 0.0
@@ -326,10 +336,12 @@ class Node:
 
     def _task_done(self) -> None:
         st = self.stats
-        if self.t <= self._deadline():
+        in_time = self.t <= self._deadline()
+        if in_time:
             st.completed += 1
         else:
             st.missed += 1
+        self.task_log.append((self.task_event, self.variant, in_time))
         assert self.task_release_s is not None
         st.latency_sum_s += self.t - self.task_release_s
         self.task_release_s = None

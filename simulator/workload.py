@@ -11,6 +11,9 @@ what a power failure rolls back to:
 - ``per_layer``: task-based (Alpaca/InK-style) — each layer's output is committed.
 - ``loop_continuation``: SONIC-style — loop indices and outputs live in NVM and a
   tile of ``tile_macs`` is committed with a word store, so a failure loses at most a tile.
+- ``quanta``: NExUME's QuantaTasks (edge.dyninfer) — each layer's loop is cut into chunks
+  that fit half a full charge, neighbours are fused greedily, and each group's outputs are
+  committed to NVM.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, field_validator
 
 from simulator.devices import MCUS, McuProfile
 from simulator.errors import ConfigError
 from simulator.typed import Config
 
-Policy = Literal["restart", "jit", "per_layer", "loop_continuation"]
+Policy = Literal["restart", "jit", "per_layer", "loop_continuation", "quanta"]
 
 
 class LayerSpec(Config):
@@ -124,23 +128,28 @@ def _nvm_phase(kind: str, mcu: McuProfile, nbytes: int, write: bool, **kw: objec
     return Phase(kind, nbytes * per_byte_s, per_byte_j / per_byte_s, **kw)  # type: ignore[arg-type]
 
 
-def build_plan(work: WorkloadConfig, tx_time_s: float, tx_power_w: float) -> tuple[Phase, ...]:
-    """The phases of one task under the workload's policy."""
+def build_plan(work: WorkloadConfig, tx_time_s: float, tx_power_w: float, bits: int = 8,
+               layers: tuple[LayerSpec, ...] | None = None, quanta_budget_j: float = math.inf) -> tuple[Phase, ...]:
+    """The phases of one task under the workload's policy, for ``layers`` (default the workload's) at ``bits``."""
     mcu = work.mcu_profile
+    layers = work.layers if layers is None else layers
     # sensing: sensor + MCU for sense_time_s, then the sample is written to NVM; one phase
     store = _nvm_phase("sense", mcu, work.input_bytes, write=True)
     duration_s = work.sense_time_s + store.duration_s
     energy_j = work.sense_time_s * (mcu.active_power_w() + work.sense_power_w) + store.energy_j
     plan = [Phase("sense", duration_s, energy_j / duration_s if duration_s > 0 else 0.0, durable_end=True)]
-    for layer in work.layers:
-        plan.extend(_layer_phases(work, mcu, layer))
+    if work.policy == "quanta":
+        plan.extend(_quanta_phases(mcu, layers, bits, quanta_budget_j))
+    else:
+        for layer in layers:
+            plan.extend(_layer_phases(work, mcu, layer, bits))
     if work.send_packet:
         plan.append(Phase("tx", tx_time_s, tx_power_w + mcu.sleep_power_w(), durable_end=work.policy != "restart"))
     return tuple(plan)
 
 
-def _layer_phases(work: WorkloadConfig, mcu: McuProfile, layer: LayerSpec) -> list[Phase]:
-    compute_s = mcu.compute_time_s(layer.macs)
+def _layer_phases(work: WorkloadConfig, mcu: McuProfile, layer: LayerSpec, bits: int) -> list[Phase]:
+    compute_s = mcu.compute_time_s(layer.macs, bits)
     if work.policy == "loop_continuation":
         tiles = max(1, math.ceil(layer.macs / work.tile_macs))
         commit = _nvm_phase("commit", mcu, work.tile_commit_bytes, write=True)
@@ -157,6 +166,21 @@ def _layer_phases(work: WorkloadConfig, mcu: McuProfile, layer: LayerSpec) -> li
     return [compute]
 
 
+def _quanta_phases(mcu: McuProfile, layers: tuple[LayerSpec, ...], bits: int, budget_j: float) -> list[Phase]:
+    """QuantaTasks: one output element per loop iteration; each fused group computes, then commits."""
+    from edge.dyninfer import quanta_tasks
+
+    iterations = [max(1, layer.output_bytes) for layer in layers]
+    per_iteration_j = [mcu.compute_energy_j(layer.macs, bits) / n for layer, n in zip(layers, iterations)]
+    phases: list[Phase] = []
+    for group in quanta_tasks(iterations, per_iteration_j, budget_j):
+        macs = sum(layers[t.layer].macs * (t.stop - t.start) / iterations[t.layer] for t in group)
+        outputs = sum(t.stop - t.start for t in group)
+        phases.append(Phase("compute", mcu.compute_time_s(macs, bits), mcu.active_power_w()))
+        phases.append(_nvm_phase("commit", mcu, outputs, write=True, durable_end=True, restore_bytes=outputs))
+    return phases
+
+
 def checkpoint_phase(work: WorkloadConfig) -> Phase:
     """jit policy: saving the volatile state when the voltage falls to the threshold."""
     return _nvm_phase("checkpoint", work.mcu_profile, work.state_bytes, write=True, durable_end=True,
@@ -170,3 +194,34 @@ def restore_phase(work: WorkloadConfig, nbytes: int) -> Phase:
 def boot_phase(work: WorkloadConfig) -> Phase:
     mcu = work.mcu_profile
     return Phase("boot", mcu.boot_s, mcu.active_power_w())
+
+
+@dataclass(frozen=True)
+class ModelVariant:
+    """One runnable form of a trained model, as the simulator needs it."""
+
+    bits: int
+    drop: float
+    layers: tuple[LayerSpec, ...]
+    correct: np.ndarray  # (n_test,) bool: does this variant classify test sample i right
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class InferenceModel:
+    """A trained model as the node's task: its variants, and whether DynInfer picks among them."""
+
+    variants: tuple[ModelVariant, ...]
+    adaptive: bool = True  # DynInfer chooses per task; otherwise variants[0] always runs
+    margin: float = 1.0  # DynInfer's safety factor on a variant's energy
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ConfigError("model.variants", 0, "need at least one variant")
+        sizes = {len(v.correct) for v in self.variants}
+        if len(sizes) != 1:
+            raise ConfigError("model.variants", sorted(sizes), "every variant needs a verdict on the same test samples")
+
+    @property
+    def n_test(self) -> int:
+        return len(self.variants[0].correct)

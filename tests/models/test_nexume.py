@@ -29,13 +29,13 @@ def test_cost_model_by_hand() -> None:
     net = SwitchableNet(arch_for("digits", (1, 8, 8), 10))
     # digits arch: conv 1→16 3x3 pad 1 on 8x8; conv 16→32 3x3 stride 2 → 4x4; conv 32→32 3x3 on 4x4; linear 32→10
     macs = 16 * 1 * 9 * 64 + 32 * 16 * 9 * 16 + 32 * 32 * 9 * 16 + 32 * 10
-    assert sum(c[1] for c in net.layer_costs(0.0)) == macs
+    assert sum(c.macs for c in net.layer_costs(0.0)) == macs
     # MSP430FR5994: 118 µA/MHz at 3.0 V = 0.354 nJ per cycle, 16 cycles per int8 MAC; 4 bit costs 0.7 of it
     assert variant_energy_j(net, 8, 0.0, "msp430fr5994") == pytest.approx(macs * 16 * 118e-12 * 3.0)
     assert variant_energy_j(net, 4, 0.0, "msp430fr5994") == pytest.approx(macs * 16 * 0.7 * 118e-12 * 3.0)
     # dropout 0.5 keeps 8, 16, 16 channels: every layer shrinks on both sides
     half = 8 * 1 * 9 * 64 + 16 * 8 * 9 * 16 + 16 * 16 * 9 * 16 + 16 * 10
-    assert sum(c[1] for c in net.layer_costs(0.5)) == half
+    assert sum(c.macs for c in net.layer_costs(0.5)) == half
     assert kept_channels(32, 0.25) == 24
 
 
