@@ -124,9 +124,10 @@ def run_cell(model: InferenceModel, sc: Scenario) -> dict[str, float]:
 # ---- the whole benchmark ------------------------------------------------------------------------
 
 
-def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> dict[str, Any]:
-    seeds = (0, 1) if quick else (0, 1, 2)
-    epochs = 3 if quick else 30
+def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS,
+         datasets: tuple[str, ...] = DATASETS, seeds: tuple[int, ...] | None = None, epochs: int | None = None) -> dict[str, Any]:
+    seeds = seeds if seeds is not None else ((0, 1) if quick else (0, 1, 2))
+    epochs = epochs if epochs is not None else (3 if quick else 30)
     sources = [s for s in SOURCES if s != "solar" or (data_root() / "harvest" / "nrel").is_dir()]
     cells: list[tuple[str, float | None]] = [(src, c) for src in sources for c in CAPACITORS_F]
     cells.append(("continuous", None))
@@ -134,7 +135,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
     train_s: dict[str, list[float]] = {m: [] for m in METHODS}
     accuracy: dict[str, list[float]] = {}
     started = time.perf_counter()
-    for dataset in DATASETS:
+    for dataset in datasets:
         data = load(dataset)
         for seed in seeds:
             for method in METHODS:
@@ -147,7 +148,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                     runs.setdefault(key, []).append(run_cell(dm, scenario(src, cap, method, seed, quick)))
                 _log(f"[{time.perf_counter() - started:6.0f} s] {dataset} seed {seed} {method}: trained in {t_train:.1f} s, "
                      f"test accuracy {dm.variants[0].accuracy:.3f}")
-    out = _summarize(runs, train_s, accuracy, cells, quick, seeds, epochs)
+    out = _summarize(runs, train_s, accuracy, cells, datasets, quick, seeds, epochs)
     _write(out, results_dir, docs_dir, quick)
     return out
 
@@ -158,11 +159,12 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def _summarize(runs: dict[str, list[dict[str, float]]], train_s: dict[str, list[float]], accuracy: dict[str, list[float]],
-               cells: list[tuple[str, float | None]], quick: bool, seeds: tuple[int, ...], epochs: int) -> dict[str, Any]:
+               cells: list[tuple[str, float | None]], datasets: tuple[str, ...], quick: bool, seeds: tuple[int, ...],
+               epochs: int) -> dict[str, Any]:
     table = []
     gains = 0
     loss_pts = []
-    for dataset in DATASETS:
+    for dataset in datasets:
         for src, cap in cells:
             row: dict[str, Any] = {"dataset": dataset, "source": src, "capacitance_f": cap}
             for method in METHODS:
@@ -180,7 +182,7 @@ def _summarize(runs: dict[str, list[dict[str, float]]], train_s: dict[str, list[
     return {
         "cells_with_gain_ge_6pts": gains,
         "continuous_power_loss_pts": max(loss_pts),
-        "continuous_power_loss_pts_per_dataset": dict(zip(DATASETS, loss_pts)),
+        "continuous_power_loss_pts_per_dataset": dict(zip(datasets, loss_pts)),
         "training_time_ratio_vs_qat": sum(train_s["nexume"]) / sum(train_s["qat8_layer"]),
         "training_time_s": {m: _stats(v) for m, v in train_s.items()},
         "test_accuracy_first_variant": {k: _stats(v) for k, v in accuracy.items()},
