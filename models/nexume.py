@@ -34,7 +34,7 @@ from torch.nn import functional as F
 
 from models.datasets import Dataset
 from models.switchable import FLOAT_BITS, SUPPORTED_BITS, SwitchableNet, arch_for
-from simulator.devices import MCUS, PRECISION_CYCLE_FACTOR
+from simulator.devices import MCUS, PRECISION_CYCLE_FACTOR, known_mcu
 from simulator.errors import ConfigError
 from simulator.typed import Config
 
@@ -79,9 +79,7 @@ class TrainConfig(Config):
     @field_validator("mcu")
     @classmethod
     def _known_mcu(cls, name: str) -> str:
-        if name not in MCUS:
-            raise ConfigError("mcu", name, f"must be one of {sorted(MCUS)}")
-        return name
+        return known_mcu(name, "mcu")
 
     @field_validator("harvest_scenario")
     @classmethod

@@ -184,6 +184,13 @@ MCUS: dict[str, McuProfile] = {
     ),
 }
 
+def known_mcu(name: str, field: str) -> str:
+    """``name`` if it is a profile in MCUS, else a ConfigError naming ``field``."""
+    if name not in MCUS:
+        raise ConfigError(field, name, f"must be one of {sorted(MCUS)}")
+    return name
+
+
 RADIOS: dict[str, RadioProfile] = {
     "ble": RadioProfile(
         name="nrf52840",

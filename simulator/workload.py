@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from simulator.devices import MCUS, McuProfile
+from simulator.devices import MCUS, McuProfile, known_mcu
 from simulator.errors import ConfigError
 from simulator.typed import Config
 
@@ -92,9 +92,7 @@ class WorkloadConfig(Config):
     @field_validator("mcu")
     @classmethod
     def _known_mcu(cls, name: str) -> str:
-        if name not in MCUS:
-            raise ConfigError("workload.mcu", name, f"must be one of {sorted(MCUS)}")
-        return name
+        return known_mcu(name, "workload.mcu")
 
     @property
     def mcu_profile(self) -> McuProfile:
