@@ -1,0 +1,217 @@
+"""Bundles: the contract between training and devices (see ../shared/ARCHITECTURE.md).
+
+A bundle is a folder, or a tar of one, holding ``manifest.json`` (schema in
+``edge/schemas/``), the model files it lists with their sha256, and ``manifest.sig``: an
+Ed25519 signature over the manifest's exact bytes, which are canonical JSON (sorted keys,
+no spaces, UTF-8). Loading checks, in this order: the manifest parses and matches the
+schema; the signature verifies against a trusted key (when keys are given or required);
+every listed file exists with its hash and nothing else is there. Any failure is one
+``BundleError`` naming what failed.
+
+Key files are JSON: ``{"kind": "trickle-ed25519-private" | "trickle-ed25519-public",
+"key": "<base64 of the 32 raw key bytes>"}``; the private one is written with mode 0600.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
+_SCHEMA_FILE = Path(__file__).parent / "schemas" / f"manifest-v{SCHEMA_VERSION}.schema.json"
+_PRIVATE, _PUBLIC = "trickle-ed25519-private", "trickle-ed25519-public"
+
+
+class BundleError(ValueError):
+    """A bundle or key is missing, malformed, tampered with, or untrusted."""
+
+
+def canonical_json(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---- keys ---------------------------------------------------------------------------------------
+
+
+def generate_keypair(private_path: Path, public_path: Path) -> None:
+    """Write a new Ed25519 key pair in trickle's key file format."""
+    key = Ed25519PrivateKey.generate()
+    raw_private = key.private_bytes_raw()
+    raw_public = key.public_key().public_bytes_raw()
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"kind": _PRIVATE, "key": base64.b64encode(raw_private).decode()}, fh)
+    public_path.write_text(json.dumps({"kind": _PUBLIC, "key": base64.b64encode(raw_public).decode()}))
+
+
+def _read_key(path: Path, kind: str) -> bytes:
+    try:
+        doc = json.loads(Path(path).read_text())
+        if doc.get("kind") != kind:
+            raise BundleError(f"key file {path}: kind is {doc.get('kind')!r}, expected {kind!r}")
+        raw = base64.b64decode(doc["key"], validate=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleError(f"key file {path}: not a {kind} key file ({e})") from None
+    if len(raw) != 32:
+        raise BundleError(f"key file {path}: an Ed25519 key has 32 bytes, this one {len(raw)}")
+    return raw
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(_read_key(path, _PRIVATE))
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(_read_key(path, _PUBLIC))
+
+
+# ---- reading and verifying -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bundle:
+    manifest: dict[str, Any]
+    files: dict[str, bytes]  # every listed file, verified
+    signed_by: Ed25519PublicKey | None
+
+    def file(self, name: str) -> bytes:
+        return self.files[name]
+
+
+def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKey] | None = None,
+                require_signature: bool = False) -> Bundle:
+    """Load and verify a bundle folder or tar; refuse it with one BundleError on any failure."""
+    members = _members(Path(path))
+    if MANIFEST not in members:
+        raise BundleError(f"{path}: no {MANIFEST}")
+    raw_manifest = members.pop(MANIFEST)
+    manifest = _parse_manifest(raw_manifest, path)
+    signer = _check_signature(raw_manifest, members.pop(SIGNATURE, None), trusted_keys, require_signature, path)
+    listed: dict[str, str] = manifest["files"]
+    for name, digest in sorted(listed.items()):
+        if name not in members:
+            raise BundleError(f"{path}: file {name} listed in the manifest is missing")
+        if sha256_hex(members[name]) != digest:
+            raise BundleError(f"{path}: file {name} does not match its sha256 in the manifest (tampered or corrupt)")
+    extra = sorted(set(members) - set(listed))
+    if extra:
+        raise BundleError(f"{path}: files not listed in the manifest: {', '.join(extra)}")
+    return Bundle(manifest, members, signer)
+
+
+def _members(path: Path) -> dict[str, bytes]:
+    if path.is_dir():
+        return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    if path.is_file():
+        try:
+            with tarfile.open(path) as tar:
+                return {m.name: _extract(tar, m) for m in tar.getmembers() if m.isfile()}
+        except tarfile.TarError as e:
+            raise BundleError(f"{path}: not a bundle folder or tar ({e})") from None
+    raise BundleError(f"{path}: no such bundle")
+
+
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    if member.name.startswith("/") or ".." in member.name.split("/"):
+        raise BundleError(f"tar member {member.name!r}: path escapes the bundle")
+    fh = tar.extractfile(member)
+    assert fh is not None
+    return fh.read()
+
+
+@cache
+def _validator() -> Any:
+    import jsonschema
+
+    schema = json.loads(_SCHEMA_FILE.read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _parse_manifest(raw: bytes, path: object) -> dict[str, Any]:
+    try:
+        manifest = json.loads(raw)
+    except ValueError as e:
+        raise BundleError(f"{path}: {MANIFEST} is not JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{path}: {MANIFEST} must be a JSON object")
+    error = next(iter(sorted(_validator().iter_errors(manifest), key=lambda e: list(e.path))), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise BundleError(f"{path}: {MANIFEST} fails schema v{SCHEMA_VERSION} at {where}: {error.message}")
+    return manifest
+
+
+def _check_signature(raw: bytes, signature: bytes | None, trusted: list[Ed25519PublicKey] | None,
+                     required: bool, path: object) -> Ed25519PublicKey | None:
+    if signature is None:
+        if required or trusted:
+            raise BundleError(f"{path}: unsigned ({SIGNATURE} missing) but a signature is required")
+        return None
+    if not trusted:
+        if required:
+            raise BundleError(f"{path}: a signature is required but no trusted public key was given")
+        return None
+    for key in trusted:
+        try:
+            key.verify(signature, raw)
+            return key
+        except InvalidSignature:
+            continue
+    raise BundleError(f"{path}: {SIGNATURE} does not verify against any trusted key (tampered manifest or unknown signer)")
+
+
+# ---- writing (the format's other half; export/ builds the contents) -----------------------------
+
+
+def pack(manifest: dict[str, Any], files: dict[str, bytes], key: Ed25519PrivateKey | None = None) -> dict[str, bytes]:
+    """The bundle's members: the files, the manifest with their hashes, and the signature."""
+    doc = {**manifest, "files": {name: sha256_hex(data) for name, data in sorted(files.items())}}
+    _parse_manifest(canonical_json(doc), "new bundle")  # refuse to write what a device would refuse
+    raw = canonical_json(doc)
+    out = {**files, MANIFEST: raw}
+    if key is not None:
+        out[SIGNATURE] = key.sign(raw)
+    return out
+
+
+def write_dir(members: dict[str, bytes], out_dir: Path) -> None:
+    """Write members into ``out_dir`` (each file to a temporary name, then renamed)."""
+    for name, data in sorted(members.items()):
+        target = out_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
+
+def tar_bytes(members: dict[str, bytes]) -> bytes:
+    """A deterministic uncompressed tar: sorted names, zero times and owners, mode 0644."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in sorted(members.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
