@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from models.datasets import DATASETS, Dataset, load
 from models.evaluate import inference_model
-from models.nexume import TrainConfig, train
+from models.nexume import TrainConfig, calibrate_int8, train
 from models.switchable import SwitchableNet
 from simulator.cli import scenario_path
 from simulator.config import Scenario, load_scenario
@@ -67,19 +66,8 @@ def train_method(method: str, data: Dataset, seed: int, epochs: int) -> tuple[Sw
     cfg = TrainConfig(dataset=data.name, method=training, epochs=epochs, seed=seed)
     result = train(cfg, data)
     if method == "ptq_jit":
-        _calibrate_int8(result.model, data)
+        calibrate_int8(result.model, data.x_train)
     return result.model, result.train_time_s
-
-
-@torch.no_grad()
-def _calibrate_int8(model: SwitchableNet, data: Dataset) -> None:
-    """Post-training quantization: activation scales from 512 training examples (brevitas calibration)."""
-    from brevitas.graph.calibrate import calibration_mode
-
-    model.configure(8, 0.0)
-    with calibration_mode(model):
-        model(torch.from_numpy(data.x_train[:512]))
-    model.eval()
 
 
 def device_model(method: str, model: SwitchableNet, data: Dataset) -> InferenceModel:

@@ -247,6 +247,25 @@ def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, y: t
 
 
 @torch.no_grad()
+def calibrate_int8(model: SwitchableNet, x: np.ndarray, n: int = 512) -> SwitchableNet:
+    """Post-training quantization of a float-trained model: activation scales from ``n`` examples."""
+    from brevitas.graph.calibrate import calibration_mode
+
+    model.configure(8, 0.0)
+    with calibration_mode(model):
+        model(torch.from_numpy(x[:n]))
+    model.eval()
+    return model
+
+
+def deployable_variants(method: str) -> list[tuple[int, float]]:
+    """(bits, drop) a model trained with ``method`` is meant to run: switchable ones run all."""
+    if method in ("nexume", "uniform"):
+        return [(b, d) for b in reversed(SUPPORTED_BITS) for d in DROP_LEVELS]
+    return [(8, 0.0)]
+
+
+@torch.no_grad()
 def accuracy(model: SwitchableNet, x: np.ndarray, y: np.ndarray, bits: int, drop: float) -> float:
     model.eval()
     model.configure(bits, drop)

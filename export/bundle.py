@@ -1,0 +1,170 @@
+"""Checkpoint → signed, reproducible bundle: ONNX fp32 and int8 (QDQ) for every variant, with parity checks.
+
+    trickle export runs/train/digits-nexume/checkpoint.pt --out bundles/digits --key keys/signing.key
+
+Each stage is a plain function over plain values (ExecuTorch's export flow is the model):
+``load_checkpoint`` → ``export_variant`` (bytes per format) → ``check_parity`` → ``manifest`` →
+``edge.bundle.pack`` → folder or tar. The same checkpoint and options give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edge.bundle import SCHEMA_VERSION, load_private_key, pack, tar_bytes, write_dir
+from models.checkpoint import load_checkpoint
+from models.datasets import Dataset, load
+from models.nexume import calibrate_int8, deployable_variants, variant_energy_j
+from models.switchable import FLOAT_BITS, SwitchableNet
+from simulator.devices import MCUS
+
+FORMATS = ("onnx", "onnx-int8")
+OPSET = 17
+FP32_MAX_ABS_DIFF = 1e-4
+INT8_MIN_AGREEMENT = 0.99
+INT8_MAX_ACCURACY_LOSS = 0.01
+
+
+class ExportError(ValueError):
+    """An export that cannot be done, or whose outputs fail parity with PyTorch."""
+
+
+@dataclass(frozen=True)
+class VariantFiles:
+    name: str
+    bits: int
+    drop: float
+    files: dict[str, bytes]  # format -> model bytes
+    accuracy: dict[str, float]  # format -> test accuracy measured with onnxruntime
+
+
+def export_variant(model: SwitchableNet, bits: int, drop: float, example: torch.Tensor) -> bytes:
+    """ONNX bytes of one variant: float graph for bits = 32, brevitas QCDQ (int8 QDQ) otherwise."""
+    model.eval()
+    model.configure(bits, drop)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        if bits == FLOAT_BITS:
+            torch.onnx.export(model, (example,), str(path), input_names=["x"], output_names=["logits"], dynamo=False,
+                              opset_version=OPSET)
+        else:
+            from brevitas.export import export_onnx_qcdq
+
+            export_onnx_qcdq(model, args=example, export_path=str(path), opset_version=OPSET, dynamo=False,
+                             input_names=["x"], output_names=["logits"])
+        return path.read_bytes()
+
+
+def ort_logits(onnx_bytes: bytes, x: np.ndarray) -> np.ndarray:
+    """onnxruntime's outputs for every row of x, at batch 1 (the graph's shape)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return np.concatenate([session.run(None, {name: x[i : i + 1]})[0] for i in range(len(x))])
+
+
+@torch.no_grad()
+def check_parity(model: SwitchableNet, bits: int, drop: float, onnx_bytes: bytes, data: Dataset, label: str) -> float:
+    """Raise ExportError unless onnxruntime matches PyTorch; returns onnxruntime's test accuracy."""
+    model.configure(bits, drop)
+    ref = model(torch.from_numpy(data.x_test)).numpy()
+    got = ort_logits(onnx_bytes, data.x_test)
+    acc_ort = float((got.argmax(1) == data.y_test).mean())
+    if bits == FLOAT_BITS:
+        diff = float(np.abs(got - ref).max())
+        if diff > FP32_MAX_ABS_DIFF:
+            raise ExportError(f"{label}: fp32 ONNX differs from PyTorch by {diff:.2e} > {FP32_MAX_ABS_DIFF:g}")
+        return acc_ort
+    agreement = float((got.argmax(1) == ref.argmax(1)).mean())
+    acc_torch = float((ref.argmax(1) == data.y_test).mean())
+    if agreement < INT8_MIN_AGREEMENT or abs(acc_ort - acc_torch) > INT8_MAX_ACCURACY_LOSS:
+        raise ExportError(f"{label}: int8 ONNX agrees with the quantized PyTorch model on {agreement:.1%} of the "
+                          f"test set (need {INT8_MIN_AGREEMENT:.0%}), accuracy {acc_ort:.3f} vs {acc_torch:.3f}")
+    return acc_ort
+
+
+def variant_plan(method: str, formats: Sequence[str]) -> list[tuple[int, float, str]]:
+    """(bits, drop, format) for every variant the bundle carries: the float graph of each dropout
+    level the model runs, and the quantized graph of each (bits, drop) it was trained for."""
+    deployable = deployable_variants(method)
+    plan: list[tuple[int, float, str]] = []
+    for drop in sorted({d for _, d in deployable}):
+        if "onnx" in formats:
+            plan.append((FLOAT_BITS, drop, "onnx"))
+        if "onnx-int8" in formats:
+            plan.extend((bits, d, "onnx-int8") for bits, d in deployable if d == drop)
+    return plan
+
+
+def manifest(payload: dict[str, Any], model: SwitchableNet, data: Dataset, variants: list[VariantFiles],
+             bundle_version: int, creator: str) -> dict[str, Any]:
+    cfg = payload["config"]
+    entries = []
+    for v in variants:
+        bits_on_device = 8 if v.bits == FLOAT_BITS else v.bits
+        layers = [{"name": c.name, "macs": c.macs, "param_bytes": math.ceil(c.weights * min(v.bits, 8) / 8)
+                   if v.bits != FLOAT_BITS else c.weights * 4} for c in model.layer_costs(v.drop)]
+        energy = {} if v.bits == FLOAT_BITS else {m: variant_energy_j(model, bits_on_device, v.drop, m) for m in sorted(MCUS)}
+        entries.append({"name": v.name, "bits": v.bits, "drop": v.drop, "layers": layers, "energy_j": energy,
+                        "accuracy": v.accuracy, "formats": {fmt: f"{v.name}.onnx" for fmt in v.files}})
+    n_classes = len(payload["labels"])
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": f"{cfg['dataset']}-{cfg['method']}",
+        "task": cfg["dataset"],
+        "labels": payload["labels"],
+        "inputs": [{"name": "x", "shape": [1, *data.input_shape], "dtype": "float32"}],
+        "outputs": [{"name": "logits", "shape": [1, n_classes], "dtype": "float32"}],
+        "preprocessing": payload["preprocessing"],
+        "variants": entries,
+        "creator": creator,
+        "bundle_version": bundle_version,
+    }
+
+
+def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS, key: Path | None = None,
+                  as_tar: bool = False, bundle_version: int = 1, data_root: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """Write the bundle of ``checkpoint`` to ``out`` (a folder, or a .tar with ``as_tar``); returns the path."""
+    from trickle import __version__
+
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise ExportError(f"--formats {','.join(unknown)}: must be among {','.join(FORMATS)}")
+    model, payload = load_checkpoint(checkpoint)
+    method = payload["config"]["method"]
+    data = load(payload["config"]["dataset"], data_root)
+    if method == "fp32" and "onnx-int8" in formats:
+        calibrate_int8(model, data.x_train)  # a float model is quantized after training
+    example = torch.from_numpy(data.x_test[:1])
+    variants: list[VariantFiles] = []
+    for bits, drop, fmt in variant_plan(method, formats):
+        name = f"{'fp32' if bits == FLOAT_BITS else f'int{bits}'}-d{round(drop * 100):02d}"
+        onnx_bytes = export_variant(model, bits, drop, example)
+        accuracy = check_parity(model, bits, drop, onnx_bytes, data, name)
+        variants.append(VariantFiles(name, bits, drop, {fmt: onnx_bytes}, {fmt: accuracy}))
+        if progress:
+            progress(name)
+    doc = manifest(payload, model, data, variants, bundle_version, f"trickle {__version__}")
+    files = {f"{v.name}.onnx": b for v in variants for b in v.files.values()}
+    members = pack(doc, files, load_private_key(key) if key else None)
+    if as_tar:
+        target = out if out.suffix == ".tar" else out.with_suffix(".tar")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(tar_bytes(members))
+        tmp.replace(target)
+        return target
+    write_dir(members, out)
+    return out
