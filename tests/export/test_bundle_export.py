@@ -53,3 +53,19 @@ def test_parity_failure_is_loud(checkpoint: Path) -> None:
 def test_unknown_format_is_refused(checkpoint: Path, tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="--formats tflite: must be among onnx,onnx-int8"):
         export_bundle(checkpoint, tmp_path / "x", formats=("tflite",))
+
+
+def test_int8_qdq_matches_the_quantized_model_on_a_2d_cnn(tmp_path: Path) -> None:
+    # the digits CNN once lost 9 points to onnxruntime's saturating fused u8 x s8 kernels
+    data = load("digits")
+    result = train(TrainConfig(dataset="digits", method="qat8", epochs=2), data)
+    save_checkpoint(result, data, tmp_path / "ckpt")
+    out = export_bundle(tmp_path / "ckpt" / "checkpoint.pt", tmp_path / "bundle", formats=("onnx-int8",))
+    bundle = read_bundle(out)
+    (variant,) = bundle.manifest["variants"]
+    assert (variant["bits"], variant["drop"]) == (8, 0.0)
+    logits = ort_logits(bundle.file(variant["formats"]["onnx-int8"]), data.x_test)
+    result.model.configure(8, 0.0)
+    with torch.no_grad():
+        reference = result.model(torch.from_numpy(data.x_test)).numpy()
+    assert float((logits.argmax(1) == reference.argmax(1)).mean()) >= 0.99
