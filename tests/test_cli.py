@@ -105,3 +105,22 @@ def test_train_bad_config_is_one_line() -> None:
     proc = trickle("train", "nexume", "--set", "d_max=2")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "trickle train: error: d_max = 2: should be less than 1"
+
+
+def test_keygen_then_export_a_signed_bundle(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    assert trickle("keygen", str(keys)).returncode == 0
+    again = trickle("keygen", str(keys))
+    assert again.returncode == 2 and "pass --force" in again.stderr
+    ckpt = tmp_path / "train"
+    assert trickle("train", "nexume", "--dataset", "basic_motions", "--method", "qat8", "--epochs", "2",
+                   "--out", str(ckpt), "--no-progress").returncode == 0
+    proc = trickle("export", str(ckpt / "checkpoint.pt"), "--out", str(tmp_path / "b.tar"), "--tar",
+                   "--key", str(keys / "signing.key"))
+    assert proc.returncode == 0, proc.stderr
+    from edge.bundle import load_public_key, read_bundle
+
+    bundle = read_bundle(tmp_path / "b.tar", [load_public_key(keys / "signing.pub")])
+    assert sorted(bundle.files) == ["fp32-d00.onnx", "int8-d00.onnx"]
+    bad = trickle("export", str(ckpt / "checkpoint.pt"), "--out", str(tmp_path / "c"), "--formats", "pte")
+    assert bad.returncode == 2 and bad.stderr.strip() == "trickle export: error: --formats pte: must be among onnx,onnx-int8"
