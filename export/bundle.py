@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from edge.bundle import SCHEMA_VERSION, load_private_key, pack, tar_bytes, write_dir
+from edge.runtime import OnnxBackend
 from models.checkpoint import load_checkpoint
 from models.datasets import Dataset, load
 from models.nexume import calibrate_int8, deployable_variants, variant_energy_j
@@ -65,17 +66,8 @@ def export_variant(model: SwitchableNet, bits: int, drop: float, example: torch.
 
 def ort_logits(onnx_bytes: bytes, x: np.ndarray) -> np.ndarray:
     """onnxruntime's outputs for every row of x, at batch 1 (the graph's shape)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    # Keep QDQ graphs in exact integer semantics: fused u8 x s8 kernels on x86 without VNNI add
-    # products pairwise in saturating int16 (pmaddubsw) and lost 9 points on the digits model;
-    # the firmware accumulates in int32 like this path (about as fast for models this small)
-    options.add_session_config_entry("session.disable_quant_qdq", "1")
-    session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return np.concatenate([session.run(None, {name: x[i : i + 1]})[0] for i in range(len(x))])
+    backend = OnnxBackend(onnx_bytes)  # the device's session settings, so parity is what devices get
+    return np.concatenate([backend.run(x[i : i + 1]) for i in range(len(x))])
 
 
 @torch.no_grad()

@@ -40,7 +40,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
     from models.nexume import TrainConfig
-    from simulator.config import _one_line
+    from simulator.config import one_line_error, parse_toml_value
 
     flags = ("dataset", "method", "epochs", "seed")
     values: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
@@ -48,20 +48,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
         key, sep, raw = item.partition("=")
         if not sep:
             raise SimulatorError(f"--set {item!r}: expected FIELD=VALUE")
-        values[key.strip()] = _parse_value(raw)
+        values[key.strip()] = parse_toml_value(raw)
     try:
         return TrainConfig.model_validate(values)
     except ValidationError as e:
-        raise _one_line(e, "train config") from None
-
-
-def _parse_value(raw: str) -> Any:
-    import tomllib
-
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
+        raise one_line_error(e, "train config") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulator.config import Scenario, load_scenario
-from simulator.errors import SimulatorError
+from simulator.config import Scenario, load_scenario, parse_toml_value
+from simulator.errors import ConfigError, SimulatorError
 
 USER_ERRORS = (SimulatorError,)
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -63,19 +63,11 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
 
 
 def _parse_set(item: str) -> tuple[str, str, Any]:
-    import tomllib
-
-    from simulator.errors import ConfigError
-
     key, sep, raw = item.partition("=")
     section, dot, field = key.strip().partition(".")
     if not sep or not dot:
         raise ConfigError("--set", item, "expected SECTION.FIELD=VALUE, e.g. storage.capacitance_f=0.047")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # a bare word is taken as a string
-    return section, field, value
+    return section, field, parse_toml_value(raw)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -107,10 +107,18 @@ def build_scenario(data: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:
-        raise _one_line(e, source) from None
+        raise one_line_error(e, source) from None
 
 
-def _one_line(e: ValidationError, source: str) -> ConfigError:
+def parse_toml_value(raw: str) -> Any:
+    """A command-line value in TOML syntax (0.047, true, "jit", [1, 2]); a bare word stays a string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def one_line_error(e: ValidationError, source: str) -> ConfigError:
     """The first problem of a ValidationError as one ConfigError: field, value, what is allowed."""
     err = e.errors()[0]
     cause = (err.get("ctx") or {}).get("error")

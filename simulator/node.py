@@ -414,10 +414,3 @@ def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: b
             node.record()
     elif kind != END:
         node.handle(kind)
-
-
-def step_exact(node: Node) -> Event:
-    """Advance the node to its next event and apply it."""
-    t_next, kind, v_new, clamped = next_event(node)
-    apply_event(node, t_next, kind, v_new, clamped)
-    return kind
