@@ -99,14 +99,21 @@ class Bundle:
 
 
 def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKey] | None = None,
-                require_signature: bool = False) -> Bundle:
-    """Load and verify a bundle folder or tar; refuse it with one BundleError on any failure."""
+                require_signature: bool = False, newer_than: int | None = None) -> Bundle:
+    """Load and verify a bundle folder or tar; refuse it with one BundleError on any failure.
+
+    ``newer_than``: the bundle_version a device runs now; an equal or older bundle is refused
+    (checked after the signature, so the version read is the signer's).
+    """
     members = _members(Path(path))
     if MANIFEST not in members:
         raise BundleError(f"{path}: no {MANIFEST}")
     raw_manifest = members.pop(MANIFEST)
     manifest = _parse_manifest(raw_manifest, path)
     signer = _check_signature(raw_manifest, members.pop(SIGNATURE, None), trusted_keys, require_signature, path)
+    if newer_than is not None and manifest["bundle_version"] <= newer_than:
+        raise BundleError(f"{path}: bundle_version {manifest['bundle_version']} is not newer than the running "
+                          f"{newer_than} (refusing a downgrade or a replay)")
     listed: dict[str, str] = manifest["files"]
     for name, digest in sorted(listed.items()):
         if name not in members:

@@ -1,27 +1,81 @@
-"""Make an Ed25519 key pair for signing bundles (trickle's key file format, see edge/bundle.py).
+"""Run a bundle on this machine: ``trickle edge infer`` (one-off inference).
 
-    trickle keygen keys/            # writes keys/signing.key (mode 0600) and keys/signing.pub
+    trickle edge infer bundles/digits.tar sample.npy
+    trickle edge infer bundles/fsdd.tar 7_jackson_12.wav --backend litert --trust keys/signing.pub
+    trickle edge infer bundles/digits.tar x.npy --voltage 2.4 --capacitance 0.01 --v-cut 2.0
+
+INPUT files hold one raw example each, as the sensor gives it (the manifest's ``raw`` shape):
+.npy, .csv/.txt (numbers), or .wav for audio bundles; the bundle's pre-processing turns it into
+the model's input. ``--features`` skips pre-processing (the input is already the model's input).
+The variant is the most accurate one, ``--variant NAME``, or DynInfer's choice for the energy
+that ``--voltage``/``--capacitance`` leave above ``--v-cut``. Never imports torch, except
+through ``--backend executorch`` (see edge/backends.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from pathlib import Path
 
-from edge.bundle import BundleError, generate_keypair
+import numpy as np
 
-USER_ERRORS = (BundleError,)
+from edge.backends import BACKENDS, BackendError
+from edge.bundle import BundleError
+from edge.preprocess import PreprocessError
+
+USER_ERRORS = (BundleError, BackendError, PreprocessError)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", type=Path, help="where to write signing.key and signing.pub")
-    p.add_argument("--force", action="store_true", help="overwrite an existing key pair")
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    infer = sub.add_parser("infer", help="classify input files with a bundle", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    infer.add_argument("bundle", type=Path, help="bundle folder or .tar")
+    infer.add_argument("inputs", type=Path, nargs="+", metavar="INPUT", help="raw example files (.npy, .csv, .txt, .wav)")
+    infer.add_argument("--backend", choices=list(BACKENDS), default="onnxruntime", help="inference engine (default onnxruntime)")
+    infer.add_argument("--variant", help="run this variant (see the manifest) instead of choosing one")
+    infer.add_argument("--voltage", type=float, help="capacitor voltage now, V: DynInfer picks what it affords")
+    infer.add_argument("--capacitance", type=float, default=0.01, help="storage capacitance, F (default 0.01)")
+    infer.add_argument("--v-cut", type=float, default=2.0, help="voltage at which the MCU browns out, V (default 2.0)")
+    infer.add_argument("--mcu", default="msp430fr5994", help="MCU profile whose energy costs DynInfer uses")
+    infer.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
+                       help="trusted public key file; with one, the bundle must be signed by a trusted key")
+    infer.add_argument("--features", action="store_true", help="inputs are already pre-processed model inputs")
+    infer.add_argument("--json", action="store_true", help="print one JSON object per input instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
-    private, public = args.folder / "signing.key", args.folder / "signing.pub"
-    if private.exists() and not args.force:
-        raise BundleError(f"{private} exists; pass --force to replace it (bundles it signed will no longer verify)")
-    generate_keypair(private, public)
-    print(f"wrote {private} (keep it secret) and {public} (give it to devices)")
+    from edge.bundle import load_public_key, read_bundle
+    from edge.preprocess import read_input
+    from edge.runtime import Runtime
+
+    keys = [load_public_key(k) for k in args.trust]
+    bundle = read_bundle(args.bundle, keys or None, require_signature=bool(keys))
+    rt = Runtime(bundle, backend=args.backend)
+    energy = {} if args.voltage is None else {"voltage_v": args.voltage, "capacitance_f": args.capacitance,
+                                              "v_cut_v": args.v_cut, "mcu": args.mcu}
+    variant = rt.variant(args.variant) if args.variant else rt.choose(**energy)
+    labels = bundle.manifest["labels"]
+    rt.load(variant)
+    if not args.json:
+        print(f"{bundle.manifest['model']} v{bundle.manifest['bundle_version']}, variant {variant['name']} "
+              f"({rt.format_of(variant)} on {args.backend}), "
+              f"{'signed by a trusted key' if bundle.signed_by else 'signature not checked'}")
+    for path in args.inputs:
+        raw = read_input(path, bundle.manifest["preprocessing"])
+        x = raw if args.features else rt.preprocess(raw)
+        start = time.perf_counter()
+        logits = rt.infer_features(x, variant=variant["name"])[0]
+        elapsed = time.perf_counter() - start
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        top = int(np.argmax(p))
+        if args.json:
+            print(json.dumps({"input": str(path), "label": labels[top], "probability": round(float(p[top]), 6),
+                              "variant": variant["name"], "backend": args.backend, "latency_s": elapsed,
+                              "logits": [float(v) for v in logits]}))
+        else:
+            print(f"  {path}: {labels[top]} (p={p[top]:.3f}, {elapsed * 1e3:.2f} ms)")
     return 0

@@ -1,9 +1,10 @@
-"""Checkpoint → signed, reproducible bundle: ONNX fp32 and int8 (QDQ) for every variant, with parity checks.
+"""Checkpoint → signed, reproducible bundle: ONNX fp32 and int8 (QDQ), ExecuTorch and TFLite, parity-checked.
 
     trickle export runs/train/digits-nexume/checkpoint.pt --out bundles/digits --key keys/signing.key
 
 Each stage is a plain function over plain values (ExecuTorch's export flow is the model):
-``load_checkpoint`` → ``export_variant`` (bytes per format) → ``check_parity`` → ``manifest`` →
+``load_checkpoint`` → ``export_file`` (bytes per format) → ``check_parity`` (with the device
+backend of that format: onnxruntime, ExecuTorch runtime, LiteRT) → ``manifest`` →
 ``edge.bundle.pack`` → folder or tar. The same checkpoint and options give byte-identical files.
 """
 
@@ -19,15 +20,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from edge.backends import Backend, load_backend, quiet
 from edge.bundle import SCHEMA_VERSION, load_private_key, pack, tar_bytes, write_dir
-from edge.runtime import OnnxBackend
 from models.checkpoint import load_checkpoint
 from models.datasets import Dataset, load
 from models.nexume import calibrate_int8, deployable_variants, variant_energy_j
 from models.switchable import FLOAT_BITS, SwitchableNet
 from simulator.devices import MCUS
 
-FORMATS = ("onnx", "onnx-int8")
+FORMATS = ("onnx", "onnx-int8", "pte", "tflite")  # what --formats takes
+# what each of them writes: the manifest's format names and their file suffixes
+FILE_FORMATS = {"onnx": {"onnx": ".onnx"}, "onnx-int8": {"onnx-int8": ".onnx"},
+                "pte": {"pte-xnnpack": ".xnnpack.pte", "pte-portable": ".portable.pte"}, "tflite": {"tflite": ".tflite"}}
+FLOAT_FORMATS = ("onnx", "pte", "tflite")
 OPSET = 17
 FP32_MAX_ABS_DIFF = 1e-4
 INT8_MIN_AGREEMENT = 0.99
@@ -43,15 +48,15 @@ class VariantFiles:
     name: str
     bits: int
     drop: float
-    files: dict[str, bytes]  # format -> model bytes
-    accuracy: dict[str, float]  # format -> test accuracy measured with onnxruntime
+    files: dict[str, tuple[str, bytes]]  # manifest format -> (file name, bytes)
+    accuracy: dict[str, float]  # manifest format -> test accuracy measured with that format's runtime
 
 
 def export_variant(model: SwitchableNet, bits: int, drop: float, example: torch.Tensor) -> bytes:
     """ONNX bytes of one variant: float graph for bits = 32, brevitas QCDQ (int8 QDQ) otherwise."""
     model.eval()
     model.configure(bits, drop)
-    with tempfile.TemporaryDirectory() as tmp:
+    with quiet(), tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
         if bits == FLOAT_BITS:
             torch.onnx.export(model, (example,), str(path), input_names=["x"], output_names=["logits"], dynamo=False,
@@ -64,42 +69,89 @@ def export_variant(model: SwitchableNet, bits: int, drop: float, example: torch.
         return path.read_bytes()
 
 
-def ort_logits(onnx_bytes: bytes, x: np.ndarray) -> np.ndarray:
-    """onnxruntime's outputs for every row of x, at batch 1 (the graph's shape)."""
-    backend = OnnxBackend(onnx_bytes)  # the device's session settings, so parity is what devices get
+def export_pte(model: SwitchableNet, drop: float, example: torch.Tensor, delegate: bool) -> bytes:
+    """ExecuTorch program of the float variant: XNNPACK-delegated, or on the portable kernels."""
+    model.eval()
+    model.configure(FLOAT_BITS, drop)
+    with quiet():
+        from executorch.exir import to_edge, to_edge_transform_and_lower
+
+        program = torch.export.export(model, (example,))
+        if delegate:
+            from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+            edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        else:
+            edge = to_edge(program)
+        return bytes(edge.to_executorch().buffer)
+
+
+def export_tflite(model: SwitchableNet, drop: float, example: torch.Tensor) -> bytes:
+    """TFLite flatbuffer of the float variant, converted by litert-torch."""
+    model.eval()
+    model.configure(FLOAT_BITS, drop)
+    with quiet(), tempfile.TemporaryDirectory() as tmp:
+        import litert_torch
+
+        path = Path(tmp) / "model.tflite"
+        litert_torch.convert(model, (example,)).export(str(path))
+        return path.read_bytes()
+
+
+def export_file(model: SwitchableNet, bits: int, drop: float, fmt: str, example: torch.Tensor) -> bytes:
+    """Bytes of one variant in one manifest format."""
+    if fmt in ("onnx", "onnx-int8"):
+        return export_variant(model, bits, drop, example)
+    if fmt in ("pte-xnnpack", "pte-portable"):
+        return export_pte(model, drop, example, delegate=fmt == "pte-xnnpack")
+    if fmt == "tflite":
+        return export_tflite(model, drop, example)
+    raise ExportError(f"format {fmt!r}: not one this exporter writes")
+
+
+def backend_logits(backend: Backend, x: np.ndarray) -> np.ndarray:
+    """A backend's outputs for every row of x, at batch 1 (the graph's shape)."""
     return np.concatenate([backend.run(x[i : i + 1]) for i in range(len(x))])
 
 
+def ort_logits(onnx_bytes: bytes, x: np.ndarray) -> np.ndarray:
+    """onnxruntime's outputs for every row of x, with the device's session settings."""
+    return backend_logits(load_backend("onnx", onnx_bytes), x)
+
+
 @torch.no_grad()
-def check_parity(model: SwitchableNet, bits: int, drop: float, onnx_bytes: bytes, data: Dataset, label: str) -> float:
-    """Raise ExportError unless onnxruntime matches PyTorch; returns onnxruntime's test accuracy."""
+def check_parity(model: SwitchableNet, bits: int, drop: float, model_bytes: bytes, data: Dataset, label: str,
+                 fmt: str = "onnx") -> float:
+    """Raise ExportError unless the format's runtime matches PyTorch; returns that runtime's test accuracy."""
     model.configure(bits, drop)
     ref = model(torch.from_numpy(data.x_test)).numpy()
-    got = ort_logits(onnx_bytes, data.x_test)
-    acc_ort = float((got.argmax(1) == data.y_test).mean())
+    with quiet():
+        got = backend_logits(load_backend(fmt, model_bytes), data.x_test)
+    acc = float((got.argmax(1) == data.y_test).mean())
     if bits == FLOAT_BITS:
         diff = float(np.abs(got - ref).max())
         if diff > FP32_MAX_ABS_DIFF:
-            raise ExportError(f"{label}: fp32 ONNX differs from PyTorch by {diff:.2e} > {FP32_MAX_ABS_DIFF:g}")
-        return acc_ort
+            raise ExportError(f"{label}: {fmt} differs from PyTorch by {diff:.2e} > {FP32_MAX_ABS_DIFF:g}")
+        return acc
     agreement = float((got.argmax(1) == ref.argmax(1)).mean())
     acc_torch = float((ref.argmax(1) == data.y_test).mean())
-    if agreement < INT8_MIN_AGREEMENT or abs(acc_ort - acc_torch) > INT8_MAX_ACCURACY_LOSS:
-        raise ExportError(f"{label}: int8 ONNX agrees with the quantized PyTorch model on {agreement:.1%} of the "
-                          f"test set (need {INT8_MIN_AGREEMENT:.0%}), accuracy {acc_ort:.3f} vs {acc_torch:.3f}")
-    return acc_ort
+    if agreement < INT8_MIN_AGREEMENT or abs(acc - acc_torch) > INT8_MAX_ACCURACY_LOSS:
+        raise ExportError(f"{label}: {fmt} agrees with the quantized PyTorch model on {agreement:.1%} of the "
+                          f"test set (need {INT8_MIN_AGREEMENT:.0%}), accuracy {acc:.3f} vs {acc_torch:.3f}")
+    return acc
 
 
-def variant_plan(method: str, formats: Sequence[str]) -> list[tuple[int, float, str]]:
-    """(bits, drop, format) for every variant the bundle carries: the float graph of each dropout
-    level the model runs, and the quantized graph of each (bits, drop) it was trained for."""
+def variant_plan(method: str, formats: Sequence[str]) -> list[tuple[int, float, list[str]]]:
+    """(bits, drop, manifest formats) for every variant the bundle carries: the float graph of each
+    dropout level the model runs, and the quantized graph of each (bits, drop) it was trained for."""
     deployable = deployable_variants(method)
-    plan: list[tuple[int, float, str]] = []
+    float_formats = [f for fmt in FLOAT_FORMATS if fmt in formats for f in FILE_FORMATS[fmt]]
+    plan: list[tuple[int, float, list[str]]] = []
     for drop in sorted({d for _, d in deployable}):
-        if "onnx" in formats:
-            plan.append((FLOAT_BITS, drop, "onnx"))
+        if float_formats:
+            plan.append((FLOAT_BITS, drop, float_formats))
         if "onnx-int8" in formats:
-            plan.extend((bits, d, "onnx-int8") for bits, d in deployable if d == drop)
+            plan.extend((bits, d, ["onnx-int8"]) for bits, d in deployable if d == drop)
     return plan
 
 
@@ -113,7 +165,7 @@ def manifest(payload: dict[str, Any], model: SwitchableNet, data: Dataset, varia
                    if v.bits != FLOAT_BITS else c.weights * 4} for c in model.layer_costs(v.drop)]
         energy = {} if v.bits == FLOAT_BITS else {m: variant_energy_j(model, bits_on_device, v.drop, m) for m in sorted(MCUS)}
         entries.append({"name": v.name, "bits": v.bits, "drop": v.drop, "layers": layers, "energy_j": energy,
-                        "accuracy": v.accuracy, "formats": {fmt: f"{v.name}.onnx" for fmt in v.files}})
+                        "accuracy": v.accuracy, "formats": {fmt: file for fmt, (file, _) in v.files.items()}})
     n_classes = len(payload["labels"])
     return {
         "schema_version": SCHEMA_VERSION,
@@ -136,25 +188,30 @@ def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS,
     from trickle import __version__
 
     unknown = sorted(set(formats) - set(FORMATS))
-    if unknown:
+    if unknown or not formats:
         raise ExportError(f"--formats {','.join(unknown)}: must be among {','.join(FORMATS)}")
     model, payload = load_checkpoint(checkpoint)
     method = payload["config"]["method"]
     data = load(payload["config"]["dataset"], data_root)
     if method == "fp32" and "onnx-int8" in formats:
         calibrate_int8(model, data.x_train)  # a float model is quantized after training
-    example = torch.from_numpy(data.x_test[:1])
+    example = torch.tensor(data.x_test[:1])  # fresh strides: ExecuTorch refuses a 0 stride
     variants: list[VariantFiles] = []
-    for bits, drop, fmt in variant_plan(method, formats):
+    suffix = {f: sfx for per in FILE_FORMATS.values() for f, sfx in per.items()}
+    for bits, drop, fmts in variant_plan(method, formats):
         name = f"{'fp32' if bits == FLOAT_BITS else f'int{bits}'}-d{round(drop * 100):02d}"
-        onnx_bytes = export_variant(model, bits, drop, example)
-        accuracy = check_parity(model, bits, drop, onnx_bytes, data, name)
-        variants.append(VariantFiles(name, bits, drop, {fmt: onnx_bytes}, {fmt: accuracy}))
-        if progress:
-            progress(name)
+        files: dict[str, tuple[str, bytes]] = {}
+        accuracy: dict[str, float] = {}
+        for fmt in fmts:
+            blob = export_file(model, bits, drop, fmt, example)
+            accuracy[fmt] = check_parity(model, bits, drop, blob, data, name, fmt)
+            files[fmt] = (f"{name}{suffix[fmt]}", blob)
+            if progress:
+                progress(f"{name} {fmt}")
+        variants.append(VariantFiles(name, bits, drop, files, accuracy))
     doc = manifest(payload, model, data, variants, bundle_version, f"trickle {__version__}")
-    files = {f"{v.name}.onnx": b for v in variants for b in v.files.values()}
-    members = pack(doc, files, load_private_key(key) if key else None)
+    files_out = {file: blob for v in variants for file, blob in v.files.values()}
+    members = pack(doc, files_out, load_private_key(key) if key else None)
     if as_tar:
         target = out if out.suffix == ".tar" else out.with_suffix(".tar")
         target.parent.mkdir(parents=True, exist_ok=True)

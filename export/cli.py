@@ -1,12 +1,14 @@
-"""Export a trained checkpoint as a bundle: ONNX fp32 and int8 (QDQ) for every variant, parity-checked.
+"""Export a trained checkpoint as a bundle, every variant in every format, parity-checked.
 
     trickle export runs/train/digits-nexume/checkpoint.pt --out bundles/digits --key keys/signing.key
     trickle export CHECKPOINT --out bundles/digits.tar --tar --formats onnx-int8
 
-The same checkpoint and options give byte-identical files. Export stops with one error line
-when onnxruntime's outputs miss parity with PyTorch (fp32: max abs diff <= 1e-4; int8:
-top-1 agreement >= 99% and accuracy within 1 point). Make a key pair with `trickle keygen`.
-ExecuTorch (.pte) and TFLite formats are not available yet.
+Formats: onnx (fp32), onnx-int8 (QDQ; brevitas' QCDQ export of the quantized variants),
+pte (ExecuTorch, XNNPACK-delegated and portable, of the float variants), tflite (litert-torch,
+of the float variants). The same checkpoint and options give byte-identical files. Export
+stops with one error line when a format's runtime misses parity with PyTorch (fp32: max abs
+diff <= 1e-4; int8: top-1 agreement >= 99% and accuracy within 1 point). Make a key pair
+with `trickle keygen`.
 """
 
 from __future__ import annotations

@@ -17,8 +17,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from edge.preprocess import mfcc, read_wav, standardize
 
 DATASETS = ("fsdd", "basic_motions", "digits")
 _FSDD_NAME = re.compile(r"^(\d)_([a-z]+)_(\d+)\.wav$")
@@ -40,7 +43,8 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     labels: tuple[str, ...]
-    preprocessing: str  # what a device must do to raw input before the model
+    preprocessing: dict[str, Any]  # raw input -> model input, as data (edge.preprocess applies it)
+    raw_test: np.ndarray | None = None  # the test split before pre-processing, where it has a fixed shape
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -62,10 +66,14 @@ def load(name: str, data_root: str | os.PathLike[str] | None = None, cache_dir: 
     raise DatasetError(f"dataset = {name!r}: must be one of {list(DATASETS)}")
 
 
-def _standardize(train: np.ndarray, test: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    mean = train.mean(axis=axes, keepdims=True)
-    std = train.std(axis=axes, keepdims=True) + 1e-6
-    return ((train - mean) / std).astype(np.float32), ((test - mean) / std).astype(np.float32)
+def _standardize(train: np.ndarray, test: np.ndarray, axes: tuple[int, ...]
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Both splits standardized with the training split's statistics, and the step that does it."""
+    mean = train.mean(axis=axes, keepdims=True, dtype=np.float32)[0]
+    std = train.std(axis=axes, keepdims=True, dtype=np.float32)[0] + np.float32(1e-6)
+    step = {"op": "standardize", "mean": mean.squeeze().tolist() if mean.size == 1 else mean.tolist(),
+            "std": std.squeeze().tolist() if std.size == 1 else std.tolist()}
+    return standardize(train, step["mean"], step["std"]), standardize(test, step["mean"], step["std"]), step
 
 
 # ---- FSDD ---------------------------------------------------------------------------------
@@ -86,27 +94,20 @@ def _default_data_root() -> Path:
     return Path(os.environ.get("TRICKLE_DATA", repo.parent / "shared" / "data"))
 
 
-def fsdd_features(waveform: np.ndarray) -> np.ndarray:
-    """(13, 63) MFCCs of the first second of an 8 kHz waveform (zero-padded), float32."""
-    import librosa
+FSDD_MFCC = {"op": "mfcc", "sample_rate_hz": FSDD_SAMPLE_RATE_HZ, "n_mfcc": FSDD_N_MFCC, "n_fft": FSDD_N_FFT,
+             "hop_length": FSDD_HOP, "n_mels": 40, "duration_s": 1.0}
 
-    x = np.zeros(FSDD_SAMPLE_RATE_HZ, dtype=np.float32)
-    x[: min(len(waveform), FSDD_SAMPLE_RATE_HZ)] = waveform[:FSDD_SAMPLE_RATE_HZ]
-    mfcc = librosa.feature.mfcc(y=x, sr=FSDD_SAMPLE_RATE_HZ, n_mfcc=FSDD_N_MFCC, n_fft=FSDD_N_FFT,
-                                hop_length=FSDD_HOP, n_mels=40)
-    return mfcc.astype(np.float32)
+
+def fsdd_features(waveform: np.ndarray) -> np.ndarray:
+    """(13, 63) MFCCs of the first second of an 8 kHz waveform (zero-padded), float32: the device's step."""
+    return mfcc(waveform, **{k: v for k, v in FSDD_MFCC.items() if k != "op"})  # type: ignore[arg-type]
 
 
 def _read_wav(path: Path) -> np.ndarray:
-    from scipy.io import wavfile
-
-    rate, samples = wavfile.read(path)
-    if rate != FSDD_SAMPLE_RATE_HZ:
-        raise DatasetError(f"fsdd: {path.name} is sampled at {rate} Hz, expected {FSDD_SAMPLE_RATE_HZ}")
-    if samples.ndim > 1:
-        samples = samples.mean(axis=1)
-    scale = float(np.iinfo(samples.dtype).max) if np.issubdtype(samples.dtype, np.integer) else 1.0
-    return samples.astype(np.float32) / scale
+    try:
+        return read_wav(path, FSDD_SAMPLE_RATE_HZ)
+    except ValueError as e:
+        raise DatasetError(f"fsdd: {e}") from None
 
 
 def load_fsdd(data_root: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None) -> Dataset:
@@ -116,10 +117,11 @@ def load_fsdd(data_root: str | os.PathLike[str] | None = None, cache_dir: str | 
         raise DatasetError(f"fsdd: no files named DIGIT_SPEAKER_INDEX.wav in {recordings}")
     features, digits, indices = _fsdd_cached(files, cache_dir)
     test = indices < 5
-    x_train, x_test = _standardize(features[~test], features[test], axes=(0, 2))
-    return Dataset("fsdd", x_train, digits[~test], x_test, digits[test], tuple(str(d) for d in range(10)),
-                   f"mono 8 kHz, first 1 s zero-padded; librosa MFCC n_mfcc={FSDD_N_MFCC} n_fft={FSDD_N_FFT} "
-                   f"hop={FSDD_HOP} n_mels=40; per-coefficient standardization from the training split")
+    x_train, x_test, step = _standardize(features[~test], features[test], axes=(0, 2))
+    pre = {"description": "mono 8 kHz waveform in [-1, 1]; MFCCs of the first second (zero-padded); "
+                          "per-coefficient standardization with the training split's statistics",
+           "raw": None, "steps": [FSDD_MFCC, step]}
+    return Dataset("fsdd", x_train, digits[~test], x_test, digits[test], tuple(str(d) for d in range(10)), pre)
 
 
 def _fsdd_cached(files: list[Path], cache_dir: str | os.PathLike[str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -157,10 +159,11 @@ def load_basic_motions() -> Dataset:
     index = {label: i for i, label in enumerate(labels)}
     y_train = np.array([index[v] for v in parts["train"][1]], dtype=np.int64)
     y_test = np.array([index[v] for v in parts["test"][1]], dtype=np.int64)
-    x_train, x_test = _standardize(parts["train"][0], parts["test"][0], axes=(0, 2))
-    return Dataset("basic_motions", x_train, y_train, x_test, y_test, labels,
-                   "6 channels (accelerometer xyz, gyroscope xyz) x 100 samples at 10 Hz; "
-                   "per-channel standardization from the training split")
+    x_train, x_test, step = _standardize(parts["train"][0], parts["test"][0], axes=(0, 2))
+    pre = {"description": "6 channels (accelerometer xyz, gyroscope xyz) x 100 samples at 10 Hz; per-channel "
+                          "standardization with the training split's statistics",
+           "raw": {"shape": [6, 100], "dtype": "float32"}, "steps": [step]}
+    return Dataset("basic_motions", x_train, y_train, x_test, y_test, labels, pre, raw_test=parts["test"][0])
 
 
 def load_digits() -> Dataset:
@@ -168,9 +171,13 @@ def load_digits() -> Dataset:
     from sklearn.model_selection import train_test_split
 
     bunch = sk_digits()
-    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
+    images = bunch.images.astype(np.float32)  # grey levels 0-16
     y = bunch.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-    x_train, x_test = _standardize(x_train, x_test, axes=(0, 1, 2, 3))
-    return Dataset("digits", x_train, y_train, x_test, y_test, tuple(str(d) for d in range(10)),
-                   "8x8 grey levels 0-16 divided by 16, then standardized with the training split's mean and std")
+    raw_train, raw_test, y_train, y_test = train_test_split(images, y, test_size=0.2, random_state=0, stratify=y)
+    factor = 1 / 16
+    scale = {"op": "scale", "factor": factor}
+    x_train, x_test, step = _standardize(raw_train * np.float32(factor), raw_test * np.float32(factor), axes=(0, 1, 2))
+    pre = {"description": "8x8 grey levels 0-16, divided by 16, standardized with the training split's mean and std",
+           "raw": {"shape": [8, 8], "dtype": "float32"}, "steps": [scale, step, {"op": "reshape", "shape": [1, 8, 8]}]}
+    labels = tuple(str(d) for d in range(10))
+    return Dataset("digits", x_train[:, None].copy(), y_train, x_test[:, None].copy(), y_test, labels, pre, raw_test=raw_test)

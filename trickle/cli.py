@@ -20,8 +20,9 @@ from trickle import __version__
 VERBS: dict[str, tuple[str, str]] = {
     "simulate": ("simulator.cli", "simulate energy-harvesting sensor nodes (SimPy, exact event-driven)"),
     "train": ("models.cli", "train a model for intermittent power (NExUME) and write a checkpoint"),
-    "export": ("export.cli", "export a checkpoint as a signed bundle (ONNX fp32 + int8 QDQ, parity-checked)"),
-    "keygen": ("edge.cli", "make an Ed25519 key pair for signing bundles"),
+    "export": ("export.cli", "export a checkpoint as a signed bundle (ONNX fp32/int8, ExecuTorch, TFLite; parity-checked)"),
+    "keygen": ("edge.keygen_cli", "make an Ed25519 key pair for signing bundles"),
+    "edge": ("edge.cli", "run a bundle on this machine: trickle edge infer BUNDLE INPUT..."),
     "bench": ("bench.cli", "run a benchmark from bench/ and write bench/results/NAME.json"),
 }
 

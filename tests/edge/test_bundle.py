@@ -29,7 +29,9 @@ MANIFEST_CORE = {
     "labels": [str(d) for d in range(10)],
     "inputs": [{"name": "x", "shape": [1, 1, 8, 8], "dtype": "float32"}],
     "outputs": [{"name": "logits", "shape": [1, 10], "dtype": "float32"}],
-    "preprocessing": "grey levels / 16, standardized",
+    "preprocessing": {"description": "grey levels / 16, standardized", "raw": {"shape": [8, 8], "dtype": "float32"},
+                      "steps": [{"op": "scale", "factor": 0.0625}, {"op": "standardize", "mean": 0.3, "std": 0.4},
+                                {"op": "reshape", "shape": [1, 8, 8]}]},
     "variants": [{"name": "int8", "bits": 8, "drop": 0.0, "layers": [{"name": "fc", "macs": 640, "param_bytes": 650}],
                   "energy_j": {"msp430fr5994": 3.6e-6}, "accuracy": {"onnx-int8": 0.95}, "formats": {"onnx-int8": "int8.onnx"}}],
     "creator": "trickle 0.1.0",
@@ -59,6 +61,14 @@ def test_round_trip_folder_and_tar(tmp_path: Path, keys: tuple[Path, Path]) -> N
     tar = tmp_path / "bundle.tar"
     tar.write_bytes(tar_bytes(pack(MANIFEST_CORE, FILES, load_private_key(keys[0]))))
     assert read_bundle(tar, trusted).files == b.files
+
+
+def test_downgrade_or_replay_is_refused(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    path = signed_dir(tmp_path, keys)  # bundle_version 3
+    assert read_bundle(path, newer_than=2).manifest["bundle_version"] == 3
+    for running in (3, 4):
+        with pytest.raises(BundleError, match=rf"bundle_version 3 is not newer than the running {running}"):
+            read_bundle(path, newer_than=running)
 
 
 def test_private_key_file_is_private(keys: tuple[Path, Path]) -> None:

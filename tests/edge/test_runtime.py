@@ -1,4 +1,4 @@
-"""The edge runtime runs a verified bundle without torch, and DynInfer picks by voltage."""
+"""The edge runtime runs a verified bundle on three backends, without torch, and DynInfer picks by voltage."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.bundle import read_bundle
+from edge.backends import BackendError
+from edge.bundle import BundleError, read_bundle
+from edge.preprocess import PreprocessError
 from edge.runtime import Runtime
 
 
@@ -25,18 +27,31 @@ def bundle_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = train(TrainConfig(dataset="basic_motions", method="nexume", epochs=2, harvest_scenario="rf_powercast"), data)
     root = tmp_path_factory.mktemp("rt")
     save_checkpoint(result, data, root / "ckpt")
-    return export_bundle(root / "ckpt" / "checkpoint.pt", root / "bundle.tar", as_tar=True)
+    return export_bundle(root / "ckpt" / "checkpoint.pt", root / "bundle.tar", as_tar=True)  # every format
 
 
-def test_runtime_matches_export_accuracy(bundle_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["onnxruntime", "litert", "executorch"])
+def test_every_backend_reproduces_the_manifest_accuracy_from_raw_input(bundle_path: Path, backend: str) -> None:
     from models.datasets import load
 
-    rt = Runtime(read_bundle(bundle_path))
     data = load("basic_motions")
+    assert data.raw_test is not None
+    rt = Runtime(read_bundle(bundle_path), backend=backend)
+    assert len(rt.variants) == (12 if backend == "onnxruntime" else 3)
     for v in rt.variants[:4]:
-        fmt = "onnx-int8" if "onnx-int8" in v["formats"] else "onnx"
-        preds = [int(rt.infer(x, variant=v["name"]).argmax()) for x in data.x_test]
-        assert float(np.mean(np.array(preds) == data.y_test)) == v["accuracy"][fmt]
+        preds = [int(rt.infer(raw, variant=v["name"]).argmax()) for raw in data.raw_test]  # pre-processing applied
+        assert float(np.mean(np.array(preds) == data.y_test)) == v["accuracy"][rt.format_of(v)]
+
+
+def test_backends_agree_on_the_float_variant(bundle_path: Path) -> None:
+    from models.datasets import load
+
+    data = load("basic_motions")
+    bundle = read_bundle(bundle_path)
+    outputs = {b: np.concatenate([Runtime(bundle, backend=b).infer_features(x, variant="fp32-d25") for x in data.x_test])
+               for b in ("onnxruntime", "litert", "executorch")}
+    assert np.abs(outputs["litert"] - outputs["onnxruntime"]).max() <= 1e-4
+    assert np.abs(outputs["executorch"] - outputs["onnxruntime"]).max() <= 1e-4
 
 
 def test_dyninfer_choice_by_voltage(bundle_path: Path) -> None:
@@ -48,10 +63,26 @@ def test_dyninfer_choice_by_voltage(bundle_path: Path) -> None:
     assert rich["energy_j"]["msp430fr5994"] >= poor["energy_j"]["msp430fr5994"]
 
 
+def test_bad_input_and_unknown_backend_or_variant(bundle_path: Path) -> None:
+    bundle = read_bundle(bundle_path)
+    rt = Runtime(bundle)
+    with pytest.raises(PreprocessError, match=r"raw input shape \(100, 6\): this bundle takes \(6, 100\)"):
+        rt.infer(np.zeros((100, 6), dtype=np.float32))
+    with pytest.raises(BundleError, match="variant 'int8-d00': for the litert backend the bundle has"):
+        Runtime(bundle, backend="litert").variant("int8-d00")
+    with pytest.raises(BundleError, match="backend 'tvm': must be one of"):
+        Runtime(bundle, backend="tvm")
+    with pytest.raises(BackendError, match="LiteRT cannot load the model"):
+        from edge.backends import load_backend
+
+        load_backend("tflite", b"not a flatbuffer")
+
+
 def test_inference_runs_where_importing_torch_fails(bundle_path: Path, tmp_path: Path) -> None:
-    x = np.zeros((6, 100), dtype=np.float32)
+    x = np.linspace(-1, 1, 600, dtype=np.float32).reshape(6, 100)
     np.save(tmp_path / "x.npy", x)
-    expected = Runtime(read_bundle(bundle_path)).infer(x, variant="int8-d00")
+    bundle = read_bundle(bundle_path)
+    expected = {b: Runtime(bundle, backend=b).infer(x, variant=v) for b, v in (("onnxruntime", "int8-d00"), ("litert", "fp32-d00"))}
     script = textwrap.dedent(f"""
         import sys, importlib.abc
         class NoTorch(importlib.abc.MetaPathFinder):
@@ -62,10 +93,35 @@ def test_inference_runs_where_importing_torch_fails(bundle_path: Path, tmp_path:
         import numpy as np
         from edge.bundle import read_bundle
         from edge.runtime import Runtime
-        out = Runtime(read_bundle({str(bundle_path)!r})).infer(np.load({str(tmp_path / 'x.npy')!r}), variant="int8-d00")
-        np.save({str(tmp_path / 'y.npy')!r}, out)
+        bundle = read_bundle({str(bundle_path)!r})
+        x = np.load({str(tmp_path / 'x.npy')!r})
+        np.save({str(tmp_path / 'ort.npy')!r}, Runtime(bundle).infer(x, variant="int8-d00"))
+        np.save({str(tmp_path / 'litert.npy')!r}, Runtime(bundle, backend="litert").infer(x, variant="fp32-d00"))
         assert "torch" not in sys.modules
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert np.array_equal(np.load(tmp_path / "y.npy"), expected)
+    assert np.array_equal(np.load(tmp_path / "ort.npy"), expected["onnxruntime"])
+    assert np.array_equal(np.load(tmp_path / "litert.npy"), expected["litert"])
+
+
+def test_trickle_edge_infer(bundle_path: Path, tmp_path: Path) -> None:
+    import json
+
+    from models.datasets import load
+
+    data = load("basic_motions")
+    assert data.raw_test is not None
+    np.save(tmp_path / "a.npy", data.raw_test[0])
+    np.savetxt(tmp_path / "b.csv", data.raw_test[1], delimiter=",")
+    cmd = [sys.executable, "-m", "trickle.cli", "edge", "infer", str(bundle_path), str(tmp_path / "a.npy"), str(tmp_path / "b.csv")]
+    for backend in ("onnxruntime", "litert"):
+        proc = subprocess.run([*cmd, "--backend", backend, "--json"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        rows = [json.loads(line) for line in proc.stdout.splitlines()]
+        rt = Runtime(read_bundle(bundle_path), backend=backend)
+        for row, raw in zip(rows, data.raw_test[:2]):
+            assert row["variant"] == rt.choose()["name"]
+            assert np.allclose(row["logits"], rt.infer(raw)[0], atol=1e-6)
+    bad = subprocess.run([*cmd[:-2], str(tmp_path / "missing.npy")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().endswith("missing.npy: no such file")

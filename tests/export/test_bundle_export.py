@@ -46,13 +46,34 @@ def test_parity_failure_is_loud(checkpoint: Path) -> None:
     onnx_bytes = export_variant(model, 32, 0.0, torch.from_numpy(data.x_test[:1]))
     with torch.no_grad():
         model.classifier.bias.add_(1.0)  # the PyTorch model no longer matches the exported graph
-    with pytest.raises(ExportError, match=r"fp32-d00: fp32 ONNX differs from PyTorch by"):
+    with pytest.raises(ExportError, match=r"fp32-d00: onnx differs from PyTorch by"):
         check_parity(model, 32, 0.0, onnx_bytes, data, "fp32-d00")
 
 
 def test_unknown_format_is_refused(checkpoint: Path, tmp_path: Path) -> None:
-    with pytest.raises(ExportError, match="--formats tflite: must be among onnx,onnx-int8"):
-        export_bundle(checkpoint, tmp_path / "x", formats=("tflite",))
+    with pytest.raises(ExportError, match="--formats coreml: must be among onnx,onnx-int8,pte,tflite"):
+        export_bundle(checkpoint, tmp_path / "x", formats=("coreml", "onnx"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_executorch_and_tflite_match_pytorch(checkpoint: Path, tmp_path: Path) -> None:
+    from edge.backends import load_backend
+    from export.bundle import backend_logits
+    from models.checkpoint import load_checkpoint
+
+    bundle = read_bundle(export_bundle(checkpoint, tmp_path / "b", formats=("pte", "tflite")))
+    (variant,) = bundle.manifest["variants"]
+    assert variant["formats"] == {"pte-xnnpack": "fp32-d00.xnnpack.pte", "pte-portable": "fp32-d00.portable.pte",
+                                  "tflite": "fp32-d00.tflite"}
+    model, _ = load_checkpoint(checkpoint)
+    model.configure(32, 0.0)
+    data = load("basic_motions")
+    with torch.no_grad():
+        reference = model(torch.from_numpy(data.x_test)).numpy()
+    for fmt, file in variant["formats"].items():
+        logits = backend_logits(load_backend(fmt, bundle.file(file)), data.x_test)
+        assert float(abs(logits - reference).max()) <= 1e-4, fmt
+        assert float((logits.argmax(1) == data.y_test).mean()) == variant["accuracy"][fmt]
 
 
 def test_int8_qdq_matches_the_quantized_model_on_a_2d_cnn(tmp_path: Path) -> None:
