@@ -116,11 +116,12 @@ def test_keygen_then_export_a_signed_bundle(tmp_path: Path) -> None:
     assert trickle("train", "nexume", "--dataset", "basic_motions", "--method", "qat8", "--epochs", "2",
                    "--out", str(ckpt), "--no-progress").returncode == 0
     proc = trickle("export", str(ckpt / "checkpoint.pt"), "--out", str(tmp_path / "b.tar"), "--tar",
-                   "--key", str(keys / "signing.key"))
+                   "--key", str(keys / "signing.key"), "--formats", "onnx,onnx-int8")
     assert proc.returncode == 0, proc.stderr
     from edge.bundle import load_public_key, read_bundle
 
     bundle = read_bundle(tmp_path / "b.tar", [load_public_key(keys / "signing.pub")])
     assert sorted(bundle.files) == ["fp32-d00.onnx", "int8-d00.onnx"]
-    bad = trickle("export", str(ckpt / "checkpoint.pt"), "--out", str(tmp_path / "c"), "--formats", "pte")
-    assert bad.returncode == 2 and bad.stderr.strip() == "trickle export: error: --formats pte: must be among onnx,onnx-int8"
+    bad = trickle("export", str(ckpt / "checkpoint.pt"), "--out", str(tmp_path / "c"), "--formats", "pte,coreml")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "trickle export: error: --formats coreml: must be among onnx,onnx-int8,pte,tflite"

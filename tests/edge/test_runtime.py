@@ -82,7 +82,8 @@ def test_inference_runs_where_importing_torch_fails(bundle_path: Path, tmp_path:
     x = np.linspace(-1, 1, 600, dtype=np.float32).reshape(6, 100)
     np.save(tmp_path / "x.npy", x)
     bundle = read_bundle(bundle_path)
-    expected = {b: Runtime(bundle, backend=b).infer(x, variant=v) for b, v in (("onnxruntime", "int8-d00"), ("litert", "fp32-d00"))}
+    runs = (("onnxruntime", "int8-d00"), ("litert", "fp32-d00"))
+    expected = {b: Runtime(bundle, backend=b).infer(x, variant=v) for b, v in runs}
     script = textwrap.dedent(f"""
         import sys, importlib.abc
         class NoTorch(importlib.abc.MetaPathFinder):
@@ -114,7 +115,8 @@ def test_trickle_edge_infer(bundle_path: Path, tmp_path: Path) -> None:
     assert data.raw_test is not None
     np.save(tmp_path / "a.npy", data.raw_test[0])
     np.savetxt(tmp_path / "b.csv", data.raw_test[1], delimiter=",")
-    cmd = [sys.executable, "-m", "trickle.cli", "edge", "infer", str(bundle_path), str(tmp_path / "a.npy"), str(tmp_path / "b.csv")]
+    cmd = [sys.executable, "-m", "trickle.cli", "edge", "infer", str(bundle_path), str(tmp_path / "a.npy"),
+           str(tmp_path / "b.csv")]
     for backend in ("onnxruntime", "litert"):
         proc = subprocess.run([*cmd, "--backend", backend, "--json"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
