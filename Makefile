@@ -1,9 +1,11 @@
+# constraints.txt pins what was tested together (pip freeze); without it the resolver backtracks for
+# tens of minutes over litert-torch's and brevitas' version ranges.
 # trickle: the two ways in are `make demo` (install everything, run the main job on
 # embedded defaults) and `make test` (install what the tests need, lint, run them).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
 .PHONY: venv demo test lint bench clean
 

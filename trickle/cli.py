@@ -21,6 +21,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "simulate": ("simulator.cli", "simulate energy-harvesting sensor nodes (SimPy, exact event-driven)"),
     "train": ("models.cli", "train a model for intermittent power (NExUME) and write a checkpoint"),
     "export": ("export.cli", "export a checkpoint as a signed bundle (ONNX fp32/int8, ExecuTorch, TFLite; parity-checked)"),
+    "flash": ("export.flash_cli", "build a bundle as Cortex-M4 firmware and run it (host or QEMU mps2-an386)"),
     "keygen": ("edge.keygen_cli", "make an Ed25519 key pair for signing bundles"),
     "edge": ("edge.cli", "run a bundle on this machine: trickle edge infer BUNDLE INPUT..."),
     "bench": ("bench.cli", "run a benchmark from bench/ and write bench/results/NAME.json"),

@@ -1,0 +1,299 @@
+"""A bundle's int8 QDQ variant as an integer-only model: what the firmware computes, bit for bit.
+
+The QDQ graph (brevitas QCDQ: QuantizeLinear → DequantizeLinear → float Conv → Relu →
+QuantizeLinear ...) is read back into integer layers with TFLite/CMSIS-NN arithmetic:
+
+- activations are int8 with a zero point (a ReLU's uint8 q is stored as q - 128);
+- a conv accumulates (x + input_offset) * w in int32, adds an int32 bias
+  (round(bias / (s_x * s_w))), and requantizes with a Q31 multiplier and a right shift:
+  RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(acc, m0), shift) + output zero point,
+  clamped to the activation's range (the ReLU);
+- ordered dropout's channel rescale is folded into the next layer's input scale, and the
+  dropped channels are removed (the device computes only the kept ones);
+- the global average pool is an int32 sum; its 1/N goes into the classifier's scale;
+- the classifier writes int32 logits (``logit_scale`` turns them into the float logits).
+
+``integer_onnx`` writes the same integer model as an ONNX graph of exact operations (float Conv
+on integer values below 2^24, int64 arithmetic for the requantization) so onnxruntime is the
+independent executor the firmware is checked against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Q31 = 1 << 31
+EXACT_FLOAT_SUM = 1 << 24  # below this, float32 sums of integers are exact in any order
+
+
+class IntModelError(ValueError):
+    """A graph this reader does not know, or one whose integers would overflow."""
+
+
+@dataclass
+class ConvLayer:
+    weight: np.ndarray  # int8 (out, in, *kernel): kernel 1-D (conv1d) or 2-D (conv2d)
+    bias: np.ndarray  # int32 (out,)
+    multiplier: np.ndarray  # int32 Q31 (out,)
+    shift: np.ndarray  # int32 right shift (out,), >= 0
+    input_offset: int  # added to every input value (= -input zero point)
+    output_offset: int  # the output zero point
+    act_min: int
+    act_max: int
+    stride: int
+    padding: int
+    in_shape: tuple[int, ...]  # (C, L) or (C, H, W)
+    out_shape: tuple[int, ...]
+
+    @property
+    def macs(self) -> int:
+        return int(math.prod(self.out_shape) * math.prod(self.weight.shape[1:]))
+
+
+@dataclass
+class PoolLayer:  # global sum over positions of (x + input_offset), int32
+    input_offset: int
+    in_shape: tuple[int, ...]
+
+    @property
+    def macs(self) -> int:
+        return int(math.prod(self.in_shape))
+
+
+@dataclass
+class DenseLayer:  # int32 logits = bias + W @ x, x int32
+    weight: np.ndarray  # int8 (out, in)
+    bias: np.ndarray  # int32 (out,)
+    logit_scale: float  # float logits = int32 logits * logit_scale
+
+    @property
+    def macs(self) -> int:
+        return int(self.weight.size)
+
+
+@dataclass
+class IntModel:
+    input_scale: float  # int8 input = clamp(round_half_even(x / input_scale), -128, 127)
+    input_shape: tuple[int, ...]
+    layers: list[ConvLayer | PoolLayer | DenseLayer] = field(default_factory=list)
+
+    @property
+    def macs(self) -> int:
+        return sum(layer.macs for layer in self.layers)
+
+    def quantize_input(self, x: np.ndarray) -> np.ndarray:
+        q = np.rint(np.asarray(x, dtype=np.float32) / np.float32(self.input_scale))
+        return np.clip(q, -128, 127).astype(np.int8)
+
+
+def quantize_multiplier(m: float) -> tuple[int, int]:
+    """m (0 < m < 1) as a Q31 multiplier and a right shift: m ≈ m0 / 2^31 / 2^shift (TFLite's)."""
+    if not 0.0 < m < 1.0:
+        raise IntModelError(f"requantization multiplier {m}: must be in (0, 1)")
+    mantissa, exponent = math.frexp(m)  # m = mantissa * 2^exponent, mantissa in [0.5, 1)
+    m0 = round(mantissa * Q31)
+    if m0 == Q31:
+        m0, exponent = m0 // 2, exponent + 1
+    return m0, -exponent
+
+
+# ---- reading the QDQ graph --------------------------------------------------------------------
+
+
+def from_qdq(onnx_bytes: bytes) -> IntModel:
+    """The integer model of a brevitas QCDQ graph (conv stack, ReLU, global average pool, Gemm)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load_from_string(onnx_bytes)
+    graph = model.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def value(name: str) -> np.ndarray:
+        """A tensor that does not depend on the graph input: an initializer or a constant subgraph."""
+        if name in consts:
+            return consts[name]
+        import onnxruntime as ort
+
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feed = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32) for i in inputs}
+        consts[name] = np.asarray(session.run([name], feed)[0])
+        return consts[name]
+
+    def only(name: str, op: str) -> onnx.NodeProto:
+        users = consumers.get(name, [])
+        if len(users) != 1 or users[0].op_type != op:
+            raise IntModelError(f"{name}: expected one {op} after it, found {[u.op_type for u in users]}")
+        return users[0]
+
+    def int_weight(name: str) -> tuple[np.ndarray, float]:
+        dq = producer[name]
+        if dq.op_type != "DequantizeLinear":
+            raise IntModelError(f"weight {name}: not dequantized from integers ({dq.op_type})")
+        q = dq.input[0]
+        if q not in consts and producer[q].op_type == "Clip":  # brevitas' narrow-range clip of the int weights
+            clip = producer[q]
+            q_val = np.clip(value(clip.input[0]), value(clip.input[1]), value(clip.input[2]))
+        else:
+            q_val = value(q)
+        zp = value(dq.input[2]) if len(dq.input) > 2 else np.zeros(1)
+        scale = value(dq.input[1])
+        if np.any(zp != 0) or scale.size != 1:
+            raise IntModelError(f"weight {name}: expected a symmetric per-tensor quantization")
+        return q_val.astype(np.int8), float(scale)
+
+    inputs = [i for i in graph.input if i.name not in consts]  # old exporters list initializers as inputs too
+    if len(inputs) != 1:
+        raise IntModelError(f"expected one graph input, found {[i.name for i in inputs]}")
+    inp = inputs[0]
+    shape = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)[1:]
+    quant = only(inp.name, "QuantizeLinear")
+    s_in, zp_in = float(value(quant.input[1])), int(value(quant.input[2]))
+    if zp_in != 0 or value(quant.input[2]).dtype != np.int8:
+        raise IntModelError("input: expected a symmetric int8 quantization")
+    out = IntModel(s_in, shape)
+    x_scale, x_offset, cur = s_in, 0, only(quant.output[0], "DequantizeLinear").output[0]
+    keep_in = np.arange(shape[0])  # the input channels the device computes
+    in_shape = shape
+    while True:
+        users = [u for u in consumers.get(cur, []) if u.op_type != "Shape"]  # Shape feeds the flatten's Reshape
+        if len(users) != 1:
+            raise IntModelError(f"{cur}: used by {[u.op_type for u in users]}; only chains are supported")
+        node = users[0]
+        if node.op_type == "Conv":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            w, s_w = int_weight(node.input[1])
+            bias = value(node.input[2]).astype(np.float64) if len(node.input) > 2 else np.zeros(w.shape[0])
+            relu = only(node.output[0], "Relu")
+            q = only(relu.output[0], "QuantizeLinear")
+            s_y, zp_y = float(value(q.input[1])), value(q.input[2])
+            if zp_y.dtype != np.uint8 or int(zp_y) != 0:
+                raise IntModelError(f"{q.name}: expected the uint8 zero-point-0 quantization of a ReLU")
+            act_min, act_max, after_q = -128, 127, q.output[0]
+            if [u.op_type for u in consumers.get(after_q, [])] == ["Clip"]:  # fewer bits: clipped uint8 codes
+                clip = consumers[after_q][0]
+                act_min, act_max = int(value(clip.input[1])) - 128, int(value(clip.input[2])) - 128
+                after_q = clip.output[0]
+            dq = only(after_q, "DequantizeLinear")
+            cur = dq.output[0]
+            mult = np.ones(w.shape[0])
+            users = consumers.get(cur, [])
+            if len(users) == 1 and users[0].op_type == "Mul":  # ordered dropout: per-channel 0 or C/keep
+                mult = value(users[0].input[1]).reshape(-1).astype(np.float64)
+                cur = users[0].output[0]
+            keep_out = np.flatnonzero(mult != 0)
+            kernel = tuple(attrs["kernel_shape"])
+            strides, pads = tuple(attrs.get("strides", [1] * len(kernel))), tuple(attrs.get("pads", [0] * 2 * len(kernel)))
+            if len(set(strides)) != 1 or len(set(pads)) != 1 or attrs.get("group", 1) != 1:
+                raise IntModelError(f"{node.name}: only square strides/padding and group = 1 are supported")
+            stride, pad = strides[0], pads[0]
+            spatial = tuple((n + 2 * pad - k) // stride + 1 for n, k in zip(in_shape[1:], kernel))
+            w_kept = w[np.ix_(keep_out, keep_in)]
+            eff = x_scale * s_w
+            m0s, shifts = zip(*(quantize_multiplier(eff / s_y) for _ in keep_out))
+            layer = ConvLayer(weight=np.ascontiguousarray(w_kept),
+                              bias=np.round(bias[keep_out] / eff).astype(np.int32),
+                              multiplier=np.array(m0s, np.int32), shift=np.array(shifts, np.int32),
+                              input_offset=x_offset, output_offset=-128, act_min=act_min, act_max=act_max,
+                              stride=stride, padding=pad, in_shape=(len(keep_in), *in_shape[1:]),
+                              out_shape=(len(keep_out), *spatial))
+            bound = int(np.abs(w_kept.astype(np.int64)).reshape(len(keep_out), -1).sum(1).max()) * 256
+            if bound >= EXACT_FLOAT_SUM:
+                raise IntModelError(f"{node.name}: accumulators up to {bound} exceed 2^24 (the float oracle is inexact)")
+            out.layers.append(layer)
+            scale_kept = mult[keep_out]
+            if len(set(scale_kept.tolist())) != 1:
+                raise IntModelError(f"{node.name}: dropout rescale differs across kept channels")
+            x_scale, x_offset = s_y * float(scale_kept[0]), 128  # stored q - 128, so add 128 back
+            keep_in, in_shape = np.arange(len(keep_out)), (len(keep_out), *spatial)
+        elif node.op_type == "Reshape":
+            reduce = only(node.output[0], "ReduceMean")
+            positions = math.prod(in_shape[1:])
+            out.layers.append(PoolLayer(input_offset=x_offset, in_shape=in_shape))
+            x_scale, x_offset, cur = x_scale / positions, 0, reduce.output[0]
+            in_shape = (in_shape[0],)
+        elif node.op_type == "Gemm":
+            w, s_w = int_weight(node.input[1])
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            if not attrs.get("transB", 0):
+                raise IntModelError(f"{node.name}: expected Gemm with transB = 1")
+            bias = value(node.input[2]).astype(np.float64)
+            eff = x_scale * s_w
+            out.layers.append(DenseLayer(np.ascontiguousarray(w[:, keep_in]), np.round(bias / eff).astype(np.int32), eff))
+            return out
+        else:
+            raise IntModelError(f"{node.op_type} ({node.name}): not an operation the firmware runs")
+
+
+# ---- the integer model as an exact ONNX graph (the oracle) -------------------------------------
+
+
+def integer_onnx(model: IntModel) -> bytes:
+    """ONNX graph: int8 input (1, *shape) -> int32 logits (1, classes), every step exact."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    counter = iter(range(10**6))
+
+    def const(arr: np.ndarray) -> str:
+        name = f"c{next(counter)}"
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def op(kind: str, inputs: list[str], **attrs: Any) -> str:
+        name = f"v{next(counter)}"
+        nodes.append(helper.make_node(kind, inputs, [name], **attrs))
+        return name
+
+    def requant(acc: str, layer: ConvLayer, dims: int) -> str:
+        view = (1, -1, *([1] * dims))
+        ab = op("Mul", [acc, const(layer.multiplier.astype(np.int64).reshape(view))])
+        nudge = op("Where", [op("GreaterOrEqual", [ab, const(np.array(0, np.int64))]),
+                             const(np.array(1 << 30, np.int64)), const(np.array(1 - (1 << 30), np.int64))])
+        high = op("Div", [op("Add", [ab, nudge]), const(np.array(Q31, np.int64))])  # integer Div truncates
+        shift = layer.shift.astype(np.int64)
+        half = np.where(shift > 0, np.left_shift(1, np.maximum(shift, 1) - 1), 0).reshape(view).astype(np.int64)
+        mag = op("Div", [op("Add", [op("Abs", [high]), const(half)]), const(np.left_shift(1, shift).reshape(view))])
+        y = op("Add", [op("Mul", [op("Sign", [high]), mag]), const(np.array(layer.output_offset, np.int64))])
+        return op("Clip", [y, const(np.array(layer.act_min, np.int64)), const(np.array(layer.act_max, np.int64))])
+
+    x = op("Cast", ["x"], to=TensorProto.INT64)
+    for layer in model.layers:
+        if isinstance(layer, ConvLayer):
+            dims = len(layer.in_shape) - 1
+            xf = op("Cast", [op("Add", [x, const(np.array(layer.input_offset, np.int64))])], to=TensorProto.FLOAT)
+            acc_f = op("Conv", [xf, const(layer.weight.astype(np.float32))], strides=[layer.stride] * dims,
+                       pads=[layer.padding] * 2 * dims, kernel_shape=list(layer.weight.shape[2:]))
+            acc = op("Add", [op("Cast", [acc_f], to=TensorProto.INT64),
+                             const(layer.bias.astype(np.int64).reshape(1, -1, *([1] * dims)))])
+            x = requant(acc, layer, dims)
+        elif isinstance(layer, PoolLayer):
+            axes = list(range(2, 2 + len(layer.in_shape) - 1))
+            x = op("ReduceSum", [op("Add", [x, const(np.array(layer.input_offset, np.int64))]), const(np.array(axes, np.int64))],
+                   keepdims=0)
+        else:
+            x = op("Add", [op("MatMul", [x, const(layer.weight.T.astype(np.int64))]), const(layer.bias.astype(np.int64))])
+    nodes.append(helper.make_node("Cast", [x], ["logits"], to=TensorProto.INT32))
+    n_out = model.layers[-1].weight.shape[0] if isinstance(model.layers[-1], DenseLayer) else 0
+    x_info = helper.make_tensor_value_info("x", TensorProto.INT8, [1, *model.input_shape])
+    graph = helper.make_graph(nodes, "trickle-int", [x_info],
+                              [helper.make_tensor_value_info("logits", TensorProto.INT32, [1, n_out])], inits)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(onnx_model)
+    return onnx_model.SerializeToString(deterministic=True)

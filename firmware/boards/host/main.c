@@ -1,0 +1,106 @@
+/* Host board: runs the generated model's test vectors; `cuts` injects a power failure after
+ * every progress point (the harness longjmps out of the progress hook, wipes volatile state,
+ * and restarts from what non-volatile memory holds).
+ *
+ *   host_fw run [VARIANT]        every vector, prints "OUT vector variant logits...", checks them
+ *   host_fw cuts [VECTORS]       a cut at every progress point of each of the first VECTORS vectors
+ *   host_fw dyn VOLTAGE_MV       DynInfer: the variant the voltage register affords, per vector
+ */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "tn.h"
+
+static tn_nv nv; /* stands for FRAM: the harness decides what survives */
+static jmp_buf power_fail;
+static uint32_t cut_at; /* progress value after whose commit power fails; 0 = never */
+static unsigned long reboots;
+
+void tn_progress_hook(uint32_t progress) {
+    if (cut_at != 0u && progress == cut_at) {
+        cut_at = 0u;
+        longjmp(power_fail, 1);
+    }
+}
+
+static const int32_t *expected(uint32_t vector, uint32_t variant) {
+    return &tn_expected_flat[((size_t)vector * TN_N_VARIANTS + variant) * TN_N_CLASSES];
+}
+
+static int run_vector(uint32_t vector, uint32_t variant, uint32_t run_id) {
+    const tn_model *m = tn_variants[variant];
+    if (setjmp(power_fail) != 0) {
+        reboots++; /* power is back: volatile state is gone, nv is what it was */
+    }
+    if (tn_start(&nv, m, variant, run_id, &tn_inputs_flat[(size_t)vector * TN_INPUT_BYTES]) != TN_OK) {
+        return -1;
+    }
+    if (tn_resume(&nv, m) != TN_OK) {
+        return -1;
+    }
+    return memcmp(nv.logits, expected(vector, variant), sizeof(int32_t) * TN_N_CLASSES) == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "run";
+    uint32_t run_id = 1;
+    if (strcmp(mode, "run") == 0 || strcmp(mode, "dyn") == 0) {
+        int only = -1;
+        uint32_t voltage_mv = 0;
+        if (strcmp(mode, "run") == 0 && argc > 2) {
+            only = atoi(argv[2]);
+        }
+        if (strcmp(mode, "dyn") == 0) {
+            voltage_mv = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 3300u;
+        }
+        unsigned long mismatches = 0;
+        for (uint32_t v = 0; v < TN_N_VECTORS; v++) {
+            for (uint32_t k = 0; k < TN_N_VARIANTS; k++) {
+                uint32_t variant = k;
+                if (strcmp(mode, "dyn") == 0) {
+                    if (k > 0) break;
+                    variant = tn_choose_variant(tn_variants, TN_N_VARIANTS, voltage_mv, 2000u, 10000u);
+                } else if (only >= 0 && (uint32_t)only != k) {
+                    continue;
+                }
+                int r = run_vector(v, variant, run_id++);
+                if (r < 0) {
+                    fprintf(stderr, "error: model rejected\n");
+                    return 2;
+                }
+                mismatches += (unsigned long)r;
+                printf("OUT %u %u", (unsigned)v, (unsigned)variant);
+                for (uint32_t c = 0; c < TN_N_CLASSES; c++) {
+                    printf(" %ld", (long)nv.logits[c]);
+                }
+                printf("\n");
+            }
+        }
+        printf("MISMATCHES %lu\n", mismatches);
+        return mismatches == 0 ? 0 : 1;
+    }
+    if (strcmp(mode, "cuts") == 0) {
+        uint32_t vectors = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 2u;
+        unsigned long trials = 0, identical = 0;
+        for (uint32_t v = 0; v < vectors && v < TN_N_VECTORS; v++) {
+            for (uint32_t k = 0; k < TN_N_VARIANTS; k++) {
+                uint32_t total = tn_total_tiles(tn_variants[k]);
+                for (uint32_t point = 1; point <= total; point++) {
+                    memset(&nv, 0, sizeof nv);
+                    cut_at = point;
+                    unsigned long before = reboots;
+                    int r = run_vector(v, k, run_id++);
+                    trials++;
+                    identical += (r == 0 && reboots == before + 1u) ? 1u : 0u;
+                }
+            }
+        }
+        printf("CUTS %lu IDENTICAL %lu REBOOTS %lu\n", trials, identical, reboots);
+        return trials == identical ? 0 : 1;
+    }
+    fprintf(stderr, "usage: %s run [VARIANT] | cuts [VECTORS] | dyn VOLTAGE_MV\n", argv[0]);
+    return 2;
+}

@@ -1,0 +1,110 @@
+/* trickle-nn: int8 inference for Cortex-M, correct across power failures.
+ *
+ * Arithmetic is TFLite's / CMSIS-NN's: int8 activations with zero points, int32 accumulation,
+ * per-channel requantization by a Q31 multiplier and a right shift
+ * (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT). No malloc: the caller owns
+ * the non-volatile state (activations, progress) and the model is const data in flash.
+ *
+ * Intermittency: a run is a sequence of idempotent tiles (one output row of one channel, the
+ * pool, the classifier). A tile reads only its layer's input buffer and writes only its own
+ * outputs; after a tile, a single 32-bit store advances `progress`. A power cut at any
+ * instruction leaves either the old or the new progress word, and redoing a tile rewrites the
+ * same bytes, so resuming gives the same logits bit for bit (SONIC/HAWAII-style loop
+ * continuation).
+ */
+#ifndef TN_H
+#define TN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    TN_OK = 0,
+    TN_ERR_ARENA = 1,   /* the model needs more non-volatile buffer than TN_ARENA_BYTES */
+    TN_ERR_MODEL = 2,   /* a malformed model descriptor */
+    TN_ERR_STATE = 3    /* non-volatile state from another model or run */
+} tn_status;
+
+typedef enum { TN_CONV = 1, TN_POOL = 2, TN_DENSE = 3 } tn_kind;
+
+typedef struct {
+    uint8_t kind;                 /* tn_kind */
+    uint16_t cin, hin, win;       /* input: channels x rows x columns (rows = 1 for 1-D) */
+    uint16_t cout, hout, wout;    /* output (dense: cout classes) */
+    uint8_t kh, kw, stride, pad;  /* conv geometry (kh = 1 for 1-D) */
+    int32_t in_offset;            /* added to every input value (-zero point) */
+    int32_t out_offset;           /* output zero point */
+    int32_t act_min, act_max;     /* output clamp (the fused ReLU) */
+    const int8_t *weight;         /* conv: [cout][cin][kh][kw]; dense: [cout][cin] */
+    const int32_t *bias;          /* [cout] */
+    const int32_t *multiplier;    /* conv: [cout], Q31 */
+    const int32_t *shift;         /* conv: [cout], right shift >= 0 */
+} tn_layer;
+
+typedef struct {
+    const char *name;
+    uint16_t n_layers;
+    const tn_layer *layers;
+    uint32_t input_bytes;         /* int8 input, [cin][hin][win] of the first layer */
+    uint16_t n_classes;
+    uint32_t macs;
+    uint32_t energy_nj;           /* one inference on the target profile (DynInfer) */
+    uint16_t accuracy_permille;   /* measured test accuracy of this variant */
+} tn_model;
+
+#ifndef TN_ARENA_BYTES
+#define TN_ARENA_BYTES 4096       /* each of the two activation buffers */
+#endif
+#ifndef TN_MAX_CLASSES
+#define TN_MAX_CLASSES 16
+#endif
+#ifndef TN_MAX_CHANNELS
+#define TN_MAX_CHANNELS 128
+#endif
+
+#define TN_MAGIC 0x544E4E31u      /* "TNN1" */
+
+/* Everything that must survive a power failure: place it in non-volatile memory (FRAM, or a
+ * .noinit region the loader does not touch). */
+typedef struct {
+    uint32_t magic;               /* TN_MAGIC once a run's input is in place */
+    uint32_t run;                 /* which run (input) the state belongs to */
+    uint32_t variant;             /* the model variant chosen when the run started */
+    uint32_t progress;            /* tiles done; the only word a commit writes */
+    int32_t logits[TN_MAX_CLASSES];
+    int32_t pooled[TN_MAX_CHANNELS];
+    int8_t buf[2][TN_ARENA_BYTES];
+} tn_nv;
+
+/* Called after every commit with the new progress value; a board or test harness may cut power
+ * here. Define TN_PROGRESS_HOOK to a function name to use it. */
+#ifdef TN_PROGRESS_HOOK
+void TN_PROGRESS_HOOK(uint32_t progress);
+#endif
+
+/* Start a run if `nv` does not already hold run `run`: copies the input, then commits. */
+tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t run, const int8_t *input);
+/* Run (or resume) to the end; logits land in nv->logits. */
+tn_status tn_resume(tn_nv *nv, const tn_model *model);
+/* Tiles of a whole inference (progress points). */
+uint32_t tn_total_tiles(const tn_model *model);
+uint16_t tn_argmax(const int32_t *logits, uint16_t n);
+/* DynInfer: the most accurate variant whose energy fits what the capacitor holds above the
+ * brown-out voltage; if none fits, the cheapest. Voltages in millivolts, capacitance in uF. */
+uint32_t tn_choose_variant(const tn_model *const *variants, uint32_t n, uint32_t voltage_mv, uint32_t v_cut_mv,
+                           uint32_t capacitance_uf);
+
+/* Kernels (exposed for tests and benchmarks). */
+void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t oc, uint32_t oy);
+void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t oc, uint32_t oy);
+void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out);
+void tn_dense(const tn_layer *l, const int32_t *in, int32_t *out);
+int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,114 @@
+/* The intermittent executor: idempotent tiles, one word-sized commit each. */
+#include "tn.h"
+
+#ifdef TN_REFERENCE_KERNEL
+#define CONV_TILE tn_conv_tile_reference /* the plain kernel: the benchmark's baseline */
+#else
+#define CONV_TILE tn_conv_tile
+#endif
+
+static uint32_t layer_tiles(const tn_layer *l) {
+    return l->kind == TN_CONV ? (uint32_t)l->cout * l->hout : 1u;
+}
+
+uint32_t tn_total_tiles(const tn_model *model) {
+    uint32_t total = 0;
+    for (uint16_t i = 0; i < model->n_layers; i++) {
+        total += layer_tiles(&model->layers[i]);
+    }
+    return total;
+}
+
+static void commit(tn_nv *nv, uint32_t progress) {
+    __asm__ volatile("" ::: "memory"); /* the tile's stores are issued before the commit */
+    *(volatile uint32_t *)&nv->progress = progress;
+    __asm__ volatile("" ::: "memory");
+#ifdef TN_PROGRESS_HOOK
+    TN_PROGRESS_HOOK(progress);
+#endif
+}
+
+static tn_status check(const tn_model *model) {
+    for (uint16_t i = 0; i < model->n_layers; i++) {
+        const tn_layer *l = &model->layers[i];
+        if ((uint32_t)l->cin * l->hin * l->win > TN_ARENA_BYTES || (uint32_t)l->cout * l->hout * l->wout > TN_ARENA_BYTES) {
+            return TN_ERR_ARENA;
+        }
+        if (l->cin > TN_MAX_CHANNELS || (l->kind == TN_DENSE && l->cout > TN_MAX_CLASSES)) {
+            return TN_ERR_MODEL;
+        }
+    }
+    return model->n_layers > 0 && model->layers[model->n_layers - 1].kind == TN_DENSE ? TN_OK : TN_ERR_MODEL;
+}
+
+tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t run, const int8_t *input) {
+    tn_status status = check(model);
+    if (status != TN_OK) {
+        return status;
+    }
+    if (nv->magic == TN_MAGIC && nv->run == run) {
+        return TN_OK; /* resuming after a power failure: the input is already in place */
+    }
+    *(volatile uint32_t *)&nv->magic = 0u; /* invalidate first: a cut below restarts the copy */
+    __asm__ volatile("" ::: "memory");
+    for (uint32_t i = 0; i < model->input_bytes; i++) {
+        nv->buf[0][i] = input[i];
+    }
+    nv->run = run;
+    nv->variant = variant;
+    nv->progress = 0u;
+    __asm__ volatile("" ::: "memory");
+    *(volatile uint32_t *)&nv->magic = TN_MAGIC;
+    return TN_OK;
+}
+
+tn_status tn_resume(tn_nv *nv, const tn_model *model) {
+    if (nv->magic != TN_MAGIC) {
+        return TN_ERR_STATE;
+    }
+    const uint32_t total = tn_total_tiles(model);
+    uint32_t p = *(volatile uint32_t *)&nv->progress;
+    while (p < total) {
+        uint32_t first = 0, li = 0, conv_index = 0;
+        while (p >= first + layer_tiles(&model->layers[li])) {
+            first += layer_tiles(&model->layers[li]);
+            conv_index += model->layers[li].kind == TN_CONV ? 1u : 0u;
+            li++;
+        }
+        const tn_layer *l = &model->layers[li];
+        const uint32_t tile = p - first;
+        if (l->kind == TN_CONV) { /* conv i reads buffer i % 2 and writes the other */
+            const int8_t *in = nv->buf[conv_index & 1u];
+            int8_t *out = nv->buf[(conv_index + 1u) & 1u];
+            CONV_TILE(l, in, out, tile / l->hout, tile % l->hout);
+        } else if (l->kind == TN_POOL) {
+            tn_pool(l, nv->buf[conv_index & 1u], nv->pooled);
+        } else {
+            tn_dense(l, nv->pooled, nv->logits);
+        }
+        p++;
+        commit(nv, p);
+    }
+    return TN_OK;
+}
+
+uint32_t tn_choose_variant(const tn_model *const *variants, uint32_t n, uint32_t voltage_mv, uint32_t v_cut_mv,
+                           uint32_t capacitance_uf) {
+    /* E = C (v^2 - v_cut^2) / 2, in nJ: uF * mV^2 = 1e-12 J = 1e-3 nJ */
+    uint64_t usable_nj = 0;
+    if (voltage_mv > v_cut_mv) {
+        uint64_t dv2 = (uint64_t)voltage_mv * voltage_mv - (uint64_t)v_cut_mv * v_cut_mv;
+        usable_nj = (uint64_t)capacitance_uf * dv2 / 2000u;
+    }
+    uint32_t best = n, cheapest = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (variants[i]->energy_nj < variants[cheapest]->energy_nj) {
+            cheapest = i;
+        }
+        if (variants[i]->energy_nj <= usable_nj &&
+            (best == n || variants[i]->accuracy_permille > variants[best]->accuracy_permille)) {
+            best = i;
+        }
+    }
+    return best == n ? cheapest : best;
+}

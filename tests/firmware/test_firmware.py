@@ -1,0 +1,118 @@
+"""Firmware: bit-exact with onnxruntime's integer graph on the host and on QEMU's Cortex-M4, and
+identical after power cuts at every progress point (host) and at random instructions (QEMU)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge.bundle import Bundle, read_bundle
+from export.flash import build, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
+
+ARM = shutil.which("arm-none-eabi-gcc") is not None and shutil.which("qemu-system-arm") is not None
+needs_arm = pytest.mark.skipif(not ARM, reason="apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm")
+
+
+def _bundle(dataset: str, root: Path) -> tuple[Bundle, np.ndarray]:
+    from export.bundle import export_bundle
+    from models.checkpoint import save_checkpoint
+    from models.datasets import load
+    from models.nexume import TrainConfig, train
+
+    data = load(dataset)
+    result = train(TrainConfig(dataset=dataset, method="nexume", epochs=2), data)
+    save_checkpoint(result, data, root / "ckpt")
+    path = export_bundle(root / "ckpt" / "checkpoint.pt", root / "bundle", formats=("onnx-int8",))
+    return read_bundle(path), data.x_test
+
+
+@pytest.fixture(scope="module", params=["digits", "basic_motions"])  # conv2d and conv1d
+def generated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    from export.cgen import generate
+
+    root = tmp_path_factory.mktemp(request.param)
+    bundle, x_test = _bundle(request.param, root)
+    sources, info = generate(bundle, x_test)
+    write_sources(sources, root / "gen")
+    return root, info
+
+
+def test_integer_graph_agrees_with_the_qdq_model(generated: tuple[Path, dict]) -> None:
+    from export.bundle import ort_logits
+
+    root, info = generated
+    bundle = read_bundle(root / "bundle")
+    for k, v in enumerate(info["variants"]):
+        qdq = ort_logits(bundle.file(f"{v['name']}.onnx"), _x_test(bundle))
+        assert float((info["expected"][k].argmax(1) == qdq.argmax(1)).mean()) >= 0.99, v["name"]
+
+
+def _x_test(bundle: Bundle) -> np.ndarray:
+    from models.datasets import load
+
+    return load(bundle.manifest["task"]).x_test
+
+
+def test_host_build_is_bit_exact_and_sanitizer_clean(generated: tuple[Path, dict]) -> None:
+    root, info = generated
+    exe = build(root / "gen", "host", root / "asan", sanitize=True)  # -Wall -Wextra -Werror -Wconversion too
+    run = run_board(exe, "host", root / "asan")
+    assert run.mismatches == 0
+    assert len(run.outputs) == info["vectors"] * len(info["variants"])
+    assert run.outputs[(0, 0)] == info["expected"][0][0].tolist()
+
+
+def test_host_power_cut_at_every_progress_point(generated: tuple[Path, dict]) -> None:
+    root, _ = generated
+    exe = build(root / "gen", "host", root / "host")
+    proc = subprocess.run([str(exe), "cuts", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, trials, _, identical, _, reboots = proc.stdout.split()
+    assert int(trials) == int(identical) == int(reboots) > 100
+
+
+@needs_arm
+def test_qemu_is_bit_exact_on_every_test_vector(generated: tuple[Path, dict]) -> None:
+    root, info = generated
+    elf = build(root / "gen", "mps2-an386", root / "m4")
+    run = run_board(elf, "mps2-an386", root / "m4")
+    assert run.mismatches == 0 and run.boots == 1
+    assert len(run.outputs) == info["vectors"] * len(info["variants"])
+    per = inference_instructions(run.marks)
+    assert len(per) == len(run.outputs) and min(per) > info["variants"][-1]["macs"]
+
+
+@needs_arm
+def test_qemu_power_cuts_at_random_instructions(generated: tuple[Path, dict]) -> None:
+    root, _ = generated
+    elf = build(root / "gen", "mps2-an386", root / "cut", vectors=1, dyninfer=True)  # one inference, widest variant
+    nv = root / "cut" / "nv.bin"
+    fresh_nv(nv)
+    rc, out, marks, total = qemu(elf, nv, root / "cut")
+    assert rc == 0
+    reference = out.splitlines()[0]
+    rng = random.Random(0)
+    trials = 100  # per model: 200 over the two
+    for _ in range(trials):
+        cut = rng.randrange(marks[0], marks[1])  # an instruction inside the inference
+        result = run_with_cuts(elf, root / "cut", [cut])
+        assert result.boots == 2 and result.mismatches == 0
+        assert result.stdout.splitlines()[0] == reference
+    many = sorted(rng.randrange(1, total) for _ in range(20))  # 20 failures in a row, each counted from power-on
+    result = run_with_cuts(elf, root / "cut", many)
+    assert result.mismatches == 0 and result.stdout.splitlines()[0] == reference and result.boots <= 21
+
+
+def test_trickle_flash_host(generated: tuple[Path, dict], tmp_path: Path) -> None:
+    import sys
+
+    root, _ = generated
+    proc = subprocess.run([sys.executable, "-m", "trickle.cli", "flash", str(root / "bundle"), "--board", "host",
+                           "--out", str(tmp_path), "--vectors", "5"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "bit-exact with onnxruntime" in proc.stdout
