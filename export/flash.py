@@ -63,11 +63,13 @@ def write_sources(sources: dict[str, str], folder: Path) -> None:
 
 
 def build(sources: Path, board: str, out: Path, vectors: int | None = None, sanitize: bool = False,
-          reference_kernel: bool = False, dyninfer: bool = False) -> Path:
+          reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False) -> Path:
     """Compile firmware + generated model for ``board``; returns the executable / ELF."""
     common = [*WARNINGS, f"-I{FIRMWARE / 'include'}", f"-I{sources}"]
     if reference_kernel:
         common.append("-DTN_REFERENCE_KERNEL")  # the executor calls the plain kernel (the benchmark's baseline)
+    if no_progress:
+        common.append("-DTN_NO_PROGRESS")  # straight loops, no commits: the intermittency overhead's baseline
     src = [str(p) for p in sorted((FIRMWARE / "src").glob("*.c"))] + [str(sources / "model.c")]
     out.mkdir(parents=True, exist_ok=True)
     if board == "host":

@@ -19,6 +19,7 @@ uint32_t tn_total_tiles(const tn_model *model) {
     return total;
 }
 
+#ifndef TN_NO_PROGRESS
 static void commit(tn_nv *nv, uint32_t progress) {
     __asm__ volatile("" ::: "memory"); /* the tile's stores are issued before the commit */
     *(volatile uint32_t *)&nv->progress = progress;
@@ -27,6 +28,7 @@ static void commit(tn_nv *nv, uint32_t progress) {
     TN_PROGRESS_HOOK(progress);
 #endif
 }
+#endif
 
 static tn_status check(const tn_model *model) {
     for (uint16_t i = 0; i < model->n_layers; i++) {
@@ -62,6 +64,34 @@ tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t 
     return TN_OK;
 }
 
+#ifdef TN_NO_PROGRESS
+/* The same kernels in straight loops, no progress kept: the intermittency overhead's baseline.
+ * A power failure restarts the inference from the beginning. */
+tn_status tn_resume(tn_nv *nv, const tn_model *model) {
+    if (nv->magic != TN_MAGIC) {
+        return TN_ERR_STATE;
+    }
+    uint32_t conv_index = 0;
+    for (uint16_t li = 0; li < model->n_layers; li++) {
+        const tn_layer *l = &model->layers[li];
+        if (l->kind == TN_CONV) {
+            const int8_t *in = nv->buf[conv_index & 1u];
+            int8_t *out = nv->buf[(conv_index + 1u) & 1u];
+            for (uint32_t oc = 0; oc < l->cout; oc++) {
+                for (uint32_t oy = 0; oy < l->hout; oy++) {
+                    CONV_TILE(l, in, out, oc, oy);
+                }
+            }
+            conv_index++;
+        } else if (l->kind == TN_POOL) {
+            tn_pool(l, nv->buf[conv_index & 1u], nv->pooled);
+        } else {
+            tn_dense(l, nv->pooled, nv->logits);
+        }
+    }
+    return TN_OK;
+}
+#else
 tn_status tn_resume(tn_nv *nv, const tn_model *model) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
@@ -91,6 +121,7 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model) {
     }
     return TN_OK;
 }
+#endif
 
 uint32_t tn_choose_variant(const tn_model *const *variants, uint32_t n, uint32_t voltage_mv, uint32_t v_cut_mv,
                            uint32_t capacitance_uf) {

@@ -1,0 +1,113 @@
+"""Firmware benchmark: instructions per MAC on the emulated Cortex-M4, against a plain C kernel,
+the cost of keeping progress for power failures, and power cuts at random instructions.
+
+    trickle bench firmware [--quick]
+
+For digits (conv2d) and basic_motions (conv1d), a NExUME model (seed 0) is exported and built
+for mps2-an386 three ways: the shipped kernels with progress keeping, the plain reference
+kernel (``tn_conv_tile_reference``) with progress keeping, and the shipped kernels without
+progress keeping (straight loops). Instruction counts come from the project's QEMU plugin,
+per inference between two markers (median over the test vectors run; they are data-independent
+but for branches). Keys of bench/results/firmware.json (goals in GOALS):
+
+- instructions_per_mac: the widest int8 variant, the largest over the models.
+- reference_kernel_ratio: shipped / plain instructions per inference (below 1 is faster).
+- intermittency_overhead_ratio: with progress keeping / without; the largest.
+- power_cut_trials_bit_exact: random cuts inside an inference, each followed by a restart;
+  every result compared with the uncut run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from edge.bundle import read_bundle
+from export.bundle import export_bundle
+from export.cgen import generate
+from export.flash import build, code_size, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
+from models.checkpoint import save_checkpoint
+from models.datasets import load
+from models.nexume import TrainConfig, train
+from simulator.report import write_atomic
+
+RESULTS = Path(__file__).parent / "results"
+GOALS = {
+    "instructions_per_mac": ("<=", 4.0),
+    "intermittency_overhead_ratio": ("<=", 1.15),
+    "power_cut_trials_bit_exact": (">=", 200),
+}
+
+
+def _per_inference(elf: Path, work: Path) -> float:
+    run = run_board(elf, "mps2-an386", work)
+    per = sorted(inference_instructions(run.marks))
+    return float(per[len(per) // 2])
+
+
+def bench_model(dataset: str, epochs: int, vectors: int, cuts: int, work: Path) -> dict[str, Any]:
+    data = load(dataset)
+    result = train(TrainConfig(dataset=dataset, method="nexume", epochs=epochs, seed=0), data)
+    save_checkpoint(result, data, work / "ckpt")
+    bundle = read_bundle(export_bundle(work / "ckpt" / "checkpoint.pt", work / "bundle", formats=("onnx-int8",)))
+    sources, info = generate(bundle, data.x_test, max_vectors=vectors)
+    write_sources(sources, work / "gen")
+    widest = info["variants"][0]  # DynInfer with a full capacitor runs the most accurate variant
+    builds = {name: build(work / "gen", "mps2-an386", work / name, vectors=vectors, dyninfer=True, **flags)
+              for name, flags in (("shipped", {}), ("reference", {"reference_kernel": True}),
+                                  ("no_progress", {"no_progress": True}))}
+    counts = {name: _per_inference(elf, work / name) for name, elf in builds.items()}
+    elf = builds["shipped"]
+    nv = work / "shipped" / "nv.bin"
+    fresh_nv(nv)
+    _, out, marks, _ = qemu(elf, nv, work / "shipped")
+    reference = [line for line in out.splitlines() if line.startswith("OUT")]
+    rng = random.Random(0)
+    identical = boots = 0
+    for _ in range(cuts):
+        cut_run = run_with_cuts(elf, work / "shipped", [rng.randrange(marks[0], marks[1])])
+        identical += int([ln for ln in cut_run.stdout.splitlines() if ln.startswith("OUT")] == reference)
+        boots = max(boots, cut_run.boots)
+    return {"dataset": dataset, "variant": widest["name"], "macs": widest["macs"],
+            "instructions_per_inference": counts["shipped"], "instructions_per_mac": counts["shipped"] / widest["macs"],
+            "reference_instructions_per_inference": counts["reference"],
+            "reference_kernel_ratio": counts["shipped"] / counts["reference"],
+            "no_progress_instructions_per_inference": counts["no_progress"],
+            "intermittency_overhead_ratio": counts["shipped"] / counts["no_progress"],
+            "power_cut_trials": cuts, "power_cut_identical": identical, "max_boots": boots,
+            "size": code_size(elf), "test_vectors_in_text_bytes": vectors * (info["n_classes"] * 4 * len(info["variants"]))}
+
+
+def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
+    epochs, vectors, cuts = (2, 3, 20) if quick else (30, 20, 100)
+    per = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dataset in ("digits", "basic_motions"):
+            print(f"{dataset}: training, exporting, building three firmwares, {cuts} power cuts ...", flush=True)
+            work = Path(tmp) / dataset
+            per.append(bench_model(dataset, epochs, vectors, cuts, work))
+    out: dict[str, Any] = {
+        "instructions_per_mac": max(m["instructions_per_mac"] for m in per),
+        "reference_kernel_ratio": max(m["reference_kernel_ratio"] for m in per),
+        "intermittency_overhead_ratio": max(m["intermittency_overhead_ratio"] for m in per),
+        "power_cut_trials_bit_exact": sum(m["power_cut_identical"] for m in per),
+        "power_cut_trials": sum(m["power_cut_trials"] for m in per),
+        "models": per, "quick": quick,
+        "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
+    }
+    print(f"\n{'model':14s} {'instr/inference':>15s} {'instr/MAC':>9s} {'vs plain':>8s} {'overhead':>8s} {'cuts ok':>8s} {'text B':>7s}")
+    for m in per:
+        print(f"{m['dataset']:14s} {m['instructions_per_inference']:15.0f} {m['instructions_per_mac']:9.2f} "
+              f"{m['reference_kernel_ratio']:8.3f} {m['intermittency_overhead_ratio']:8.3f} "
+              f"{m['power_cut_identical']:>4d}/{m['power_cut_trials']:<3d} {m['size']['text']:7d}")
+    for key, (op, goal) in GOALS.items():
+        ok = out[key] <= goal if op == "<=" else out[key] >= goal
+        print(f"{key:32s} {out[key]:10.4g}  {'✔' if ok else '✘'} (goal {op} {goal:g})")
+    print(f"{'reference_kernel_ratio':32s} {out['reference_kernel_ratio']:10.4g}  (shipped / plain kernel)")
+    path = results_dir / ("firmware-quick.json" if quick else "firmware.json")
+    write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+    return out
