@@ -98,7 +98,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
         "models": per, "quick": quick,
         "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
     }
-    print(f"\n{'model':14s} {'instr/inference':>15s} {'instr/MAC':>9s} {'vs plain':>8s} {'overhead':>8s} {'cuts ok':>8s} {'text B':>7s}")
+    header = ("model", "instr/inference", "instr/MAC", "vs plain", "overhead", "cuts ok", "text B")
+    print("\n{:14s} {:>15s} {:>9s} {:>8s} {:>8s} {:>8s} {:>7s}".format(*header))
     for m in per:
         print(f"{m['dataset']:14s} {m['instructions_per_inference']:15.0f} {m['instructions_per_mac']:9.2f} "
               f"{m['reference_kernel_ratio']:8.3f} {m['intermittency_overhead_ratio']:8.3f} "
