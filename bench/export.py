@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from edge.backends import load_backend, quiet
+from edge.backends import FORMAT_BACKEND, load_backend, quiet
 from edge.bundle import read_bundle
 from export.bundle import export_bundle
 from models.checkpoint import load_checkpoint, save_checkpoint
@@ -48,8 +48,6 @@ GOALS = {
     "int8_accuracy_loss_pts": ("<=", 1.0),
     "edge_install_size_ratio": ("<=", 0.15),
 }
-RUNTIME = {"onnx": "onnxruntime", "onnx-int8": "onnxruntime", "pte-xnnpack": "executorch", "pte-portable": "executorch",
-           "tflite": "litert"}
 
 
 def median_latency_s(fn: Callable[[], object], calls: int) -> float:
@@ -114,7 +112,7 @@ def bench_dataset(name: str, epochs: int, calls: int, work: Path) -> dict[str, A
             with quiet():
                 backend = load_backend(fmt, bundle.file(file))
             latency = median_latency_s(lambda: backend.run(x1), calls)  # noqa: B023 (called here, in this iteration)
-            rows.append({"variant": variant["name"], "format": fmt, "runtime": RUNTIME[fmt], "bits": variant["bits"],
+            rows.append({"variant": variant["name"], "format": fmt, "runtime": FORMAT_BACKEND[fmt], "bits": variant["bits"],
                          "drop": variant["drop"], "latency_s": latency, "size_bytes": len(bundle.file(file)),
                          "accuracy": variant["accuracy"][fmt]})
 

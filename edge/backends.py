@@ -6,11 +6,14 @@ backend        bundle formats          package
 onnxruntime    onnx-int8, onnx         onnxruntime (the ``edge`` extra; the default)
 litert         tflite                  ai-edge-litert (the ``edge`` extra), TFLite's successor
 executorch     pte-xnnpack,            executorch (the ``export`` extra): its Python runtime links
-               pte-portable            libtorch, so this one backend needs torch (see
-                                       ``edge/executorch_backend.py``); devices run the C++ runtime
+               pte-portable            libtorch, so the backend lives in the export tier
+                                       (``export/executorch_backend.py``) and is found through
+                                       the ``trickle.backends`` entry point; devices run the C++
+                                       runtime
 =============  ======================  =============================================================
 
 Each backend takes one batch of the manifest's input shape, float32, and returns float32 logits.
+A backend outside ``edge`` registers under the entry point group ``trickle.backends``.
 """
 
 from __future__ import annotations
@@ -97,17 +100,30 @@ class LiteRtBackend:
         return np.array(self._interpreter.get_tensor(self._output))
 
 
-def _executorch(model: bytes) -> Backend:
-    from edge.executorch_backend import ExecuTorchBackend
+def _entry_point(name: str) -> Callable[[bytes], Backend]:
+    """A backend another tier provides (entry point group ``trickle.backends``), loaded on first use."""
 
-    return ExecuTorchBackend(model)
+    def load(model: bytes) -> Backend:
+        from importlib.metadata import entry_points
+
+        found = entry_points(group="trickle.backends", name=name)
+        if not found:
+            raise BackendError(f"the {name} backend is not installed: pip install 'trickle[export]'")
+        try:
+            factory = next(iter(found)).load()
+        except ImportError as e:
+            raise BackendError(f"the {name} backend cannot load ({e}): pip install 'trickle[export]'") from None
+        backend: Backend = factory(model)
+        return backend
+
+    return load
 
 
 # backend name -> (formats it runs, most preferred first; constructor)
 BACKENDS: dict[str, tuple[tuple[str, ...], Callable[[bytes], Backend]]] = {
     "onnxruntime": (("onnx-int8", "onnx"), OnnxBackend),
     "litert": (("tflite",), LiteRtBackend),
-    "executorch": (("pte-xnnpack", "pte-portable"), _executorch),
+    "executorch": (("pte-xnnpack", "pte-portable"), _entry_point("executorch")),
 }
 FORMAT_BACKEND = {fmt: name for name, (formats, _) in BACKENDS.items() for fmt in formats}
 

@@ -8,8 +8,8 @@ INPUT files hold one raw example each, as the sensor gives it (the manifest's ``
 .npy, .csv/.txt (numbers), or .wav for audio bundles; the bundle's pre-processing turns it into
 the model's input. ``--features`` skips pre-processing (the input is already the model's input).
 The variant is the most accurate one, ``--variant NAME``, or DynInfer's choice for the energy
-that ``--voltage``/``--capacitance`` leave above ``--v-cut``. Never imports torch, except
-through ``--backend executorch`` (see edge/backends.py).
+that ``--voltage``/``--capacitance`` leave above ``--v-cut``. ``--backend executorch``
+loads the export tier's backend (it needs torch; see edge/backends.py); the others run without.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
     logits = rt.infer_features(x)                               # input already pre-processed
 
 ``infer`` applies the manifest's pre-processing (``edge.preprocess``) before the backend, so
-every backend sees the same model input. Never imports torch (but for the ExecuTorch backend,
-see ``edge/backends.py``).
+every backend sees the same model input. ``edge`` never imports torch; the ExecuTorch backend
+comes from the export tier through an entry point (see ``edge/backends.py``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The ExecuTorch backend: runs ``.pte`` programs (XNNPACK-delegated or portable kernels).
 
-The one module of ``edge`` that touches torch, and only when this backend is chosen: the
-ExecuTorch runtime on PyPI (``executorch.runtime``) is a pybind11 module that links libtorch
-and takes ``torch.Tensor`` inputs. The import-linter contract exempts this module by name; the
-rest of ``edge`` runs in a process where importing torch fails (tested). On a device the C++
-ExecuTorch runtime runs the same ``.pte`` without torch.
+It lives in the export tier, not in ``edge``: the ExecuTorch runtime on PyPI
+(``executorch.runtime``) is a pybind11 module that links libtorch and takes ``torch.Tensor``
+inputs, and ``edge`` never imports torch. ``edge.backends`` finds it through the
+``trickle.backends`` entry point (pyproject.toml) when a caller asks for ``executorch``. On a
+device the C++ ExecuTorch runtime runs the same ``.pte`` without torch.
 """
 
 from __future__ import annotations
