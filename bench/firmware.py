@@ -16,6 +16,9 @@ but for branches). Keys of bench/results/firmware.json (goals in GOALS):
 - intermittency_overhead_ratio: with progress keeping / without; the largest.
 - power_cut_trials_bit_exact: random cuts inside an inference, each followed by a restart;
   every result compared with the uncut run.
+
+Each model's ``variants`` lists every 8-bit variant's instructions per MAC, with a per-layer
+split from a profiling build (``trickle flash --record``'s numbers).
 """
 
 from __future__ import annotations
@@ -29,7 +32,18 @@ from typing import Any
 from edge.bundle import read_bundle
 from export.bundle import export_bundle
 from export.cgen import generate
-from export.flash import build, code_size, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
+from export.flash import (
+    build,
+    code_size,
+    flash,
+    fresh_nv,
+    inference_instructions,
+    qemu,
+    run_board,
+    run_with_cuts,
+    write_sources,
+)
+from export.intmodel import PoolLayer
 from models.checkpoint import save_checkpoint
 from models.datasets import load
 from models.nexume import TrainConfig, train
@@ -48,6 +62,10 @@ def _per_inference(elf: Path, work: Path) -> tuple[float, set[int]]:
     run = run_board(elf, "mps2-an386", work)
     per = sorted(inference_instructions(run.marks))
     return float(per[len(per) // 2]), {variant for _, variant in run.outputs}
+
+
+def _layer_macs(model: Any) -> list[int]:
+    return [0 if isinstance(layer, PoolLayer) else layer.macs for layer in model.layers]
 
 
 def bench_model(dataset: str, epochs: int, vectors: int, cuts: int, work: Path) -> dict[str, Any]:
@@ -77,7 +95,13 @@ def bench_model(dataset: str, epochs: int, vectors: int, cuts: int, work: Path) 
         cut_run = run_with_cuts(elf, work / "shipped", [rng.randrange(marks[0], marks[1])])
         identical += int([ln for ln in cut_run.stdout.splitlines() if ln.startswith("OUT")] == reference)
         boots = max(boots, cut_run.boots)
-    return {"dataset": dataset, "variant": chosen["name"], "macs": chosen["macs"],
+    every = flash(bundle, data.x_test, "mps2-an386", work / "all", vectors=vectors, profile=True)["variants"]
+    variants = [{"name": v["name"], "macs": v["macs"], "instructions_per_inference": v["instructions_per_inference"],
+                 "instructions_per_mac": v["instructions_per_mac"],
+                 "layers": [{**layer, "instructions_per_mac": layer["instructions"] / macs if macs else None}
+                            for layer, macs in zip(v["layers"], _layer_macs(info["models"][k]))]}
+                for k, v in enumerate(every)]
+    return {"dataset": dataset, "variant": chosen["name"], "macs": chosen["macs"], "variants": variants,
             "instructions_per_inference": counts["shipped"], "instructions_per_mac": counts["shipped"] / chosen["macs"],
             "reference_instructions_per_inference": counts["reference"],
             "reference_kernel_ratio": counts["shipped"] / counts["reference"],
@@ -110,6 +134,12 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
         print(f"{m['dataset']:14s} {m['variant']:9s} {m['instructions_per_inference']:15.0f} {m['instructions_per_mac']:9.2f} "
               f"{m['reference_kernel_ratio']:8.3f} {m['intermittency_overhead_ratio']:8.3f} "
               f"{m['power_cut_identical']:>4d}/{m['power_cut_trials']:<3d} {m['size']['text']:7d}")
+    print("\nevery 8-bit variant (instructions per MAC; per layer, first test vector):")
+    for m in per:
+        for v in m["variants"]:
+            split = "  ".join(f"{layer['name']} {layer['instructions_per_mac']:.2f}" for layer in v["layers"]
+                              if layer["instructions_per_mac"] is not None)
+            print(f"  {m['dataset']:14s} {v['name']:9s} {v['instructions_per_mac']:5.2f}   {split}")
     for key, (op, goal) in GOALS.items():
         ok = out[key] <= goal if op == "<=" else out[key] >= goal
         print(f"{key:32s} {out[key]:10.4g}  {'✔' if ok else '✘'} (goal {op} {goal:g})")

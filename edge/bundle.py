@@ -211,6 +211,19 @@ def write_dir(members: dict[str, bytes], out_dir: Path) -> None:
         os.replace(tmp, target)
 
 
+def write_bundle(members: dict[str, bytes], out: Path) -> Path:
+    """Write a bundle to ``out``: a deterministic tar when it ends in .tar (written to a
+    temporary name, then renamed), else a folder. Returns ``out``."""
+    if out.suffix == ".tar":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_bytes(tar_bytes(members))
+        tmp.replace(out)
+    else:
+        write_dir(members, out)
+    return out
+
+
 def tar_bytes(members: dict[str, bytes]) -> bytes:
     """A deterministic uncompressed tar: sorted names, zero times and owners, mode 0644."""
     buf = io.BytesIO()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from edge.backends import Backend, load_backend, quiet
-from edge.bundle import SCHEMA_VERSION, load_private_key, pack, tar_bytes, write_dir
+from edge.bundle import SCHEMA_VERSION, load_private_key, pack, write_bundle
 from models.checkpoint import load_checkpoint
 from models.datasets import Dataset, load
 from models.nexume import calibrate_int8, deployable_variants, variant_energy_j
@@ -245,12 +245,4 @@ def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS,
     doc = manifest(payload, model, data, variants, bundle_version, f"trickle {__version__}")
     files_out = {file: blob for v in variants for file, blob in v.files.values()}
     members = pack(doc, files_out, load_private_key(key) if key else None)
-    if as_tar:
-        target = out if out.suffix == ".tar" else out.with_suffix(".tar")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_bytes(tar_bytes(members))
-        tmp.replace(target)
-        return target
-    write_dir(members, out)
-    return out
+    return write_bundle(members, out.with_suffix(".tar") if as_tar else out)

@@ -40,15 +40,28 @@ def _array(ctype: str, name: str, values: np.ndarray, per_line: int = 24) -> str
     return f"alignas(16) static const {ctype} {name}[{len(flat)}] = {{\n    {body}\n}};\n"
 
 
+def conv_rows(weight: np.ndarray) -> np.ndarray:
+    """A conv's int8 weights as the firmware stores them: one row per output channel, taps in
+    (kh, kw, cin) order (activations are HWC), zero-padded to a multiple of four, each group of four as w0, w2, w1, w3
+    (what SXTB16 and SXTB16 ROR #8 unpack into the pairs (w0, w1) and (w2, w3))."""
+    rows = np.moveaxis(weight, 1, -1).reshape(weight.shape[0], -1)  # OIHW -> OHWI: HWC windows
+    depth = -(-rows.shape[1] // 4) * 4
+    padded = np.zeros((rows.shape[0], depth), dtype=np.int8)
+    padded[:, : rows.shape[1]] = rows
+    return padded.reshape(rows.shape[0], depth // 4, 4)[:, :, [0, 2, 1, 3]].reshape(rows.shape[0], depth)
+
+
 def _layer(prefix: str, layer: ConvLayer | PoolLayer | DenseLayer) -> tuple[str, str]:
     """(arrays, initializer) of one layer."""
     if isinstance(layer, ConvLayer):
+        if not np.all((layer.multiplier > 0) & (layer.multiplier < 2**31)):
+            raise IntModelError(f"{prefix}: requantization multipliers must be positive Q31 values")
         c_in, *s_in = layer.in_shape
         c_out, *s_out = layer.out_shape
         h_in, w_in = (1, s_in[0]) if len(s_in) == 1 else s_in
         h_out, w_out = (1, s_out[0]) if len(s_out) == 1 else s_out
         kh, kw = (1, layer.weight.shape[2]) if layer.weight.ndim == 3 else layer.weight.shape[2:]
-        arrays = (_array("int8_t", f"{prefix}_w", layer.weight) + _array("int32_t", f"{prefix}_b", layer.bias)
+        arrays = (_array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _array("int32_t", f"{prefix}_b", layer.bias)
                   + _array("int32_t", f"{prefix}_m", layer.multiplier) + _array("int32_t", f"{prefix}_s", layer.shift))
         init = (f"{{TN_CONV, {c_in}, {h_in}, {w_in}, {c_out}, {h_out}, {w_out}, {kh}, {kw}, {layer.stride}, "
                 f"{layer.padding}, {layer.input_offset}, {layer.output_offset}, {layer.act_min}, {layer.act_max}, "
@@ -94,14 +107,15 @@ def generate(bundle: Bundle, x_test: np.ndarray, mcu: str = "cortex-m4", max_vec
         descriptors.append({"name": v["name"], "macs": m.macs, "energy_nj": energy_nj, "accuracy_permille": accuracy})
     parts.append("const tn_model *const tn_variants[TN_N_VARIANTS] = {" +
                  ", ".join(f"&tn_variant_{i}" for i in range(len(models))) + "};\n")
-    parts.append(_array("int8_t", "tn_inputs_flat", x_q).replace("static const", "const"))
+    hwc = np.moveaxis(x_q, 1, -1)  # the firmware's activations are channels-last
+    parts.append(_array("int8_t", "tn_inputs_flat", hwc).replace("static const", "const"))
     parts.append(_array("int32_t", "tn_expected_flat", np.stack(expected, axis=1)).replace("static const", "const"))
     header = (
         "#ifndef TN_MODEL_H\n#define TN_MODEL_H\n#include \"tn.h\"\n"
         f"#define TN_N_VARIANTS {len(models)}\n#define TN_N_VECTORS {len(x_q)}\n"
         f"#define TN_INPUT_BYTES {int(np.prod(x.shape[1:]))}\n#define TN_N_CLASSES {n_classes}\n"
         "extern const tn_model *const tn_variants[TN_N_VARIANTS];\n"
-        "/* [vector][byte] */\nextern const int8_t tn_inputs_flat[];\n"
+        "/* [vector][row][column][channel]: int8 inputs, channels last (HWC) */\nextern const int8_t tn_inputs_flat[];\n"
         "/* [vector][variant][class]: onnxruntime's int32 logits of the integer graph */\n"
         "extern const int32_t tn_expected_flat[];\n#endif\n"
     )

@@ -11,6 +11,8 @@ power before an exact instruction.
 
 from __future__ import annotations
 
+import copy
+import math
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -18,14 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge.bundle import Bundle
 
 FIRMWARE = Path(__file__).resolve().parent.parent / "firmware"
 BOARDS = ("host", "mps2-an386")
+BOARD_CPU = {"mps2-an386": "cortex-m4"}  # the simulator's MCU profile its counts apply to
 WARNINGS = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-Wconversion"]
 CUT_EXIT = 3  # the plugin's exit status for a power cut
 NV_BYTES = 16 << 20
+TILE_POSITIONS = 2  # firmware/include/tn.h TN_TILE_POSITIONS: conv output positions per tile
 
 
 class FlashError(RuntimeError):
@@ -63,7 +68,8 @@ def write_sources(sources: dict[str, str], folder: Path) -> None:
 
 
 def build(sources: Path, board: str, out: Path, vectors: int | None = None, sanitize: bool = False,
-          reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False) -> Path:
+          reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False, profile: bool = False
+          ) -> Path:
     """Compile firmware + generated model for ``board``; returns the executable / ELF."""
     common = [*WARNINGS, f"-I{FIRMWARE / 'include'}", f"-I{sources}"]
     if reference_kernel:
@@ -84,9 +90,12 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
     elf = out / "firmware.elf"
     defines = [f"-DTN_BOARD_VECTORS={vectors}"] if vectors is not None else []
     defines += ["-DTN_DYNINFER"] if dyninfer else []
+    defines += ["-DTN_PROFILE", "-DTN_PROGRESS_HOOK=tn_progress_mark"] if profile else []  # a mark per commit
     board_dir = FIRMWARE / "boards" / "mps2-an386"
-    _run([cc, *common, *defines, "-mcpu=cortex-m4", "-mthumb", "-O2", "-ffunction-sections", "-fdata-sections",
-          "-Wl,--gc-sections", "-nostartfiles", "-specs=nano.specs", *src, *[str(p) for p in sorted(board_dir.glob("*.c"))],
+    # -fno-tree-loop-distribute-patterns: short zero fills stay inline loops, not newlib-nano memset calls
+    _run([cc, *common, *defines, "-mcpu=cortex-m4", "-mthumb", "-O2", "-fno-tree-loop-distribute-patterns",
+          "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections", "-nostartfiles", "-specs=nano.specs", *src,
+          *[str(p) for p in sorted(board_dir.glob("*.c"))],
           "-T", str(board_dir / "link.ld"), "-lc", "-lgcc", "-o", str(elf)], "Cortex-M4 build")
     _run([_tool("arm-none-eabi-objcopy", "binutils-arm-none-eabi"), "-O", "binary", str(elf), str(out / "firmware.bin")],
          "objcopy")
@@ -202,8 +211,53 @@ def inference_instructions(marks: list[int]) -> list[int]:
     return [b - a for a, b in zip(marks[0::2], marks[1::2])]
 
 
-def flash(bundle: Bundle, x_test: np.ndarray, board: str, out: Path, vectors: int | None = None) -> dict[str, Any]:
-    """Generate, build and run the firmware of ``bundle`` on ``board``; returns what was measured."""
+def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
+    """(name, tiles, output bytes) of each firmware layer, in the executor's order."""
+    from export.intmodel import ConvLayer, PoolLayer
+
+    out, convs = [], 0
+    for layer in model.layers:
+        if isinstance(layer, ConvLayer):
+            convs += 1
+            positions = math.prod(layer.out_shape[1:])
+            out.append((f"conv{convs}", -(-positions // TILE_POSITIONS), math.prod(layer.out_shape)))
+        elif isinstance(layer, PoolLayer):
+            out.append(("pool", 1, 4 * layer.in_shape[0]))
+        else:
+            out.append(("classifier", 1, 4 * layer.weight.shape[0]))
+    return out
+
+
+def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Path) -> list[dict[str, Any]]:
+    """Instructions of each layer of each variant on mps2-an386, for the first test vector.
+
+    A profiling build marks every commit, so the counts between marks are the tiles; the
+    marks' own cost (the same for every tile) is taken out using ``plain``, the unmarked
+    build's instructions for that inference. A layer's first tile includes what precedes it
+    (the first layer: starting the run, copying the input to non-volatile memory)."""
+    elf = build(sources, "mps2-an386", work, vectors=1, profile=True)
+    run = run_board(elf, "mps2-an386", work)
+    marks, at, result = run.marks, 0, []
+    for model, total in zip(models, plain):
+        layers = layer_tiles(model)
+        n_tiles = sum(t for _, t, _ in layers)
+        job = marks[at : at + n_tiles + 2]  # start, a mark per commit, end
+        at += n_tiles + 2
+        if len(job) != n_tiles + 2:
+            raise FlashError(f"profiling run: expected {n_tiles + 2} marks per inference, got {len(job)}")
+        hook = (job[-1] - job[0] - total) / n_tiles
+        tiles = np.diff(job[:-1]) - hook
+        bounds = np.cumsum([0] + [t for _, t, _ in layers])
+        per_layer = [{"name": name, "instructions": round(float(tiles[a:b].sum())), "output_bytes": int(nbytes)}
+                     for (name, _, nbytes), a, b in zip(layers, bounds[:-1], bounds[1:])]
+        result.append({"instructions": int(total), "layers": per_layer})
+    return result
+
+
+def flash(bundle: Bundle, x_test: np.ndarray, board: str, out: Path, vectors: int | None = None,
+          profile: bool = False) -> dict[str, Any]:
+    """Generate, build and run the firmware of ``bundle`` on ``board``; returns what was measured.
+    ``profile`` (mps2-an386): also split each variant's instructions into its layers."""
     from export.cgen import generate
 
     if board not in BOARDS:
@@ -224,5 +278,29 @@ def flash(bundle: Bundle, x_test: np.ndarray, board: str, out: Path, vectors: in
             v["instructions_per_mac"] = v["instructions_per_inference"] / v["macs"] if counts else None
         report["size"] = code_size(exe)
         report["bin"] = str(exe.with_suffix(".bin"))
+        if profile and per:
+            for v, measured in zip(report["variants"], profile_layers(gen, info["models"], per[:n_var], out / "profile")):
+                v["layers"] = measured["layers"]
     return report
+
+
+def record(bundle: Bundle, report: dict[str, Any], out: Path, key: Ed25519PrivateKey | None) -> Path:
+    """A copy of ``bundle`` at ``out`` whose variants carry the instructions ``report`` measured,
+    with bundle_version + 1 (it is a new bundle to a device), signed with ``key``."""
+    from edge.bundle import pack, write_bundle
+
+    if "size" not in report or any("layers" not in v for v in report["variants"]):
+        raise FlashError("only a profiled mps2-an386 run has instruction counts to record")
+    if bundle.signed_by is not None and key is None:
+        raise FlashError("the bundle is signed: pass --key PRIVATE to sign the recorded copy (it would lose its signature)")
+    manifest = copy.deepcopy(bundle.manifest)
+    measured = {v["name"]: v for v in report["variants"]}
+    for v in manifest["variants"]:
+        if v["name"] in measured:
+            m = measured[v["name"]]
+            v.setdefault("measured", {})[report["board"]] = {
+                "cpu": BOARD_CPU[report["board"]], "instructions": m["instructions_per_inference"], "layers": m["layers"]}
+    manifest["bundle_version"] += 1
+    manifest.pop("files")
+    return write_bundle(pack(manifest, dict(bundle.files), key), out)
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from simulator.devices import MCUS, McuProfile, known_mcu
 from simulator.errors import ConfigError
@@ -41,6 +41,43 @@ class LayerSpec(Config):
     """Multiply-accumulates in the layer."""
     output_bytes: int = Field(ge=0, le=10**8)
     """Bytes of its output activation (what a per-layer commit writes)."""
+    cycles: int | None = Field(None, ge=0, le=10**12)
+    """Measured cost on the MCU, in cycles (a bundle's instruction counts from ``trickle flash
+    --record``, one cycle per instruction); replaces macs x the profile's cycles_per_mac."""
+
+    def compute_s(self, mcu: McuProfile, bits: int) -> float:
+        return self.cycles / mcu.clock_hz if self.cycles is not None else mcu.compute_time_s(self.macs, bits)
+
+    def compute_j(self, mcu: McuProfile, bits: int) -> float:
+        if self.cycles is not None:
+            return self.cycles * mcu.energy_per_cycle_j()
+        return mcu.compute_energy_j(self.macs, bits)
+
+
+def layers_from_bundle(path: str, mcu: str, variant: str | None = None) -> tuple[LayerSpec, ...]:
+    """A bundle variant's layers with the cycles measured for ``mcu`` (``trickle flash --record``).
+
+    ``variant`` defaults to the widest measured one. Raises ValueError naming what is missing."""
+    from edge.bundle import BundleError, read_bundle
+
+    try:
+        manifest = read_bundle(path).manifest
+    except BundleError as err:
+        raise ValueError(str(err)) from None
+    measured = [v for v in manifest["variants"]
+                if any(m["cpu"] == mcu for m in v.get("measured", {}).values())]
+    if not measured:
+        raise ValueError(f"{path}: no variant has instruction counts for mcu {mcu!r}; record them with "
+                         "trickle flash BUNDLE --board mps2-an386 --record OUT (cortex-m4)")
+    chosen = min(measured, key=lambda v: v["drop"]) if variant is None else next(
+        (v for v in measured if v["name"] == variant), None)
+    if chosen is None:
+        raise ValueError(f"{path}: variant {variant!r} has no counts for mcu {mcu!r}; measured: "
+                         f"{', '.join(v['name'] for v in measured)}")
+    counts = next(m for m in chosen["measured"].values() if m["cpu"] == mcu)
+    macs = {layer["name"]: layer["macs"] for layer in chosen["layers"]}
+    return tuple(LayerSpec(name=layer["name"], macs=macs.get(layer["name"], 0), output_bytes=layer["output_bytes"],
+                           cycles=layer["instructions"]) for layer in counts["layers"])
 
 
 # A small 1-D CNN over 49 frames x 10 MFCCs (a keyword-spotting shape); later issues fill
@@ -89,10 +126,26 @@ class WorkloadConfig(Config):
     send_packet: bool = True
     """Transmit each result to the gateway."""
 
+    bundle: str | None = None
+    """A bundle (folder or .tar) with recorded instruction counts: its variant's layers, with
+    measured cycles, replace ``layers`` (see ``trickle flash --record``)."""
+    bundle_variant: str | None = None
+    """Which variant of ``bundle`` (default: the widest with counts for ``mcu``)."""
+
     @field_validator("mcu")
     @classmethod
     def _known_mcu(cls, name: str) -> str:
         return known_mcu(name, "workload.mcu")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _layers_from_bundle(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("bundle") is not None:
+            if "layers" in data:
+                raise ValueError("give workload.layers or workload.bundle, not both")
+            mcu = known_mcu(data.get("mcu", "msp430fr5994"), "workload.mcu")
+            data = {**data, "layers": layers_from_bundle(str(data["bundle"]), mcu, data.get("bundle_variant"))}
+        return data
 
     @property
     def mcu_profile(self) -> McuProfile:
@@ -147,7 +200,7 @@ def build_plan(work: WorkloadConfig, tx_time_s: float, tx_power_w: float, bits: 
 
 
 def _layer_phases(work: WorkloadConfig, mcu: McuProfile, layer: LayerSpec, bits: int) -> list[Phase]:
-    compute_s = mcu.compute_time_s(layer.macs, bits)
+    compute_s = layer.compute_s(mcu, bits)
     if work.policy == "loop_continuation":
         tiles = max(1, math.ceil(layer.macs / work.tile_macs))
         commit = _nvm_phase("commit", mcu, work.tile_commit_bytes, write=True)
@@ -169,12 +222,12 @@ def _quanta_phases(mcu: McuProfile, layers: tuple[LayerSpec, ...], bits: int, bu
     from edge.dyninfer import quanta_tasks
 
     iterations = [max(1, layer.output_bytes) for layer in layers]
-    per_iteration_j = [mcu.compute_energy_j(layer.macs, bits) / n for layer, n in zip(layers, iterations)]
+    per_iteration_j = [layer.compute_j(mcu, bits) / n for layer, n in zip(layers, iterations)]
     phases: list[Phase] = []
     for group in quanta_tasks(iterations, per_iteration_j, budget_j):
-        macs = sum(layers[t.layer].macs * (t.stop - t.start) / iterations[t.layer] for t in group)
+        compute_s = sum(layers[t.layer].compute_s(mcu, bits) * (t.stop - t.start) / iterations[t.layer] for t in group)
         outputs = sum(t.stop - t.start for t in group)
-        phases.append(Phase("compute", mcu.compute_time_s(macs, bits), mcu.active_power_w()))
+        phases.append(Phase("compute", compute_s, mcu.active_power_w()))
         phases.append(_nvm_phase("commit", mcu, outputs, write=True, durable_end=True, restore_bytes=outputs))
     return phases
 

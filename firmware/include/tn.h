@@ -1,16 +1,17 @@
 /* trickle-nn: int8 inference for Cortex-M, correct across power failures.
  *
- * Arithmetic is TFLite's / CMSIS-NN's: int8 activations with zero points, int32 accumulation,
- * per-channel requantization by a Q31 multiplier and a right shift
+ * Arithmetic is TFLite's / CMSIS-NN's: int8 activations, channels last (HWC), with zero points,
+ * int32 accumulation, per-channel requantization by a Q31 multiplier and a right shift
  * (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT). No malloc: the caller owns
- * the non-volatile state (activations, progress) and the model is const data in flash.
+ * the non-volatile state (activations, progress), a volatile scratch, and the model is const
+ * data in flash.
  *
- * Intermittency: a run is a sequence of idempotent tiles (one output row of one channel, the
- * pool, the classifier). A tile reads only its layer's input buffer and writes only its own
- * outputs; after a tile, a single 32-bit store advances `progress`. A power cut at any
- * instruction leaves either the old or the new progress word, and redoing a tile rewrites the
- * same bytes, so resuming gives the same logits bit for bit (SONIC/HAWAII-style loop
- * continuation).
+ * Intermittency: a run is a sequence of idempotent tiles (TN_TILE_POSITIONS output positions of
+ * a conv, all channels; the pool; the classifier). A tile reads only its layer's input buffer
+ * and writes only its own outputs; after a tile, a single 32-bit store advances `progress`. A
+ * power cut at any instruction leaves either the old or the new progress word, and redoing a
+ * tile rewrites the same bytes, so resuming gives the same logits bit for bit (SONIC/HAWAII-
+ * style loop continuation).
  */
 #ifndef TN_H
 #define TN_H
@@ -38,7 +39,9 @@ typedef struct {
     int32_t in_offset;            /* added to every input value (-zero point) */
     int32_t out_offset;           /* output zero point */
     int32_t act_min, act_max;     /* output clamp (the fused ReLU) */
-    const int8_t *weight;         /* conv: [cout][cin][kh][kw]; dense: [cout][cin] */
+    const int8_t *weight;         /* conv: [cout][depth], a row's taps in (kh, kw, cin) order, zero-padded
+                                   * to depth = a multiple of 4, each group of four stored as w0, w2, w1, w3
+                                   * (the order SXTB16 unpacks); dense: [cout][cin] */
     const int32_t *bias;          /* [cout] */
     const int32_t *multiplier;    /* conv: [cout], Q31 */
     const int32_t *shift;         /* conv: [cout], right shift >= 0 */
@@ -48,7 +51,7 @@ typedef struct {
     const char *name;
     uint16_t n_layers;
     const tn_layer *layers;
-    uint32_t input_bytes;         /* int8 input, [cin][hin][win] of the first layer */
+    uint32_t input_bytes;         /* int8 input, [hin][win][cin] of the first layer (channels last) */
     uint16_t n_classes;
     uint32_t macs;
     uint32_t energy_nj;           /* one inference on the target profile (DynInfer) */
@@ -65,6 +68,11 @@ typedef struct {
 #define TN_MAX_CHANNELS 128
 #endif
 
+#ifndef TN_MAX_COLUMN
+#define TN_MAX_COLUMN 1024        /* int16 scratch: TN_TILE_POSITIONS x the widest conv's depth */
+#endif
+#define TN_TILE_POSITIONS 2u      /* output positions per conv tile */
+
 #define TN_MAGIC 0x544E4E31u      /* "TNN1" */
 
 /* Everything that must survive a power failure: place it in non-volatile memory (FRAM, or a
@@ -79,6 +87,11 @@ typedef struct {
     int8_t buf[2][TN_ARENA_BYTES];
 } tn_nv;
 
+/* Scratch in volatile RAM (contents need not survive a power failure): a tile's im2col columns. */
+typedef struct {
+    int16_t column[TN_MAX_COLUMN];
+} tn_scratch;
+
 /* Called after every commit with the new progress value; a board or test harness may cut power
  * here. Define TN_PROGRESS_HOOK to a function name to use it. */
 #ifdef TN_PROGRESS_HOOK
@@ -88,7 +101,7 @@ void TN_PROGRESS_HOOK(uint32_t progress);
 /* Start a run if `nv` does not already hold run `run`: copies the input, then commits. */
 tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t run, const int8_t *input);
 /* Run (or resume) to the end; logits land in nv->logits. */
-tn_status tn_resume(tn_nv *nv, const tn_model *model);
+tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch);
 /* Tiles of a whole inference (progress points). */
 uint32_t tn_total_tiles(const tn_model *model);
 uint16_t tn_argmax(const int32_t *logits, uint16_t n);
@@ -98,8 +111,11 @@ uint32_t tn_choose_variant(const tn_model *const *variants, uint32_t n, uint32_t
                            uint32_t capacitance_uf);
 
 /* Kernels (exposed for tests and benchmarks). */
-void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t oc, uint32_t oy);
-void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t oc, uint32_t oy);
+/* One conv tile: output positions tile * TN_TILE_POSITIONS ... (row-major over hout x wout, the
+ * last tile may hold fewer) of every output channel. */
+void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int16_t *column);
+void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int16_t *column);
+uint32_t tn_depth(const tn_layer *l); /* conv: taps per output, rounded up to 4 */
 void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out);
 void tn_dense(const tn_layer *l, const int32_t *in, int32_t *out);
 int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift);

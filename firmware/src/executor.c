@@ -8,7 +8,7 @@
 #endif
 
 static uint32_t layer_tiles(const tn_layer *l) {
-    return l->kind == TN_CONV ? (uint32_t)l->cout * l->hout : 1u;
+    return l->kind == TN_CONV ? ((uint32_t)l->hout * l->wout + TN_TILE_POSITIONS - 1u) / TN_TILE_POSITIONS : 1u;
 }
 
 uint32_t tn_total_tiles(const tn_model *model) {
@@ -34,6 +34,9 @@ static tn_status check(const tn_model *model) {
     for (uint16_t i = 0; i < model->n_layers; i++) {
         const tn_layer *l = &model->layers[i];
         if ((uint32_t)l->cin * l->hin * l->win > TN_ARENA_BYTES || (uint32_t)l->cout * l->hout * l->wout > TN_ARENA_BYTES) {
+            return TN_ERR_ARENA;
+        }
+        if (l->kind == TN_CONV && TN_TILE_POSITIONS * tn_depth(l) > TN_MAX_COLUMN) {
             return TN_ERR_ARENA;
         }
         if (l->cin > TN_MAX_CHANNELS || (l->kind == TN_DENSE && l->cout > TN_MAX_CLASSES)) {
@@ -67,7 +70,7 @@ tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t 
 #ifdef TN_NO_PROGRESS
 /* The same kernels in straight loops, no progress kept: the intermittency overhead's baseline.
  * A power failure restarts the inference from the beginning. */
-tn_status tn_resume(tn_nv *nv, const tn_model *model) {
+tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
     }
@@ -77,10 +80,8 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model) {
         if (l->kind == TN_CONV) {
             const int8_t *in = nv->buf[conv_index & 1u];
             int8_t *out = nv->buf[(conv_index + 1u) & 1u];
-            for (uint32_t oc = 0; oc < l->cout; oc++) {
-                for (uint32_t oy = 0; oy < l->hout; oy++) {
-                    CONV_TILE(l, in, out, oc, oy);
-                }
+            for (uint32_t tile = 0; tile < layer_tiles(l); tile++) {
+                CONV_TILE(l, in, out, tile, scratch->column);
             }
             conv_index++;
         } else if (l->kind == TN_POOL) {
@@ -92,7 +93,7 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model) {
     return TN_OK;
 }
 #else
-tn_status tn_resume(tn_nv *nv, const tn_model *model) {
+tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
     }
@@ -110,7 +111,7 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model) {
         if (l->kind == TN_CONV) { /* conv i reads buffer i % 2 and writes the other */
             const int8_t *in = nv->buf[conv_index & 1u];
             int8_t *out = nv->buf[(conv_index + 1u) & 1u];
-            CONV_TILE(l, in, out, tile / l->hout, tile % l->hout);
+            CONV_TILE(l, in, out, tile, scratch->column);
         } else if (l->kind == TN_POOL) {
             tn_pool(l, nv->buf[conv_index & 1u], nv->pooled);
         } else {

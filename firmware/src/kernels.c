@@ -1,17 +1,18 @@
-/* int8 kernels: conv (1-D and 2-D), global sum pool, dense, with TFLite's requantization. */
+/* int8 kernels: conv (1-D and 2-D), global sum pool, dense, with TFLite's requantization.
+ *
+ * Activations are HWC (channels last, CMSIS-NN's layout): the taps of one window row are one
+ * contiguous run of kw * cin bytes. */
 #include "tn.h"
 
-static int32_t srdhm(int32_t a, int32_t b) {
-    if (a == INT32_MIN && b == INT32_MIN) {
-        return INT32_MAX;
-    }
-    int64_t ab = (int64_t)a * (int64_t)b;
-    int64_t x = ab + (ab >= 0 ? (INT64_C(1) << 30) : (INT64_C(1) - (INT64_C(1) << 30)));
-    /* x / 2^31, truncated toward zero (as C's division), without a 64-bit divide call */
-    return (int32_t)(x >= 0 ? x >> 31 : -((-x) >> 31));
+/* SaturatingRoundingDoublingHighMul (gemmlowp): (a * b + nudge) / 2^31 truncated toward zero,
+ * nudge = 2^30 for a * b >= 0 and 1 - 2^30 below. Both cases equal floor((a * b + 2^30) / 2^31),
+ * one arithmetic shift (smlal and two shifts on a Cortex-M4). It saturates only for
+ * a = b = INT32_MIN; multipliers are positive Q31 values (export.cgen checks), so never here. */
+static inline int32_t srdhm(int32_t a, int32_t b) {
+    return (int32_t)(((int64_t)a * (int64_t)b + (INT64_C(1) << 30)) >> 31);
 }
 
-static int32_t rounding_divide_by_pot(int32_t x, int32_t exponent) {
+static inline int32_t rounding_divide_by_pot(int32_t x, int32_t exponent) {
     int32_t mask = (int32_t)((UINT32_C(1) << exponent) - 1u);
     int32_t remainder = x & mask;
     int32_t threshold = (mask >> 1) + (x < 0 ? 1 : 0);
@@ -22,41 +23,74 @@ int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift) {
     return rounding_divide_by_pot(srdhm(acc, multiplier), shift);
 }
 
-static int8_t clamp_out(const tn_layer *l, int32_t acc, uint32_t oc) {
-    int32_t v = tn_requantize(acc, l->multiplier[oc], l->shift[oc]) + l->out_offset;
-    v = v < l->act_min ? l->act_min : v;
-    v = v > l->act_max ? l->act_max : v;
+/* A conv layer's output stage, read once per tile: the stores to int8 outputs may alias
+ * anything, so fields read per output would be reloaded each time. */
+typedef struct {
+    const int32_t *multiplier, *shift;
+    int32_t out_offset, act_min, act_max;
+} out_stage;
+
+static inline out_stage stage_of(const tn_layer *l) {
+    out_stage s = {l->multiplier, l->shift, l->out_offset, l->act_min, l->act_max};
+    return s;
+}
+
+static inline int8_t requantize_out(const out_stage *s, int32_t acc, uint32_t oc) {
+    int32_t v = rounding_divide_by_pot(srdhm(acc, s->multiplier[oc]), s->shift[oc]) + s->out_offset;
+    v = v < s->act_min ? s->act_min : v;
+    v = v > s->act_max ? s->act_max : v;
     return (int8_t)v;
 }
 
-/* The plain kernel: every tap checks the padding. The benchmark's baseline. */
-void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t oc, uint32_t oy) {
-    for (uint32_t ox = 0; ox < l->wout; ox++) {
-        int32_t acc = l->bias[oc];
-        for (uint32_t ic = 0; ic < l->cin; ic++) {
+uint32_t tn_depth(const tn_layer *l) {
+    return ((uint32_t)l->cin * l->kh * l->kw + 3u) & ~3u;
+}
+
+/* Stored index of tap k of a weight row: groups of four are kept as w0, w2, w1, w3. */
+static uint32_t stored(uint32_t k) {
+    return (k & ~3u) | ((k & 1u) << 1) | ((k >> 1) & 1u);
+}
+
+/* The plain kernel: every tap checks the padding, one MAC at a time. The benchmark's baseline. */
+void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int16_t *column) {
+    (void)column;
+    const uint32_t depth = tn_depth(l), plane = (uint32_t)l->hout * l->wout;
+    const out_stage s = stage_of(l);
+    for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
+        const uint32_t oy = pos / l->wout, ox = pos % l->wout;
+        for (uint32_t oc = 0; oc < l->cout; oc++) {
+            int32_t acc = l->bias[oc];
+            uint32_t k = 0;
             for (uint32_t ky = 0; ky < l->kh; ky++) {
                 int32_t iy = (int32_t)(oy * l->stride + ky) - (int32_t)(l->kh > 1 ? l->pad : 0);
                 for (uint32_t kx = 0; kx < l->kw; kx++) {
                     int32_t ix = (int32_t)(ox * l->stride + kx) - (int32_t)l->pad;
-                    if (iy < 0 || iy >= (int32_t)l->hin || ix < 0 || ix >= (int32_t)l->win) {
-                        continue;
+                    for (uint32_t ic = 0; ic < l->cin; ic++, k++) {
+                        if (iy < 0 || iy >= (int32_t)l->hin || ix < 0 || ix >= (int32_t)l->win) {
+                            continue;
+                        }
+                        int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];
+                        int32_t w = l->weight[oc * depth + stored(k)];
+                        acc += (x + l->in_offset) * w;
                     }
-                    int32_t x = in[((uint32_t)ic * l->hin + (uint32_t)iy) * l->win + (uint32_t)ix];
-                    int32_t w = l->weight[((oc * l->cin + ic) * l->kh + ky) * l->kw + kx];
-                    acc += (x + l->in_offset) * w;
                 }
             }
+            out[pos * l->cout + oc] = requantize_out(&s, acc, oc);
         }
-        out[(oc * l->hout + oy) * l->wout + ox] = clamp_out(l, acc, oc);
     }
 }
 
-#if defined(__ARM_FEATURE_DSP)
-static inline uint32_t read_u32(const int8_t *p) {
+static inline uint32_t read_u32(const void *p) {
     uint32_t v;
     __builtin_memcpy(&v, p, 4);
     return v;
 }
+
+static inline void write_u32(void *p, uint32_t v) {
+    __builtin_memcpy(p, &v, 4);
+}
+
+#if defined(__ARM_FEATURE_DSP)
 static inline uint32_t sxtb16(uint32_t x) { /* bytes 0 and 2, sign-extended to halfwords */
     uint32_t r;
     __asm__("sxtb16 %0, %1" : "=r"(r) : "r"(x));
@@ -72,55 +106,155 @@ static inline int32_t smlad(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.lo
     __asm__("smlad %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(acc));
     return r;
 }
+static inline uint32_t sxtab16(uint32_t a, uint32_t x) { /* halfwords of a + bytes 0 and 2 of x */
+    uint32_t r;
+    __asm__("sxtab16 %0, %1, %2" : "=r"(r) : "r"(a), "r"(x));
+    return r;
+}
+static inline uint32_t sxtab16_ror8(uint32_t a, uint32_t x) { /* halfwords of a + bytes 1 and 3 of x */
+    uint32_t r;
+    __asm__("sxtab16 %0, %1, %2, ror #8" : "=r"(r) : "r"(a), "r"(x));
+    return r;
+}
+static inline uint32_t pkhbt16(uint32_t lo, uint32_t hi) { /* lo's bottom half, hi's bottom half on top */
+    uint32_t r;
+    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(lo), "r"(hi));
+    return r;
+}
+static inline uint32_t pkhtb16(uint32_t hi, uint32_t lo) { /* hi's top half, lo's top half below */
+    uint32_t r;
+    __asm__("pkhtb %0, %1, %2, asr #16" : "=r"(r) : "r"(hi), "r"(lo));
+    return r;
+}
+
+/* dst[i] = src[i] + offset as int16, four at a time: two SXTAB16 widen and add, two PKH
+ * restore the order. */
+static void widen(int16_t *dst, const int8_t *src, uint32_t n, int32_t offset) {
+    const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
+    for (; n >= 4u; n -= 4u, src += 4, dst += 4) {
+        const uint32_t x = read_u32(src);
+        const uint32_t even = sxtab16(offsets, x), odd = sxtab16_ror8(offsets, x); /* (x0, x2), (x1, x3) */
+        write_u32(dst, pkhbt16(even, odd));
+        write_u32(dst + 2, pkhtb16(odd, even));
+    }
+    for (; n > 0u; n--) {
+        *dst++ = (int16_t)(*src++ + offset);
+    }
+}
+#else /* the same instructions in C, so the host build runs the board's code path */
+static inline uint32_t sxtb16(uint32_t x) {
+    return (uint32_t)(uint16_t)(int16_t)(int8_t)(uint8_t)(x & 0xFFu) |
+           (uint32_t)(uint16_t)(int16_t)(int8_t)(uint8_t)((x >> 16) & 0xFFu) << 16;
+}
+static inline uint32_t sxtb16_ror8(uint32_t x) {
+    return sxtb16(x >> 8);
+}
+static inline int32_t smlad(uint32_t a, uint32_t b, int32_t acc) {
+    return acc + (int16_t)(a & 0xFFFFu) * (int16_t)(b & 0xFFFFu) + (int16_t)(a >> 16) * (int16_t)(b >> 16);
+}
+static void widen(int16_t *dst, const int8_t *src, uint32_t n, int32_t offset) {
+    for (uint32_t i = 0; i < n; i++) {
+        dst[i] = (int16_t)(src[i] + offset);
+    }
+}
 #endif
 
-/* The fast kernel: the valid tap range is computed once per output position, so the inner loop
- * is a straight dot product; on cores with the DSP extension it takes two MACs per SMLAD. */
-void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t oc, uint32_t oy) {
-    const int32_t pad_y = (int32_t)(l->kh > 1 ? l->pad : 0);
-    const int32_t iy0 = (int32_t)(oy * l->stride) - pad_y;
-    const uint32_t ky0 = iy0 < 0 ? (uint32_t)(-iy0) : 0u;
-    const uint32_t ky1 = (uint32_t)(iy0 + (int32_t)l->kh) > l->hin ? (uint32_t)((int32_t)l->hin - iy0) : l->kh;
-    const int8_t *wc = l->weight + (uint32_t)oc * l->cin * l->kh * l->kw;
-    for (uint32_t ox = 0; ox < l->wout; ox++) {
-        const int32_t ix0 = (int32_t)(ox * l->stride) - (int32_t)l->pad;
-        const uint32_t kx0 = ix0 < 0 ? (uint32_t)(-ix0) : 0u;
-        const uint32_t kx1 = (uint32_t)(ix0 + (int32_t)l->kw) > l->win ? (uint32_t)((int32_t)l->win - ix0) : l->kw;
-        const uint32_t n = kx1 - kx0;
-        int32_t acc = l->bias[oc];
-        int32_t wsum = 0;
-        for (uint32_t ic = 0; ic < l->cin; ic++) {
-            for (uint32_t ky = ky0; ky < ky1; ky++) {
-                const int8_t *xp = in + ((uint32_t)ic * l->hin + (uint32_t)(iy0 + (int32_t)ky)) * l->win + (uint32_t)(ix0 + (int32_t)kx0);
-                const int8_t *wp = wc + (ic * l->kh + ky) * l->kw + kx0;
-                uint32_t k = 0;
-#if defined(__ARM_FEATURE_DSP)
-                for (; k + 4 <= n; k += 4) {
-                    uint32_t xv = read_u32(xp + k), wv = read_u32(wp + k);
-                    acc = smlad(sxtb16(xv), sxtb16(wv), acc);
-                    acc = smlad(sxtb16_ror8(xv), sxtb16_ror8(wv), acc);
-                    wsum += wp[k] + wp[k + 1] + wp[k + 2] + wp[k + 3];
-                }
-#endif
-                for (; k < n; k++) {
-                    acc += xp[k] * wp[k];
-                    wsum += wp[k];
-                }
-            }
+static void zero(int16_t *dst, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        dst[i] = 0;
+    }
+}
+
+/* im2col: the receptive field of output position `pos` as int16, the input offset added, with
+ * zeros for the padding and for the tail up to a multiple of four taps. In HWC a window row
+ * inside the input is one contiguous run, so a position costs kh runs, not kh * cin. */
+static void fill_column(const tn_layer *l, const int8_t *in, int16_t *column, uint32_t pos) {
+    const uint32_t kh = l->kh, kw = l->kw, hin = l->hin, win = l->win, cin = l->cin;
+    const int32_t iy0 = (int32_t)(pos / l->wout * l->stride) - (int32_t)(kh > 1 ? l->pad : 0);
+    const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
+    const uint32_t ky0 = iy0 < 0 ? (uint32_t)-iy0 : 0u, kx0 = ix0 < 0 ? (uint32_t)-ix0 : 0u;
+    const uint32_t ky1 = iy0 + (int32_t)kh > (int32_t)hin ? (uint32_t)((int32_t)hin - iy0) : kh;
+    const uint32_t kx1 = ix0 + (int32_t)kw > (int32_t)win ? (uint32_t)((int32_t)win - ix0) : kw;
+    const uint32_t row = kw * cin, left = kx0 * cin, run = (kx1 - kx0) * cin, right = (kw - kx1) * cin;
+    const int8_t *src = in + ((uint32_t)(iy0 + (int32_t)ky0) * win + (uint32_t)(ix0 + (int32_t)kx0)) * cin;
+    int16_t *c = column;
+    zero(c, ky0 * row);
+    c += ky0 * row;
+    for (uint32_t ky = ky0; ky < ky1; ky++, src += win * cin) {
+        zero(c, left);
+        widen(c + left, src, run, l->in_offset);
+        zero(c + left + run, right);
+        c += row;
+    }
+    zero(c, (uint32_t)(column + tn_depth(l) - c));
+}
+
+/* The fast kernel (CMSIS-NN's scheme): an im2col column per output position, two positions and
+ * two output channels at a time, so each weight word and each column word loaded feeds two
+ * SMLADs (two MACs each). A tile is TN_TILE_POSITIONS output positions of every channel. */
+void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int16_t *column) {
+    const uint32_t depth = tn_depth(l), plane = (uint32_t)l->hout * l->wout, cout = l->cout;
+    const uint32_t p = tile * TN_TILE_POSITIONS; /* = 2: the loops below are written for two */
+    const int two = p + 1u < plane;
+    const int16_t *ca = column, *cb = two ? column + depth : column; /* a lone last position is computed twice */
+    const out_stage s = stage_of(l);
+    int8_t *oa = out + p * cout, *ob = oa + cout;
+    fill_column(l, in, column, p);
+    if (two) {
+        fill_column(l, in, column + depth, p + 1u);
+    }
+    uint32_t oc = 0;
+    for (; oc + 2u <= cout; oc += 2u) {
+        const int8_t *w0 = l->weight + oc * depth, *w1 = w0 + depth;
+        int32_t a0 = l->bias[oc], a1 = l->bias[oc + 1u], b0 = a0, b1 = a1;
+        for (uint32_t k = 0; k < depth; k += 4u) {
+            const uint32_t xa01 = read_u32(ca + k), xa23 = read_u32(ca + k + 2u);
+            const uint32_t xb01 = read_u32(cb + k), xb23 = read_u32(cb + k + 2u);
+            const uint32_t v0 = read_u32(w0 + k), v1 = read_u32(w1 + k);
+            const uint32_t lo0 = sxtb16(v0), hi0 = sxtb16_ror8(v0);
+            a0 = smlad(xa01, lo0, a0);
+            a0 = smlad(xa23, hi0, a0);
+            b0 = smlad(xb01, lo0, b0);
+            b0 = smlad(xb23, hi0, b0);
+            const uint32_t lo1 = sxtb16(v1), hi1 = sxtb16_ror8(v1);
+            a1 = smlad(xa01, lo1, a1);
+            a1 = smlad(xa23, hi1, a1);
+            b1 = smlad(xb01, lo1, b1);
+            b1 = smlad(xb23, hi1, b1);
         }
-        acc += l->in_offset * wsum; /* sum (x + offset) * w = sum x * w + offset * sum w, over the valid taps */
-        out[(oc * l->hout + oy) * l->wout + ox] = clamp_out(l, acc, oc);
+        oa[oc] = requantize_out(&s, a0, oc);
+        oa[oc + 1u] = requantize_out(&s, a1, oc + 1u);
+        if (two) {
+            ob[oc] = requantize_out(&s, b0, oc);
+            ob[oc + 1u] = requantize_out(&s, b1, oc + 1u);
+        }
+    }
+    if (oc < cout) { /* an odd channel count's last channel */
+        const int8_t *w0 = l->weight + oc * depth;
+        int32_t a0 = l->bias[oc], b0 = a0;
+        for (uint32_t k = 0; k < depth; k += 4u) {
+            const uint32_t v0 = read_u32(w0 + k), lo0 = sxtb16(v0), hi0 = sxtb16_ror8(v0);
+            a0 = smlad(read_u32(ca + k), lo0, a0);
+            a0 = smlad(read_u32(ca + k + 2u), hi0, a0);
+            b0 = smlad(read_u32(cb + k), lo0, b0);
+            b0 = smlad(read_u32(cb + k + 2u), hi0, b0);
+        }
+        oa[oc] = requantize_out(&s, a0, oc);
+        if (two) {
+            ob[oc] = requantize_out(&s, b0, oc);
+        }
     }
 }
 
 void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
-    const uint32_t positions = (uint32_t)l->hin * l->win;
-    for (uint32_t c = 0; c < l->cin; c++) {
-        int32_t sum = 0;
-        for (uint32_t i = 0; i < positions; i++) {
-            sum += in[c * positions + i] + l->in_offset;
+    const uint32_t positions = (uint32_t)l->hin * l->win, cin = l->cin;
+    for (uint32_t c = 0; c < cin; c++) {
+        out[c] = (int32_t)positions * l->in_offset;
+    }
+    for (uint32_t i = 0; i < positions; i++, in += cin) {
+        for (uint32_t c = 0; c < cin; c++) {
+            out[c] += in[c];
         }
-        out[c] = sum;
     }
 }
 

@@ -116,3 +116,64 @@ def test_trickle_flash_host(generated: tuple[Path, dict], tmp_path: Path) -> Non
                            "--out", str(tmp_path), "--vectors", "5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "bit-exact with onnxruntime" in proc.stdout
+
+
+def _gemmlowp_requantize(acc: int, multiplier: int, shift: int) -> int:
+    """SaturatingRoundingDoublingHighMul then RoundingDivideByPOT, as gemmlowp defines them."""
+    if acc == multiplier == -(2**31):
+        high = 2**31 - 1
+    else:
+        ab = acc * multiplier
+        x = ab + ((1 << 30) if ab >= 0 else 1 - (1 << 30))
+        high = abs(x) >> 31 if x >= 0 else -(abs(x) >> 31)  # divided by 2^31, truncated toward zero
+    mask = (1 << shift) - 1
+    threshold = (mask >> 1) + (1 if high < 0 else 0)
+    return (high >> shift) + (1 if (high & mask) > threshold else 0)
+
+
+def test_requantize_matches_gemmlowp_on_ties_and_extremes(tmp_path: Path) -> None:
+    from export.flash import FIRMWARE, WARNINGS
+
+    exe = tmp_path / "requantize"
+    subprocess.run(["gcc", *WARNINGS, "-O2", f"-I{FIRMWARE / 'include'}", str(FIRMWARE / "src" / "kernels.c"),
+                    str(Path(__file__).with_name("requantize_main.c")), "-o", str(exe)], check=True)
+    rng = random.Random(1)
+    cases = [(acc, m, s) for acc in (0, 1, -1, 2**31 - 1, -(2**31), 2**30, -(2**30), 3 << 20, -(3 << 20))
+             for m in (1 << 30, (1 << 31) - 1, 1518500250) for s in (0, 1, 2, 7, 20, 31)]
+    cases += [(rng.randrange(-(2**31), 2**31), rng.randrange(1 << 30, 1 << 31), rng.randrange(0, 24))
+              for _ in range(5000)]
+    # accumulators whose product lands exactly on a rounding tie of either step
+    cases += [(k << 1, 1 << 30, s) for k in range(-64, 64) for s in (1, 2, 3)]
+    out = subprocess.run([str(exe)], input="".join(f"{a} {m} {s}\n" for a, m, s in cases), capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert [int(v) for v in out] == [_gemmlowp_requantize(*c) for c in cases]
+
+
+@needs_arm
+def test_flash_record_writes_measured_counts_the_simulator_uses(generated: tuple[Path, dict], tmp_path: Path) -> None:
+    import sys
+
+    from simulator.devices import MCUS
+    from simulator.workload import WorkloadConfig, build_plan
+
+    root, info = generated
+    out = tmp_path / "measured.tar"
+    proc = subprocess.run([sys.executable, "-m", "trickle.cli", "flash", str(root / "bundle"), "--out", str(tmp_path),
+                           "--vectors", "2", "--record", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    before, after = read_bundle(root / "bundle"), read_bundle(out)
+    assert after.manifest["bundle_version"] == before.manifest["bundle_version"] + 1
+    assert after.files == before.files
+    measured = {v["name"]: v["measured"]["mps2-an386"] for v in after.manifest["variants"] if "measured" in v}
+    assert sorted(measured) == sorted(v["name"] for v in info["variants"])
+    for counts in measured.values():
+        names = [layer["name"] for layer in counts["layers"]]
+        assert names[-2:] == ["pool", "classifier"] and all(n.startswith("conv") for n in names[:-2])
+        split = sum(layer["instructions"] for layer in counts["layers"])
+        assert counts["cpu"] == "cortex-m4" and 0.97 * counts["instructions"] < split <= counts["instructions"]
+    widest = measured[info["variants"][0]["name"]]
+    work = WorkloadConfig(mcu="cortex-m4", bundle=str(out), policy="per_layer")
+    plan = build_plan(work, tx_time_s=0.0, tx_power_w=0.0)
+    compute_s = sum(p.duration_s for p in plan if p.kind == "compute")
+    clock_hz = MCUS["cortex-m4"].clock_hz
+    assert compute_s == pytest.approx(sum(layer["instructions"] for layer in widest["layers"]) / clock_hz, rel=1e-12)

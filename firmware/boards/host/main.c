@@ -15,6 +15,7 @@
 #include "tn.h"
 
 static tn_nv nv; /* stands for FRAM: the harness decides what survives */
+static tn_scratch scratch; /* volatile RAM */
 static jmp_buf power_fail;
 static uint32_t cut_at; /* progress value after whose commit power fails; 0 = never */
 static unsigned long reboots;
@@ -38,7 +39,7 @@ static int run_vector(uint32_t vector, uint32_t variant, uint32_t run_id) {
     if (tn_start(&nv, m, variant, run_id, &tn_inputs_flat[(size_t)vector * TN_INPUT_BYTES]) != TN_OK) {
         return -1;
     }
-    if (tn_resume(&nv, m) != TN_OK) {
+    if (tn_resume(&nv, m, &scratch) != TN_OK) {
         return -1;
     }
     return memcmp(nv.logits, expected(vector, variant), sizeof(int32_t) * TN_N_CLASSES) == 0 ? 0 : 1;

@@ -30,11 +30,21 @@ typedef struct {
 __attribute__((section(".tn_voltage"), used)) volatile uint32_t tn_voltage_mv; /* written by the harness */
 __attribute__((section(".noinit"))) static board_state board;
 __attribute__((section(".noinit"))) static tn_nv nv;
+static tn_scratch scratch; /* volatile RAM: .bss, cleared at every boot */
 
 /* The instruction-counting plugin records the count each time this runs. */
 __attribute__((noinline)) void tn_mark(void) {
     __asm__ volatile("" ::: "memory");
 }
+
+#ifdef TN_PROFILE
+/* Profiling build (-DTN_PROFILE -DTN_PROGRESS_HOOK=tn_progress_mark): a mark after every
+ * commit, so the counts split an inference into its tiles and layers. */
+void tn_progress_mark(uint32_t progress) {
+    (void)progress;
+    tn_mark();
+}
+#endif
 
 static char *put_int(char *p, int32_t v) {
     char tmp[12];
@@ -75,7 +85,7 @@ int main(void) {
         const tn_model *m = tn_variants[variant];
         tn_mark();
         if (tn_start(&nv, m, variant, job + 1u, &tn_inputs_flat[vector * TN_INPUT_BYTES]) != TN_OK ||
-            tn_resume(&nv, m) != TN_OK) {
+            tn_resume(&nv, m, &scratch) != TN_OK) {
             semihost_write("error: model rejected\n");
             return 1;
         }
