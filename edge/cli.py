@@ -1,4 +1,5 @@
-"""Run a bundle on this machine: ``trickle edge infer`` (one-off inference).
+"""Run a bundle on this machine: ``trickle edge infer`` (one-off inference) and ``trickle edge run``
+(the device agent: infer on a sensor source, report to the server over MQTT, take OTA updates).
 
     trickle edge infer bundles/digits.tar sample.npy
     trickle edge infer bundles/fsdd.tar 7_jackson_12.wav --backend litert --trust keys/signing.pub
@@ -21,11 +22,25 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.agent import AgentError
 from edge.backends import BACKENDS, BackendError
 from edge.bundle import BundleError
 from edge.preprocess import PreprocessError
 
-USER_ERRORS = (BundleError, BackendError, PreprocessError)
+USER_ERRORS = (BundleError, BackendError, PreprocessError, AgentError)
+
+RUN_HELP = """Run the device agent: read SOURCE, infer with the bundle, publish results and telemetry.
+
+    trickle edge run --bundle bundles/digits.tar --server http://127.0.0.1:8080 \\
+        --broker mqtt://127.0.0.1:1883 --device-id node-1 --token-file node-1.token --source samples.npz
+
+Every message is written to an on-disk queue (STATE/outbox.sqlite) before it is sent and
+deleted when the broker acknowledges it, so a kill -9, a broker restart or a server restart
+loses nothing; the server drops repeats by idempotency key. OTA bundles announced by the
+server are verified (signature with --trust, hashes, newer version), switched to atomically,
+self-tested on the first samples of the source, and rolled back if the self-test fails.
+SOURCE: an .npz with 'x' (raw samples) and optionally 'y' (labels), or a folder of
+.npy/.csv/.txt/.wav files."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,9 +59,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="trusted public key file; with one, the bundle must be signed by a trusted key")
     infer.add_argument("--features", action="store_true", help="inputs are already pre-processed model inputs")
     infer.add_argument("--json", action="store_true", help="print one JSON object per input instead of a table")
+    agent = sub.add_parser("run", help="the device agent: infer on a source, report over MQTT, take OTA",
+                           description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    agent.add_argument("--device-id", required=True, help="this device's id, as registered on the server")
+    agent.add_argument("--token-file", type=Path, required=True, help="file holding the device's token (from registration)")
+    agent.add_argument("--fleet", default="default", help="the device's fleet (default 'default')")
+    agent.add_argument("--server", required=True, help="server URL, http(s)://HOST:PORT (bundle downloads)")
+    agent.add_argument("--broker", required=True, help="MQTT broker URL, mqtt://HOST:PORT")
+    agent.add_argument("--bundle", type=Path, help="the bundle to start with (needed on first run)")
+    agent.add_argument("--source", type=Path, help=".npz of raw samples ('x', optional 'y') or a folder of input files")
+    agent.add_argument("--state", type=Path, help="state folder (default runs/edge/DEVICE)")
+    agent.add_argument("--period-s", type=float, default=0.0, help="seconds between samples (default 0: as fast as possible)")
+    agent.add_argument("--count", type=int, help="take only the first N samples")
+    agent.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
+                       help="trusted public key; with one, every bundle must be signed by a trusted key")
+    agent.add_argument("--backend", choices=list(BACKENDS), default="onnxruntime", help="inference engine")
+    agent.add_argument("--exit-when-done", action="store_true",
+                       help="exit once the source is reported and acknowledged (default: keep serving OTA)")
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_agent(args) if args.action == "run" else infer(args)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from edge.agent import Agent, AgentConfig
+
+    if not args.token_file.exists():
+        raise BundleError(f"--token-file {args.token_file}: no such file")
+    if args.period_s < 0 or (args.count is not None and args.count < 0):
+        raise BundleError("--period-s and --count must be >= 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = AgentConfig(device=args.device_id, token=args.token_file.read_text().strip(), server=args.server,
+                         broker=args.broker, state_dir=args.state or Path("runs/edge") / args.device_id, fleet=args.fleet,
+                         bundle=args.bundle, source=args.source, period_s=args.period_s, count=args.count,
+                         trusted_keys=args.trust, backend=args.backend, exit_when_done=args.exit_when_done)
+    agent = Agent(config)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    print(f"{args.device_id}: running bundle v{agent.version}, reporting to {args.broker}", flush=True)
+    produced = agent.run()
+    print(f"{args.device_id}: {produced} results reported this run", flush=True)
+    return 0
+
+
+def infer(args: argparse.Namespace) -> int:
     from edge.bundle import load_public_key, read_bundle
     from edge.preprocess import read_input
     from edge.runtime import Runtime

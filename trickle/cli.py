@@ -23,7 +23,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "export": ("export.cli", "export a checkpoint as a signed bundle (ONNX fp32/int8, ExecuTorch, TFLite; parity-checked)"),
     "flash": ("export.flash_cli", "build a bundle as Cortex-M4 firmware and run it (host or QEMU mps2-an386)"),
     "keygen": ("edge.keygen_cli", "make an Ed25519 key pair for signing bundles"),
-    "edge": ("edge.cli", "run a bundle on this machine: trickle edge infer BUNDLE INPUT..."),
+    "edge": ("edge.cli", "run a bundle on this machine: trickle edge infer | trickle edge run (the device agent)"),
+    "serve": ("server.cli", "serve the HTTP API and MQTT bridge (telemetry, results, bundles, OTA)"),
     "bench": ("bench.cli", "run a benchmark from bench/ and write bench/results/NAME.json"),
 }
 

@@ -1,0 +1,194 @@
+"""The edge ↔ server protocol, version 1: MQTT topics, message schemas, signatures, HTTP routes.
+
+The device runtime owns it; the server imports it. Topics::
+
+    trickle/v1/{fleet}/{device}/{kind}
+
+- device → server: ``telemetry``, ``result``, ``event`` (QoS 1), ``status`` (retained; the
+  last will publishes ``offline``);
+- server → device: ``ota`` (retained: the bundle the device should run), ``cmd``.
+
+Every device message is JSON with ``v`` (schema version), ``key`` (idempotency key: the server
+stores a key once), ``device`` (must match the topic) and ``ts_s`` (the device's clock, or the
+simulator's virtual time), and is signed: ``sig`` is HMAC-SHA256 of the canonical JSON of the
+other fields under the device's token. A device publishing under another device's topic, or a
+payload over ``MAX_PAYLOAD_BYTES``, not JSON, of the wrong schema or with a bad signature, is
+refused by ``decode`` with a ``ProtocolError`` that names the reason.
+
+HTTP (bearer tokens): ``ROUTES`` lists the paths; the server's OpenAPI spec at /openapi.json
+describes them in full.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+VERSION = 1
+ROOT = f"trickle/v{VERSION}"
+DEVICE_KINDS = ("telemetry", "result", "status", "event")
+SERVER_KINDS = ("ota", "cmd")
+SERVER_SUBSCRIPTION = f"{ROOT}/+/+/+"  # the server's bridge: every device's messages
+MAX_PAYLOAD_BYTES = 8192
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+ROUTES = {
+    "health": "/healthz",
+    "metrics": "/metrics",
+    "devices": "/v1/devices",
+    "bundles": "/v1/bundles",
+    "bundle": "/v1/bundles/{version}",
+    "assignments": "/v1/assignments",
+    "messages": "/v1/devices/{device}/{kind}",
+}
+
+Name = Annotated[str, Field(pattern=_NAME.pattern)]
+
+
+class ProtocolError(ValueError):
+    """A topic or message that breaks the protocol; the text says how."""
+
+
+class Topic(NamedTuple):
+    fleet: str
+    device: str
+    kind: str
+
+
+def _check_name(what: str, value: str) -> str:
+    if not _NAME.match(value):
+        raise ProtocolError(f"{what} {value!r}: must be 1-64 of A-Z a-z 0-9 _ -")
+    return value
+
+
+def topic(fleet: str, device: str, kind: str) -> str:
+    if kind not in DEVICE_KINDS + SERVER_KINDS:
+        raise ProtocolError(f"kind {kind!r}: must be one of {', '.join(DEVICE_KINDS + SERVER_KINDS)}")
+    return f"{ROOT}/{_check_name('fleet', fleet)}/{_check_name('device', device)}/{kind}"
+
+
+def parse_topic(name: str) -> Topic:
+    parts = name.split("/")
+    if len(parts) != 5 or "/".join(parts[:2]) != ROOT:
+        raise ProtocolError(f"topic {name!r}: not {ROOT}/FLEET/DEVICE/KIND")
+    fleet, device, kind = parts[2:]
+    if kind not in DEVICE_KINDS + SERVER_KINDS:
+        raise ProtocolError(f"topic {name!r}: unknown kind {kind!r}")
+    return Topic(_check_name("fleet", fleet), _check_name("device", device), kind)
+
+
+def device_topics(fleet: str, device: str) -> dict[str, list[str]]:
+    """What a device may publish and subscribe to (the broker ACL and the bridge enforce it)."""
+    return {"publish": [topic(fleet, device, k) for k in DEVICE_KINDS],
+            "subscribe": [topic(fleet, device, k) for k in SERVER_KINDS]}
+
+
+# ---- messages ------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Message(_Strict):
+    v: Literal[1] = 1
+    key: str = Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9_.:-]+$")
+    device: Name
+    ts_s: float = Field(ge=0, le=1e11)
+    sig: str = Field("", max_length=64)
+
+
+class Telemetry(Message):
+    voltage_v: float | None = Field(None, ge=0, le=100)
+    harvested_j: float | None = Field(None, ge=0)
+    consumed_j: float | None = Field(None, ge=0)
+    power_cycles: int | None = Field(None, ge=0)
+    metrics: dict[Name, float] = Field(default_factory=dict, max_length=32)
+
+
+class Result(Message):
+    label: str = Field(max_length=64)
+    class_index: int = Field(ge=0)
+    variant: str = Field(max_length=32)
+    bundle_version: int = Field(ge=0)
+    latency_s: float = Field(ge=0)
+    correct: bool | None = None  # known when a dataset or a simulation supplies the truth
+
+
+class Status(Message):
+    state: Literal["online", "offline"]
+    bundle_version: int | None = Field(None, ge=0)
+
+
+class Event(Message):
+    event: Literal["ota_applied", "ota_rejected", "ota_rolled_back", "started", "stopped"]
+    bundle_version: int | None = Field(None, ge=0)
+    detail: str = Field("", max_length=512)
+
+
+class OtaCommand(_Strict):
+    """Retained on the device's ``ota`` topic: the bundle it should run."""
+
+    v: Literal[1] = 1
+    bundle_version: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the bundle's tar, as served
+    path: str  # HTTP route to download it from
+
+
+class Command(_Strict):
+    v: Literal[1] = 1
+    command: Literal["report", "stop"]
+
+
+SCHEMAS: dict[str, type[Message]] = {"telemetry": Telemetry, "result": Result, "status": Status, "event": Event}
+
+
+def _signed_bytes(fields: dict[str, Any]) -> bytes:
+    return json.dumps({k: v for k, v in fields.items() if k != "sig"}, sort_keys=True, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def signature(fields: dict[str, Any], token: str) -> str:
+    return hmac.new(token.encode(), _signed_bytes(fields), hashlib.sha256).hexdigest()
+
+
+def encode(message: Message, token: str) -> bytes:
+    """The signed JSON payload of ``message``."""
+    fields = message.model_dump(mode="json", exclude={"sig"})
+    fields["sig"] = signature(fields, token)
+    return json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(name: str, payload: bytes, token_of: Callable[[str, str], str | None]) -> tuple[Topic, Message]:
+    """Check one device message end to end; ``token_of(fleet, device)`` is the device's token or
+    None for an unknown device. Raises ProtocolError naming the first thing wrong."""
+    where = parse_topic(name)
+    if where.kind not in SCHEMAS:
+        raise ProtocolError(f"topic {name!r}: devices do not publish {where.kind!r}")
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"payload of {len(payload)} bytes: over the limit of {MAX_PAYLOAD_BYTES}")
+    try:
+        fields = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProtocolError(f"payload is not JSON ({err})") from None
+    if not isinstance(fields, dict):
+        raise ProtocolError("payload is not a JSON object")
+    try:
+        message = SCHEMAS[where.kind].model_validate(fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ProtocolError(f"{where.kind} schema: {'.'.join(map(str, first['loc'])) or 'message'}: {first['msg']}") from None
+    if message.device != where.device:
+        raise ProtocolError(f"device {message.device!r} published under {where.device!r}'s topic")
+    token = token_of(where.fleet, where.device)
+    if token is None:
+        raise ProtocolError(f"unknown device {where.device!r} in fleet {where.fleet!r}")
+    if not hmac.compare_digest(message.sig, signature(fields, token)):
+        raise ProtocolError(f"bad signature from {where.device!r}")
+    return where, message

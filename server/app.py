@@ -1,0 +1,206 @@
+"""The HTTP API (FastAPI): devices, bundles and OTA, queries, health and metrics.
+
+Every route but /healthz and /metrics takes a bearer token: the admin token, or a device's
+own token (a device reads only its own messages and downloads bundles). The OpenAPI spec is at
+/openapi.json. Routes are ``edge.protocol.ROUTES``.
+"""
+
+
+import hashlib
+import hmac
+import logging
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Response
+from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import generate_latest
+from pydantic import BaseModel, Field
+
+from edge.bundle import BundleError, read_bundle
+from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand
+from server.bridge import Bridge, Metrics
+from server.store import Device, Store, StoreError
+
+log = logging.getLogger("trickle.server.http")
+MAX_BUNDLE_BYTES = 64 << 20
+
+
+class DeviceIn(BaseModel):
+    device: Name
+    fleet: Name = "default"
+
+
+class DeviceOut(BaseModel):
+    device: str
+    fleet: str
+    token: str = Field(description="bearer token for HTTP, MQTT password, and the key of the device's HMAC signatures")
+
+
+class BundleOut(BaseModel):
+    version: int
+    model: str
+    sha256: str
+
+
+class AssignmentIn(BaseModel):
+    target: str = Field(pattern=r"^(device|fleet):[A-Za-z0-9_-]{1,64}$", description="device:ID or fleet:NAME")
+    bundle_version: int = Field(ge=1, le=2**62)
+
+
+class AssignmentOut(BaseModel):
+    target: str
+    bundle_version: int
+    notified: list[str]
+
+
+@dataclass
+class Principal:
+    admin: bool
+    device: Device | None
+
+
+@dataclass
+class ServerState:
+    store: Store
+    admin_token: str
+    bundle_dir: Path
+    trusted_keys: list[Ed25519PublicKey]
+    metrics: Metrics
+    bridge: Bridge | None = None
+
+
+def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
+               on_stop: Callable[[], None] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if on_start:
+            on_start()
+        yield
+        if on_stop:
+            on_stop()
+
+    app = FastAPI(title="trickle server", version="1", lifespan=lifespan,
+                  description="Telemetry and results from energy-harvesting devices, bundles and OTA.")
+    bearer = HTTPBearer(auto_error=False)
+
+    def principal(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+        if credentials is None:
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        token = credentials.credentials
+        if hmac.compare_digest(token.encode(), state.admin_token.encode()):
+            return Principal(True, None)
+        device = state.store.device_by_token(token)
+        if device is None:
+            raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
+        return Principal(False, device)
+
+    def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
+        if not who.admin:
+            raise HTTPException(403, "needs the admin token")
+        return who
+
+    @app.get(ROUTES["health"])
+    def health() -> dict[str, Any]:
+        connected = state.bridge.connected.is_set() if state.bridge else False
+        return {"status": "ok", "broker_connected": connected, "messages": state.store.message_counts()}
+
+    @app.get(ROUTES["metrics"], response_class=PlainTextResponse)
+    def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    @app.post(ROUTES["devices"], status_code=201, response_model=DeviceOut)
+    def register(body: DeviceIn, _: Annotated[Principal, Depends(admin)]) -> DeviceOut:
+        try:
+            d = state.store.add_device(body.device, body.fleet)
+        except StoreError as err:
+            raise HTTPException(409, str(err)) from None
+        log.info("registered device %s in fleet %s", d.device, d.fleet)
+        return DeviceOut(device=d.device, fleet=d.fleet, token=d.token)
+
+    @app.get(ROUTES["devices"])
+    def devices(_: Annotated[Principal, Depends(admin)]) -> list[dict[str, Any]]:
+        return state.store.devices()
+
+    @app.post(ROUTES["bundles"], status_code=201, response_model=BundleOut)
+    def upload(data: Annotated[bytes, Body(media_type="application/octet-stream")],
+               _: Annotated[Principal, Depends(admin)]) -> BundleOut:
+        if len(data) > MAX_BUNDLE_BYTES:
+            raise HTTPException(413, f"bundle of {len(data)} bytes: over {MAX_BUNDLE_BYTES}")
+        state.bundle_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(suffix=".tar", dir=state.bundle_dir)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            try:
+                bundle = read_bundle(tmp, state.trusted_keys or None, require_signature=bool(state.trusted_keys))
+            except BundleError as err:
+                log.warning("refused a bundle upload: %s", err)
+                raise HTTPException(400, str(err).replace(str(tmp), "upload")) from None
+            version, model = int(bundle.manifest["bundle_version"]), str(bundle.manifest["model"])
+            digest = hashlib.sha256(data).hexdigest()
+            target = state.bundle_dir / f"v{version}.tar"
+            try:
+                state.store.add_bundle(version, model, digest, target)
+            except StoreError as err:
+                raise HTTPException(409, str(err)) from None
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.info("stored bundle %s v%d", model, version)
+        return BundleOut(version=version, model=model, sha256=digest)
+
+    @app.get(ROUTES["bundles"], response_model=list[BundleOut])
+    def bundles(_: Annotated[Principal, Depends(principal)]) -> list[dict[str, Any]]:
+        return state.store.bundles()
+
+    @app.get(ROUTES["bundle"], response_class=FileResponse)
+    def download(version: int, _: Annotated[Principal, Depends(principal)]) -> FileResponse:
+        record = state.store.bundle(version) if 0 < version < 2**62 else None
+        if record is None:
+            raise HTTPException(404, f"bundle_version {version} is not uploaded")
+        return FileResponse(record["path"], media_type="application/x-tar", filename=f"v{version}.tar")
+
+    @app.post(ROUTES["assignments"], response_model=AssignmentOut)
+    def assign(body: AssignmentIn, _: Annotated[Principal, Depends(admin)]) -> AssignmentOut:
+        kind, name = body.target.split(":", 1)
+        targets = [d for d in state.store.devices() if (d["device"] if kind == "device" else d["fleet"]) == name]
+        if not targets:
+            raise HTTPException(404, f"no registered {kind} {name!r}")
+        try:
+            state.store.assign(body.target, body.bundle_version)
+        except StoreError as err:
+            raise HTTPException(404, str(err)) from None
+        record = state.store.bundle(body.bundle_version)
+        assert record is not None
+        command = OtaCommand(bundle_version=body.bundle_version, sha256=record["sha256"],
+                             path=ROUTES["bundle"].format(version=body.bundle_version))
+        notified = []
+        for d in targets:
+            device = state.store.device(d["device"])
+            assert device is not None
+            if state.store.assignment(device) == body.bundle_version and state.bridge is not None:
+                state.bridge.publish(device.fleet, device.device, "ota", command.model_dump_json().encode(), retain=True)
+                notified.append(device.device)
+        return AssignmentOut(target=body.target, bundle_version=body.bundle_version, notified=notified)
+
+    @app.get(ROUTES["messages"])
+    def messages(device: Name, kind: str, who: Annotated[Principal, Depends(principal)],
+                 since_s: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+                 until_s: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+                 limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> list[dict[str, Any]]:
+        if kind not in DEVICE_KINDS:
+            raise HTTPException(404, f"kind {kind!r}: must be one of {', '.join(DEVICE_KINDS)}")
+        if not who.admin and (who.device is None or who.device.device != device):
+            raise HTTPException(403, "a device reads only its own messages")
+        return state.store.messages(device, kind, since_s, until_s, limit)
+
+    return app

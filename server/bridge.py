@@ -1,0 +1,172 @@
+"""The MQTT bridge: takes every device message from the broker, checks it, stores it once.
+
+A paho-mqtt client with a persistent session (clean_session=False) subscribes at QoS 1 to all
+devices' topics. Acknowledgements are manual: a message is PUBACKed only after the batch that
+holds it is committed to the store, so a server that dies before storing gets it again from
+the broker. Keys make the store idempotent, so a redelivery is a duplicate skipped, not a copy.
+
+Each message is checked with ``edge.protocol.decode`` (topic, size, JSON, schema, that the
+device is registered in that fleet, and its HMAC). A rejected message is logged with its
+reason, counted, acknowledged and dropped; nothing a device sends can stop the bridge.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import paho.mqtt.client as mqtt
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from edge.protocol import SERVER_SUBSCRIPTION, Message, ProtocolError, decode, topic
+from server.store import Incoming, Store
+
+log = logging.getLogger("trickle.server.bridge")
+SERVER_USER = "trickle-server"
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerAddress:
+        parts = urlsplit(url)
+        if parts.scheme != "mqtt" or not parts.hostname:
+            raise ValueError(f"broker {url!r}: must be mqtt://HOST:PORT")
+        return cls(parts.hostname, parts.port or 1883)
+
+
+class Metrics:
+    """Prometheus metrics of the link, in their own registry (served at /metrics)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.received = Counter("trickle_messages_in", "Device messages received", ["kind"], registry=self.registry)
+        self.rejected = Counter("trickle_messages_rejected", "Device messages refused", ["reason"], registry=self.registry)
+        self.stored = Counter("trickle_messages_stored", "Device messages stored (new keys)", registry=self.registry)
+        self.duplicates = Counter("trickle_messages_duplicate", "Redelivered keys skipped", registry=self.registry)
+        self.lag = Gauge("trickle_ingest_lag_messages", "Messages received, not yet stored", registry=self.registry)
+        self.latency = Histogram("trickle_ingest_latency_seconds", "Receipt to commit", registry=self.registry,
+                                 buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+
+
+def _reason(err: ProtocolError) -> str:
+    text = str(err)
+    for needle, reason in (("signature", "signature"), ("published under", "foreign_topic"), ("unknown device", "unknown_device"),
+                           ("over the limit", "oversized"), ("not JSON", "malformed"), ("JSON object", "malformed"),
+                           ("schema", "schema"), ("topic", "topic")):
+        if needle in text:
+            return reason
+    return "other"
+
+
+class Bridge:
+    def __init__(self, store: Store, broker: str, server_token: str, metrics: Metrics | None = None,
+                 max_batch: int = 2000) -> None:
+        self.store, self.address = store, BrokerAddress.parse(broker)
+        self.metrics = metrics or Metrics()
+        self.max_batch = max_batch
+        self._queue: queue.Queue[tuple[Incoming, int, int] | None] = queue.Queue()
+        self._tokens: dict[str, tuple[str, str]] = {}  # device -> (fleet, token)
+        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=SERVER_USER, clean_session=False,
+                                   manual_ack=True)
+        self._client.username_pw_set(SERVER_USER, server_token)
+        self._client.reconnect_delay_set(1, 5)
+        self._client.on_connect = self._on_connect
+        self._client.on_message = self._on_message
+        self._writer = threading.Thread(target=self._write_loop, name="trickle-bridge-writer", daemon=True)
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        self._writer.start()
+        self._client.connect_async(self.address.host, self.address.port, keepalive=30)
+        self._client.loop_start()
+
+    def stop(self) -> None:
+        """Disconnect, then store what was received (and acknowledge it)."""
+        self._client.disconnect()
+        self._client.loop_stop()
+        self._queue.put(None)
+        self._writer.join(timeout=30)
+
+    def publish(self, fleet: str, device: str, kind: str, payload: bytes, retain: bool = False) -> None:
+        self._client.publish(topic(fleet, device, kind), payload, qos=1, retain=retain)
+
+    def _on_connect(self, client: mqtt.Client, userdata: object, flags: object, reason: mqtt.ReasonCode,
+                    properties: object) -> None:
+        if reason.is_failure:
+            log.error("broker %s:%d refused the bridge: %s", self.address.host, self.address.port, reason)
+            return
+        client.subscribe(SERVER_SUBSCRIPTION, qos=1)
+        self.connected.set()
+        log.info("bridge connected to %s:%d", self.address.host, self.address.port)
+
+    def _token_of(self, fleet: str, device: str) -> str | None:
+        known = self._tokens.get(device)
+        if known is None:
+            record = self.store.device(device)
+            if record is None:
+                return None
+            known = self._tokens[device] = (record.fleet, record.token)
+        return known[1] if known[0] == fleet else None
+
+    def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
+        received_s = time.time()
+        try:
+            payload = bytes(msg.payload)
+            where, message = decode(msg.topic, payload, self._token_of)
+        except ProtocolError as err:
+            reason = _reason(err)
+            self.metrics.rejected.labels(reason).inc()
+            log.warning("rejected a message on %s (%s): %s", msg.topic, reason, err)
+            client.ack(msg.mid, msg.qos)
+            return
+        self.metrics.received.labels(where.kind).inc()
+        self.metrics.lag.inc()
+        self._queue.put((_incoming(where.kind, message, payload, received_s), msg.mid, msg.qos))
+
+    def _write_loop(self) -> None:
+        """Block for a message, then take whatever else is waiting: batches grow with the load,
+        and a lone message is stored at once (brokers cap unacknowledged messages in flight)."""
+        stopping = False
+        while not stopping:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[Incoming, int, int]]) -> None:
+        while True:
+            try:
+                new = self.store.add_messages([m for m, _, _ in batch])
+                break
+            except Exception:  # a locked or full disk: keep the messages unacknowledged and retry
+                log.exception("storing %d messages failed; retrying", len(batch))
+                time.sleep(0.5)
+        now = time.time()
+        for message, mid, qos in batch:
+            self._client.ack(mid, qos)
+            self.metrics.latency.observe(now - message.received_s)
+        self.metrics.stored.inc(new)
+        self.metrics.duplicates.inc(len(batch) - new)
+        self.metrics.lag.dec(len(batch))
+
+
+def _incoming(kind: str, message: Message, payload: bytes, received_s: float) -> Incoming:
+    return Incoming(message.key, message.device, kind, message.ts_s, received_s, payload.decode())

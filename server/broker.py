@@ -1,0 +1,119 @@
+"""The embedded MQTT broker (amqtt, in-process, in its own thread and event loop).
+
+It authenticates against the server's device registry and enforces each device's topics
+(``edge.protocol.device_topics``) with two amqtt plugins, so a device can neither publish as
+another device nor read another device's commands. The bridge checks every message again
+regardless (signatures), which is what protects the server behind an external broker whose
+ACL it does not control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amqtt.broker import Broker
+from amqtt.contexts import Action, BaseContext
+from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
+from amqtt.session import Session
+
+from edge.protocol import device_topics
+from server.bridge import SERVER_USER
+from server.store import Store, token_sha256
+
+log = logging.getLogger("trickle.server.broker")
+
+
+class DeviceAuth(BaseAuthPlugin):
+    """Username = device id, password = its token; the bridge logs in as ``trickle-server``."""
+
+    @dataclass
+    class Config:
+        db_path: str = ""
+        server_token_sha256: str = ""
+
+    def __init__(self, context: BaseContext) -> None:
+        super().__init__(context)
+        self._store = Store(Path(self.config.db_path))
+
+    async def authenticate(self, *, session: Session) -> bool | None:
+        user, password = session.username or "", session.password or ""
+        if user == SERVER_USER:
+            return token_sha256(password) == self.config.server_token_sha256
+        device = self._store.device(user)
+        ok = device is not None and hashlib.sha256(password.encode()).hexdigest() == token_sha256(device.token)
+        if not ok:
+            log.warning("broker refused a connection as %r (unknown device or bad token)", user)
+        return ok
+
+
+class DeviceTopics(BaseTopicPlugin):
+    """A device publishes only under its own topics and subscribes only to its own ota/cmd."""
+
+    @dataclass
+    class Config:
+        db_path: str = ""
+
+    def __init__(self, context: BaseContext) -> None:
+        super().__init__(context)
+        self._store = Store(Path(self.config.db_path))
+
+    async def topic_filtering(self, *, session: Session | None = None, topic: str | None = None,
+                              action: Action | None = None) -> bool | None:
+        user = session.username if session else None
+        if user == SERVER_USER:
+            return True
+        device = self._store.device(user or "")
+        if device is None or topic is None:
+            return False
+        allowed = device_topics(device.fleet, device.device)
+        ok = topic in (allowed["publish"] if action == Action.PUBLISH else allowed["subscribe"])
+        if not ok:
+            log.warning("broker refused %s on %s by %s", action, topic, user)
+        return ok
+
+
+class EmbeddedBroker:
+    """amqtt on HOST:PORT in a background thread."""
+
+    def __init__(self, host: str, port: int, db_path: Path, server_token: str) -> None:
+        plugins = {
+            f"{__name__}.DeviceAuth": {"db_path": str(db_path), "server_token_sha256": token_sha256(server_token)},
+            f"{__name__}.DeviceTopics": {"db_path": str(db_path)},
+        }
+        self._config: dict[str, Any] = {"listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
+                                        "plugins": plugins}
+        self._loop = asyncio.new_event_loop()
+        self._broker: Broker | None = None
+        self._thread = threading.Thread(target=self._run, name="trickle-broker", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._broker = Broker(self._config, loop=self._loop)
+            self._loop.run_until_complete(self._broker.start())
+        except BaseException as err:  # reported to start()'s caller
+            self._error = err
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise RuntimeError(f"embedded broker did not start: {self._error}") from self._error
+
+    def stop(self) -> None:
+        if self._broker is not None and self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop).result(timeout=15)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=15)

@@ -1,0 +1,138 @@
+"""One server: store + broker (embedded or external) + bridge + HTTP API, started and stopped together.
+
+    service = Service(ServeConfig(data_dir=Path("runs/server")))
+    service.run()                 # blocking, uvicorn in this thread (what `trickle serve` does)
+    with service.background():    # or in a thread, for the demo and benchmarks
+        ...
+
+Start order: store, broker, bridge (it waits for the broker), HTTP. Stop order is the reverse,
+and the bridge stores and acknowledges what it holds before it disconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from edge.bundle import load_public_key
+from server.app import ServerState, create_app
+from server.bridge import Bridge, BrokerAddress, Metrics
+from server.store import Store
+
+log = logging.getLogger("trickle.server")
+
+
+@dataclass
+class ServeConfig:
+    data_dir: Path = Path("runs/server")
+    """SQLite database, uploaded bundles and the tokens live here."""
+    host: str = "127.0.0.1"
+    port: int = 8080
+    broker: str = "embedded"
+    """``embedded`` (amqtt in this process) or ``mqtt://HOST:PORT`` of an external broker."""
+    mqtt_host: str = "127.0.0.1"
+    mqtt_port: int = 1883
+    """Where the embedded broker listens."""
+    trusted_keys: list[Path] = field(default_factory=list)
+    """Ed25519 public keys; with any, only bundles signed by one of them are accepted."""
+    admin_token: str | None = None
+    """Default: data_dir/admin.token, created on first start."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @property
+    def broker_url(self) -> str:
+        return f"mqtt://{self.mqtt_host}:{self.mqtt_port}" if self.broker == "embedded" else self.broker
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
+
+
+def read_or_create_token(path: Path) -> str:
+    """A secret kept in a 0600 file, made on first use."""
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path.with_name(f".{path.name}.tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.replace(path.with_name(f".{path.name}.tmp"), path)
+    return token
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    def __init__(self, config: ServeConfig) -> None:
+        if config.broker != "embedded":
+            BrokerAddress.parse(config.broker)  # a bad URL fails here, with its value
+        self.config = config
+        data = Path(config.data_dir)
+        self.store = Store(data / "trickle.sqlite")
+        self.admin_token = config.admin_token or read_or_create_token(data / "admin.token")
+        self.server_token = read_or_create_token(data / "server.token")
+        metrics = Metrics()
+        self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics)
+        self.state = ServerState(self.store, self.admin_token, data / "bundles",
+                                 [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge)
+        self.broker = None
+        if config.broker == "embedded":
+            from server.broker import EmbeddedBroker
+
+            self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, data / "trickle.sqlite", self.server_token)
+        self.app = create_app(self.state, on_start=self._start_link, on_stop=self._stop_link)
+        self._uvicorn: uvicorn.Server | None = None
+
+    def _start_link(self) -> None:
+        if self.broker is not None:
+            self.broker.start()
+        self.bridge.start()
+        if not self.bridge.connected.wait(10):
+            log.warning("the bridge is not connected to %s yet; it keeps trying", self.config.broker_url)
+
+    def _stop_link(self) -> None:
+        self.bridge.stop()
+        if self.broker is not None:
+            self.broker.stop()
+
+    def _server(self) -> uvicorn.Server:
+        c = self.config
+        ssl = {"ssl_certfile": str(c.tls_cert), "ssl_keyfile": str(c.tls_key)} if c.tls_cert and c.tls_key else {}
+        return uvicorn.Server(uvicorn.Config(self.app, host=c.host, port=c.port, log_level="warning", lifespan="on",
+                                             **ssl))  # type: ignore[arg-type]
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM (uvicorn's handlers), then stop in order."""
+        self._server().run()
+
+    @contextmanager
+    def background(self) -> Iterator[Service]:
+        server = self._server()
+        thread = threading.Thread(target=server.run, name="trickle-http", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server did not start on {self.config.url}")
+            time.sleep(0.05)
+        try:
+            yield self
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
