@@ -77,6 +77,12 @@ class ServerState:
     bridge: Bridge | None = None
 
 
+def ota_command(bundle: dict[str, Any]) -> OtaCommand:
+    """What a device is told about a bundle (a row of ``Store.bundle``)."""
+    return OtaCommand(bundle_version=bundle["version"], sha256=bundle["sha256"],
+                      path=ROUTES["bundle"].format(version=bundle["version"]))
+
+
 def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
                on_stop: Callable[[], None] | None = None) -> FastAPI:
     @asynccontextmanager
@@ -181,8 +187,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
             raise HTTPException(404, str(err)) from None
         record = state.store.bundle(body.bundle_version)
         assert record is not None
-        command = OtaCommand(bundle_version=body.bundle_version, sha256=record["sha256"],
-                             path=ROUTES["bundle"].format(version=body.bundle_version))
+        command = ota_command(record)
         notified = []
         for d in targets:
             device = state.store.device(d["device"])

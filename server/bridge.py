@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -82,6 +83,8 @@ class Bridge:
         self._client.on_message = self._on_message
         self._writer = threading.Thread(target=self._write_loop, name="trickle-bridge-writer", daemon=True)
         self.connected = threading.Event()
+        self.on_connected: list[Callable[[], None]] = []  # called (in paho's thread) after every (re)connect
+        self._last_received = time.monotonic()
 
     def start(self) -> None:
         self._writer.start()
@@ -95,6 +98,14 @@ class Bridge:
         self._queue.put(None)
         self._writer.join(timeout=30)
 
+    def wait_idle(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> None:
+        """Until nothing arrived for ``quiet_s`` and everything received is stored."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if time.monotonic() - self._last_received >= quiet_s and self._queue.empty():
+                return
+            time.sleep(0.02)
+
     def publish(self, fleet: str, device: str, kind: str, payload: bytes, retain: bool = False) -> None:
         self._client.publish(topic(fleet, device, kind), payload, qos=1, retain=retain)
 
@@ -105,6 +116,8 @@ class Bridge:
             return
         client.subscribe(SERVER_SUBSCRIPTION, qos=1)
         self.connected.set()
+        for callback in self.on_connected:
+            callback()
         log.info("bridge connected to %s:%d", self.address.host, self.address.port)
 
     def _token_of(self, fleet: str, device: str) -> str | None:
@@ -118,6 +131,7 @@ class Bridge:
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         received_s = time.time()
+        self._last_received = time.monotonic()
         try:
             payload = bytes(msg.payload)
             where, message = decode(msg.topic, payload, self._token_of)

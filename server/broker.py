@@ -112,6 +112,29 @@ class EmbeddedBroker:
         if self._error is not None:
             raise RuntimeError(f"embedded broker did not start: {self._error}") from self._error
 
+    def quiesce(self, timeout_s: float = 5.0) -> None:
+        """Stop taking messages from devices before a shutdown: close the listener, end every
+        device's session (their unacknowledged messages stay in their outboxes), and wait until
+        what the broker already acknowledged has been handed on to the bridge's session.
+        Uses amqtt internals (``_servers``, ``_sessions``, ``_broadcast_queue``) of the pinned version."""
+        broker = self._broker
+        if broker is None or not self._loop.is_running():
+            return
+
+        async def run() -> None:
+            for server in getattr(broker, "_servers", {}).values():
+                if getattr(server, "instance", None) is not None:
+                    server.instance.close()
+            for client_id in list(getattr(broker, "_sessions", {})):
+                if client_id != SERVER_USER:
+                    await broker._cleanup_session(client_id)
+            queue = getattr(broker, "_broadcast_queue", None)
+            deadline = self._loop.time() + timeout_s
+            while queue is not None and not queue.empty() and self._loop.time() < deadline:
+                await asyncio.sleep(0.01)
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=timeout_s + 5)
+
     def stop(self) -> None:
         if self._broker is not None and self._loop.is_running():
             asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop).result(timeout=15)

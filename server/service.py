@@ -25,7 +25,7 @@ from pathlib import Path
 import uvicorn
 
 from edge.bundle import load_public_key
-from server.app import ServerState, create_app
+from server.app import ServerState, create_app, ota_command
 from server.bridge import Bridge, BrokerAddress, Metrics
 from server.store import Store
 
@@ -89,6 +89,7 @@ class Service:
         self.server_token = read_or_create_token(data / "server.token")
         metrics = Metrics()
         self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics)
+        self.bridge.on_connected.append(self._announce_assignments)
         self.state = ServerState(self.store, self.admin_token, data / "bundles",
                                  [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge)
         self.broker = None
@@ -107,9 +108,24 @@ class Service:
             log.warning("the bridge is not connected to %s yet; it keeps trying", self.config.broker_url)
 
     def _stop_link(self) -> None:
+        # devices first, so nothing the broker acknowledged is left between it and the store
+        if self.broker is not None:
+            self.broker.quiesce()
+        self.bridge.wait_idle()
         self.bridge.stop()
         if self.broker is not None:
             self.broker.stop()
+
+    def _announce_assignments(self) -> None:
+        """Retain every device's assigned bundle on its ota topic again (the embedded broker
+        keeps retained messages only while it runs)."""
+        for record in self.store.devices():
+            device = self.store.device(record["device"])
+            version = self.store.assignment(device) if device else None
+            bundle = self.store.bundle(version) if version else None
+            if device is not None and bundle is not None:
+                command = ota_command(bundle).model_dump_json().encode()
+                self.bridge.publish(device.fleet, device.device, "ota", command, retain=True)
 
     def _server(self) -> uvicorn.Server:
         c = self.config
