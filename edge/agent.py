@@ -5,7 +5,8 @@
                               bundle=Path("bundles/digits.tar"), source=Path("samples.npz")))
     agent.run()
 
-Every message goes through the ``Outbox`` (on disk first, deleted when the broker PUBACKs it),
+Every message goes through the ``Outbox`` (on disk first, deleted when the server acknowledges
+storing it; published again if that acknowledgement is overdue),
 with an idempotency key ``{device}:{kind}:{n}``; the source cursor moves in the same
 transaction, so a kill -9 at any point loses nothing and a restart repeats nothing the server
 would keep twice. paho reconnects with exponential backoff; a status ``online`` is retained on
@@ -41,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from edge.bundle import Bundle, BundleError, load_public_key, read_bundle
 from edge.outbox import Outbox
 from edge.preprocess import read_input
-from edge.protocol import Event, Message, OtaCommand, Result, Status, Telemetry, encode, topic
+from edge.protocol import SERVER_KINDS, Ack, Event, Message, OtaCommand, Result, Status, Telemetry, encode, topic
 from edge.runtime import Runtime
 
 log = logging.getLogger("trickle.edge.agent")
@@ -69,6 +70,7 @@ class AgentConfig:
     backend: str = "onnxruntime"
     exit_when_done: bool = False  # else keep serving OTA after the source ends, until stopped
     max_in_flight: int = 256
+    resend_s: float = 30.0  # publish again a message the server has not acknowledged after this
 
 
 def load_source(path: Path, preprocessing: dict[str, Any]) -> tuple[list[np.ndarray], np.ndarray | None]:
@@ -89,8 +91,10 @@ def load_source(path: Path, preprocessing: dict[str, Any]) -> tuple[list[np.ndar
 
 
 class Link:
-    """MQTT with the outbox behind it: a sender thread keeps up to ``max_in_flight`` queued
-    messages published; each PUBACK deletes its row."""
+    """MQTT with the outbox behind it. A sender thread keeps up to ``max_in_flight`` queued
+    messages published (awaiting the broker's PUBACK); a message the broker acknowledged waits for
+    the server's ``ack`` of its key, which deletes it, and is published again if that does not
+    come within ``resend_s``."""
 
     def __init__(self, config: AgentConfig, outbox: Outbox, on_ota: Any) -> None:
         parts = urlsplit(config.broker)
@@ -110,6 +114,7 @@ class Link:
         self._cond = threading.Condition()
         self._in_flight: dict[int, int] = {}  # mid -> outbox seq
         self._early: dict[int, float] = {}  # mid -> when its PUBACK came before the sender recorded it
+        self._awaiting: dict[int, float] = {}  # seq -> when the broker acknowledged it (server ack pending)
         self._sent_up_to = 0
         self._connected = False
         self._stop = False
@@ -154,13 +159,14 @@ class Link:
         if reason.is_failure:
             log.error("broker refused %s: %s", self.config.device, reason)
             return
-        for kind in ("ota", "cmd"):
+        for kind in SERVER_KINDS:
             client.subscribe(topic(self.config.fleet, self.config.device, kind), qos=1)
         self.publish_status("online")
         with self._cond:
             self._connected = True
             self._in_flight.clear()  # resend whatever is still queued; the server drops repeats by key
             self._early.clear()
+            self._awaiting.clear()
             self._sent_up_to = 0
             self._cond.notify_all()
 
@@ -176,26 +182,45 @@ class Link:
             seq = self._in_flight.pop(mid, None)
             if seq is None:  # acknowledged before the sender recorded it (or a previous session's)
                 self._early[mid] = time.monotonic()
+            else:
+                self._awaiting[seq] = time.monotonic()
             self._cond.notify_all()
-        if seq is not None:
-            self.outbox.delete([seq])
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
-        if msg.topic.endswith("/ota"):
+        if msg.topic.endswith("/ack"):
+            try:
+                keys = Ack.model_validate_json(msg.payload).keys
+            except ValueError as err:
+                log.warning("ignored a malformed ack: %s", err)
+                return
+            self.outbox.delete_keys(keys)
+            with self._cond:
+                self._cond.notify_all()
+        elif msg.topic.endswith("/ota"):
             threading.Thread(target=self.on_ota, args=(msg.payload,), name="trickle-ota", daemon=True).start()
+
+    def _next_rows(self) -> list[tuple[int, str, bytes]] | None:
+        """Messages to publish now (never-sent ones first, then those whose server ack is overdue);
+        None once stopped. Waits while disconnected or while the window is full."""
+        with self._cond:
+            while not self._stop and (not self._connected or len(self._in_flight) >= self.config.max_in_flight):
+                self._cond.wait(0.5)
+            if self._stop:
+                return None
+            room = self.config.max_in_flight - len(self._in_flight)
+            after = self._sent_up_to
+            now = time.monotonic()
+            overdue = sorted(seq for seq, t in self._awaiting.items() if now - t > self.config.resend_s)[:room]
+            for seq in overdue:
+                del self._awaiting[seq]
+            self._early = {mid: t for mid, t in self._early.items() if now - t < 5.0}  # acks that matched nothing
+        rows = self.outbox.pending(after, room)
+        return rows + self.outbox.rows(overdue)[: max(0, room - len(rows))]
 
     def _send_loop(self) -> None:
         # paho is never called with self._cond held: its network thread takes its own locks and
         # then ours (in _on_publish), so holding ours across publish() would deadlock.
-        while True:
-            with self._cond:
-                while not self._stop and (not self._connected or len(self._in_flight) >= self.config.max_in_flight):
-                    self._cond.wait(0.5)
-                if self._stop:
-                    return
-                room = self.config.max_in_flight - len(self._in_flight)
-                after = self._sent_up_to
-            rows = self.outbox.pending(after, room)
+        while (rows := self._next_rows()) is not None:
             if not rows:
                 with self._cond:
                     self._cond.wait(0.2)
@@ -205,14 +230,11 @@ class Link:
                 if info.rc != mqtt.MQTT_ERR_SUCCESS:
                     break
                 with self._cond:
-                    self._sent_up_to = seq
+                    self._sent_up_to = max(self._sent_up_to, seq)
                     if self._early.pop(info.mid, None) is None:
                         self._in_flight[info.mid] = seq
-                        continue
-                self.outbox.delete([seq])
-            with self._cond:  # forget early acks that matched nothing
-                now = time.monotonic()
-                self._early = {mid: t for mid, t in self._early.items() if now - t < 5.0}
+                    else:
+                        self._awaiting[seq] = time.monotonic()
 
     def drained(self) -> bool:
         return len(self.outbox) == 0

@@ -1,5 +1,5 @@
 """Store-and-forward: every outgoing message is on disk before it is sent, and leaves only when
-the broker has acknowledged it.
+the server has acknowledged storing it (``edge.protocol.Ack``).
 
 One SQLite file (WAL, synchronous=FULL: a message the agent reported as queued survives a power
 cut or a kill -9). Each message carries its idempotency key, so sending it twice after a crash
@@ -47,9 +47,18 @@ class Outbox:
             return self._db.execute("SELECT seq, topic, payload FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
                                     (after_seq, limit)).fetchall()
 
-    def delete(self, seqs: list[int]) -> None:
+    def delete_keys(self, keys: list[str]) -> int:
+        """Delete the messages the server acknowledged; returns how many were queued."""
         with self._lock:
-            self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s in seqs])
+            before = self._db.total_changes
+            self._db.executemany("DELETE FROM outbox WHERE key = ?", [(k,) for k in keys])
+            return self._db.total_changes - before
+
+    def rows(self, seqs: list[int]) -> list[tuple[int, str, bytes]]:
+        """(seq, topic, payload) of those of ``seqs`` still queued."""
+        with self._lock:
+            return [row for seq in seqs for row in
+                    self._db.execute("SELECT seq, topic, payload FROM outbox WHERE seq = ?", (seq,)).fetchall()]
 
     def __len__(self) -> int:
         with self._lock:

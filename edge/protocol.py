@@ -6,7 +6,10 @@ The device runtime owns it; the server imports it. Topics::
 
 - device → server: ``telemetry``, ``result``, ``event`` (QoS 1), ``status`` (retained; the
   last will publishes ``offline``);
-- server → device: ``ota`` (retained: the bundle the device should run), ``cmd``.
+- server → device: ``ota`` (retained: the bundle the device should run), ``cmd``, and ``ack``:
+  the keys the server has stored. A device deletes a queued message only on this end-to-end
+  acknowledgement (a broker's PUBACK alone is not enough: amqtt acknowledges a message before it
+  is safely queued, and loses it if the publisher disconnects right after).
 
 Every device message is JSON with ``v`` (schema version), ``key`` (idempotency key: the server
 stores a key once), ``device`` (must match the topic) and ``ts_s`` (the device's clock, or the
@@ -33,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 VERSION = 1
 ROOT = f"trickle/v{VERSION}"
 DEVICE_KINDS = ("telemetry", "result", "status", "event")
-SERVER_KINDS = ("ota", "cmd")
-SERVER_SUBSCRIPTION = f"{ROOT}/+/+/+"  # the server's bridge: every device's messages
+SERVER_KINDS = ("ota", "cmd", "ack")
+SERVER_SUBSCRIPTIONS = [f"{ROOT}/+/+/{kind}" for kind in DEVICE_KINDS]  # the bridge: what every device sends
 MAX_PAYLOAD_BYTES = 8192
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -139,6 +142,13 @@ class OtaCommand(_Strict):
     bundle_version: int = Field(ge=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the bundle's tar, as served
     path: str  # HTTP route to download it from
+
+
+class Ack(_Strict):
+    """The keys of a device's messages the server has stored (or already had)."""
+
+    v: Literal[1] = 1
+    keys: list[str] = Field(max_length=10_000)
 
 
 class Command(_Strict):

@@ -195,7 +195,7 @@ def manifest(payload: dict[str, Any], model: SwitchableNet, data: Dataset, varia
     for v in variants:
         bits_on_device = 8 if v.bits == FLOAT_BITS else v.bits
         layers = [{"name": c.name, "macs": c.macs, "param_bytes": math.ceil(c.weights * min(v.bits, 8) / 8)
-                   if v.bits != FLOAT_BITS else c.weights * 4} for c in model.layer_costs(v.drop)]
+                   if v.bits != FLOAT_BITS else c.weights * 4, "outputs": c.outputs} for c in model.layer_costs(v.drop)]
         energy = {} if v.bits == FLOAT_BITS else {m: variant_energy_j(model, bits_on_device, v.drop, m) for m in sorted(MCUS)}
         entries.append({"name": v.name, "bits": v.bits, "drop": v.drop, "layers": layers, "energy_j": energy,
                         "accuracy": v.accuracy, "formats": {fmt: file for fmt, (file, _) in v.files.items()}})

@@ -75,6 +75,7 @@ class ServerState:
     trusted_keys: list[Ed25519PublicKey]
     metrics: Metrics
     bridge: Bridge | None = None
+    broker_url: str = ""  # what devices connect to (reported at /healthz)
 
 
 def ota_command(bundle: dict[str, Any]) -> OtaCommand:
@@ -116,7 +117,8 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     @app.get(ROUTES["health"])
     def health() -> dict[str, Any]:
         connected = state.bridge.connected.is_set() if state.bridge else False
-        return {"status": "ok", "broker_connected": connected, "messages": state.store.message_counts()}
+        return {"status": "ok", "broker_connected": connected, "mqtt": state.broker_url,
+                "messages": state.store.message_counts()}
 
     @app.get(ROUTES["metrics"], response_class=PlainTextResponse)
     def metrics() -> Response:

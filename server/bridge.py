@@ -5,6 +5,9 @@ devices' topics. Acknowledgements are manual: a message is PUBACKed only after t
 holds it is committed to the store, so a server that dies before storing gets it again from
 the broker. Keys make the store idempotent, so a redelivery is a duplicate skipped, not a copy.
 
+After each commit the bridge publishes an ``ack`` with the stored keys to each device; only
+then does a device delete them from its outbox (end to end, whatever the broker did).
+
 Each message is checked with ``edge.protocol.decode`` (topic, size, JSON, schema, that the
 device is registered in that fleet, and its HMAC). A rejected message is logged with its
 reason, counted, acknowledged and dropped; nothing a device sends can stop the bridge.
@@ -23,7 +26,7 @@ from urllib.parse import urlsplit
 import paho.mqtt.client as mqtt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from edge.protocol import SERVER_SUBSCRIPTION, Message, ProtocolError, decode, topic
+from edge.protocol import SERVER_SUBSCRIPTIONS, Ack, Message, ProtocolError, decode, topic
 from server.store import Incoming, Store
 
 log = logging.getLogger("trickle.server.bridge")
@@ -114,7 +117,7 @@ class Bridge:
         if reason.is_failure:
             log.error("broker %s:%d refused the bridge: %s", self.address.host, self.address.port, reason)
             return
-        client.subscribe(SERVER_SUBSCRIPTION, qos=1)
+        client.subscribe([(name, 1) for name in SERVER_SUBSCRIPTIONS])
         self.connected.set()
         for callback in self.on_connected:
             callback()
@@ -174,9 +177,14 @@ class Bridge:
                 log.exception("storing %d messages failed; retrying", len(batch))
                 time.sleep(0.5)
         now = time.time()
+        stored: dict[str, list[str]] = {}
         for message, mid, qos in batch:
             self._client.ack(mid, qos)
             self.metrics.latency.observe(now - message.received_s)
+            stored.setdefault(message.device, []).append(message.key)
+        for device, keys in stored.items():  # end to end: the device may now forget them
+            fleet = self._tokens[device][0]
+            self._client.publish(topic(fleet, device, "ack"), Ack(keys=keys).model_dump_json().encode(), qos=1)
         self.metrics.stored.inc(new)
         self.metrics.duplicates.inc(len(batch) - new)
         self.metrics.lag.dec(len(batch))

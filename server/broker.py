@@ -24,7 +24,7 @@ from amqtt.session import Session
 
 from edge.protocol import device_topics
 from server.bridge import SERVER_USER
-from server.store import Store, token_sha256
+from server.store import Device, Store, token_sha256
 
 log = logging.getLogger("trickle.server.broker")
 
@@ -62,13 +62,16 @@ class DeviceTopics(BaseTopicPlugin):
     def __init__(self, context: BaseContext) -> None:
         super().__init__(context)
         self._store = Store(Path(self.config.db_path))
+        self._devices: dict[str, Device] = {}  # registrations never change, so they can be cached
 
     async def topic_filtering(self, *, session: Session | None = None, topic: str | None = None,
                               action: Action | None = None) -> bool | None:
         user = session.username if session else None
-        if user == SERVER_USER:
-            return True
-        device = self._store.device(user or "")
+        if user == SERVER_USER or action == Action.RECEIVE:
+            return True  # receiving is checked once, when the device subscribes
+        device = self._devices.get(user or "") or self._store.device(user or "")
+        if device is not None:
+            self._devices[device.device] = device
         if device is None or topic is None:
             return False
         allowed = device_topics(device.fleet, device.device)
@@ -76,6 +79,13 @@ class DeviceTopics(BaseTopicPlugin):
         if not ok:
             log.warning("broker refused %s on %s by %s", action, topic, user)
         return ok
+
+
+class _Snapshots(dict[str, list[Any]]):
+    """A dict whose items() is a snapshot (lists copied), safe to walk across awaits."""
+
+    def items(self) -> Any:
+        return [(key, list(value)) for key, value in super().items()]
 
 
 class EmbeddedBroker:
@@ -98,6 +108,9 @@ class EmbeddedBroker:
         asyncio.set_event_loop(self._loop)
         try:
             self._broker = Broker(self._config, loop=self._loop)
+            # amqtt 0.12 walks its subscription table across awaits while broadcasting; a client
+            # subscribing meanwhile made it raise and drop that (already acknowledged) message.
+            self._broker._subscriptions = _Snapshots(self._broker._subscriptions)
             self._loop.run_until_complete(self._broker.start())
         except BaseException as err:  # reported to start()'s caller
             self._error = err

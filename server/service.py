@@ -91,7 +91,8 @@ class Service:
         self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics)
         self.bridge.on_connected.append(self._announce_assignments)
         self.state = ServerState(self.store, self.admin_token, data / "bundles",
-                                 [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge)
+                                 [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge,
+                                 config.broker_url)
         self.broker = None
         if config.broker == "embedded":
             from server.broker import EmbeddedBroker

@@ -10,6 +10,14 @@ examples:
   trickle simulate --scenario nrel_24h --nodes 50 --out runs/nrel
   trickle simulate --scenario my.toml --set storage.capacitance_f=0.047 --seed 3
   trickle simulate --list
+  trickle simulate --bundle bundles/digits.tar --samples samples.npz     # the nodes run that model
+  trickle simulate --bundle B --samples S --live http://127.0.0.1:8080 --admin-token-file runs/server/admin.token
+
+--bundle makes the nodes' task a real bundle: its variants' layer costs from the manifest, and
+their answers on --samples (an .npz with raw 'x' and labels 'y', as the edge agent reads) computed
+by the edge runtime, so the report adds accuracy within deadline. --live then publishes every
+node's results to a trickle server over MQTT, each node as its own device, with the simulated
+timestamps (virtual time, sent as fast as the link takes them).
 """
 
 from __future__ import annotations
@@ -40,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override any field, value in TOML syntax (repeatable), e.g. --set workload.policy='\"jit\"'")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--bundle", type=Path, help="run this bundle's model on the nodes (needs --samples)")
+    p.add_argument("--samples", type=Path, help=".npz with raw test samples 'x' and labels 'y' for --bundle")
+    p.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
+                   help="with --bundle: require a signature by this key")
+    p.add_argument("--live", metavar="URL", help="publish the nodes' results to this trickle server (needs --bundle)")
+    p.add_argument("--admin-token-file", type=Path, help="with --live: the server's admin token (registers the devices)")
+    p.add_argument("--broker", help="with --live: MQTT broker URL (default: the one the server reports at /healthz)")
 
 
 def scenario_path(name: str) -> Path:
@@ -80,15 +95,60 @@ def run(args: argparse.Namespace) -> int:
     from simulator.report import write_outputs
 
     scenario = scenario_from_args(args)
+    if args.live and not (args.bundle and args.admin_token_file):
+        raise ConfigError("--live", args.live, "needs --bundle, --samples and --admin-token-file")
+    bundle, model = _bundle_model(args)
     out = args.out or Path("runs") / scenario.name
     started = time.perf_counter()
     with _progress(scenario, disable=args.no_progress) as bar:
-        result = simulate(scenario, progress=bar.update)
+        result = simulate(scenario, progress=bar.update, model=model)
     wall_s = time.perf_counter() - started
     paths = write_outputs(result, out, plots=not args.no_plots)
     _print_summary(result.summary, wall_s)
     print(f"wrote {', '.join(str(p) for p in paths[:2])}" + (f" and {len(paths) - 2} plots" if len(paths) > 2 else ""))
+    if args.live and bundle is not None:
+        report = publish_live(result, bundle, args.live, args.admin_token_file, args.broker, out / "live")
+        print(f"published {report.messages} messages of {report.devices} devices to {args.live} in {report.seconds:.1f} s "
+              f"({report.messages_per_s:.0f} msg/s)")
     return 0
+
+
+def _bundle_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    if args.bundle is None:
+        if args.samples is not None:
+            raise ConfigError("--samples", str(args.samples), "goes with --bundle")
+        return None, None
+    import numpy as np
+
+    from edge.bundle import BundleError, load_public_key, read_bundle
+    from edge.runtime import Runtime
+    from simulator.bundle_model import inference_model
+
+    if args.samples is None or not args.samples.exists():
+        raise ConfigError("--samples", str(args.samples), "an existing .npz with raw 'x' and labels 'y' is needed with --bundle")
+    try:
+        keys = [load_public_key(k) for k in args.trust]
+        bundle = read_bundle(args.bundle, keys or None, require_signature=bool(keys))
+        with np.load(args.samples) as data:
+            x_raw, y = data["x"], data["y"]
+        runtime = Runtime(bundle)
+        x = np.stack([runtime.preprocess(raw) for raw in x_raw])
+    except (BundleError, KeyError, ValueError) as err:
+        raise ConfigError("--bundle", str(args.bundle), str(err)) from None
+    return bundle, inference_model(bundle, x, y)
+
+
+def publish_live(result: Any, bundle: Any, server: str, token_file: Path, broker: str | None, state_dir: Path) -> Any:
+    import httpx
+
+    from simulator.live import LiveError, publish
+
+    try:
+        broker = broker or httpx.get(server.rstrip("/") + "/healthz", timeout=10).json()["mqtt"]
+        return publish(result, server, broker, token_file.read_text().strip(), result.scenario.name.replace("_", "-"),
+                       bundle.manifest["labels"], int(bundle.manifest["bundle_version"]), state_dir)
+    except (httpx.HTTPError, OSError, KeyError, LiveError) as err:
+        raise ConfigError("--live", server, f"publishing failed: {err}") from None
 
 
 def _progress(scenario: Scenario, disable: bool) -> Any:
@@ -111,6 +171,8 @@ def _print_summary(s: dict[str, Any], wall_s: float) -> None:
         ("energy harvested / to load (J)", f"{s['harvested_j']:.4g} / {s['load_j']:.4g}"),
         ("wall time", f"{wall_s:.2f} s ({node_s / wall_s:.3g} node-s per s)"),
     ]
+    if "accuracy_within_deadline" in s:
+        rows.insert(5, ("accuracy within deadline", f"{s['accuracy_within_deadline']:.3f}"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

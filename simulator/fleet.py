@@ -41,6 +41,8 @@ class NodeResult:
     packets: np.ndarray  # (n, 3): start_s, airtime_s, deadline_s
     trace: dict[str, list[float] | list[int]] | None = None
     task_log: np.ndarray | None = None  # (k, 3) int: sensing event, variant, within deadline
+    task_done_s: np.ndarray | None = None  # (k,) when each logged task finished
+    task_latency_s: np.ndarray | None = None  # (k,) finish - sensing event
 
 
 @dataclass
@@ -187,7 +189,10 @@ def _result(node: Node) -> NodeResult:
         trace = {"time_s": node.trace_t, "voltage_v": node.trace_v, "mode": node.trace_mode}
     packets = np.asarray(node.packets, dtype=np.float64).reshape(-1, 3)
     task_log = np.asarray(node.task_log, dtype=np.int64).reshape(-1, 3)
-    return NodeResult(node.spec.node_id, node.spec.harvest_scale, node.finish(), packets, trace, task_log)
+    done_s = np.asarray(node.task_done_s, dtype=np.float64)
+    latency_s = np.asarray(node.task_latency_s, dtype=np.float64)
+    return NodeResult(node.spec.node_id, node.spec.harvest_scale, node.finish(), packets, trace, task_log, done_s,
+                      latency_s)
 
 
 def _shards(n_nodes: int, n_shards: int) -> list[range]:
@@ -292,6 +297,12 @@ def summarize(result: SimulationResult) -> dict[str, float | int]:
 _SAMPLE_STREAM = 3  # rng stream of the test sample each sensing event observes
 
 
+def sample_indices(seed: int, node: NodeResult, n_test: int) -> np.ndarray:
+    """The test sample each sensing event of ``node`` observes (index by event number)."""
+    rng = np.random.default_rng([seed, node.node_id, _SAMPLE_STREAM])
+    return rng.integers(0, n_test, size=max(node.stats.released, 1))
+
+
 def _accuracy_summary(result: SimulationResult, model: InferenceModel) -> dict[str, float | int]:
     """Accuracy within deadline: a sensing event counts as right only if its result came in time and
     was correct; events lost, dropped, late or unfinished count as wrong."""
@@ -301,8 +312,7 @@ def _accuracy_summary(result: SimulationResult, model: InferenceModel) -> dict[s
     for r in result.nodes:
         released += r.stats.released
         log = r.task_log if r.task_log is not None else np.zeros((0, 3), dtype=np.int64)
-        rng = np.random.default_rng([seed, r.node_id, _SAMPLE_STREAM])
-        samples = rng.integers(0, model.n_test, size=max(r.stats.released, 1))
+        samples = sample_indices(seed, r, model.n_test)
         for event, variant, in_time in log:
             usage[variant] += 1
             right += int(in_time and model.variants[variant].correct[samples[event]])

@@ -130,6 +130,8 @@ class Node:
         self.variant = 0
         self.task_event = -1
         self.task_log: list[tuple[int, int, bool]] = []  # (sensing event, variant, within deadline)
+        self.task_done_s: list[float] = []  # when each logged task finished
+        self.task_latency_s: list[float] = []  # and how long after its sensing event
         self.jit_armed = True
         self.seg = 0
         self.harvest_w = float(spec.harvest.power_w[0]) * spec.harvest_scale
@@ -342,7 +344,9 @@ class Node:
         else:
             st.missed += 1
         self.task_log.append((self.task_event, self.variant, in_time))
+        self.task_done_s.append(self.t)
         assert self.task_release_s is not None
+        self.task_latency_s.append(self.t - self.task_release_s)
         st.latency_sum_s += self.t - self.task_release_s
         self.task_release_s = None
         self._next_task()

@@ -256,6 +256,7 @@ class ModelVariant:
     layers: tuple[LayerSpec, ...]
     correct: np.ndarray  # (n_test,) bool: does this variant classify test sample i right
     accuracy: float
+    predicted: np.ndarray | None = None  # (n_test,) class index it answers, when known
 
 
 @dataclass(frozen=True)

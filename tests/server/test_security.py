@@ -37,7 +37,8 @@ def _telemetry(device: str, key: str, token: str) -> bytes:
 
 
 def _rejected(server: ServerProc) -> dict[str, float]:
-    return {m[1]: float(m[2]) for m in re.finditer(r'trickle_messages_rejected_total\{reason="(\w+)"\} ([0-9.]+)', server.metrics())}
+    pattern = r'trickle_messages_rejected_total\{reason="(\w+)"\} ([0-9.]+)'
+    return {m[1]: float(m[2]) for m in re.finditer(pattern, server.metrics())}
 
 
 @needs_mosquitto

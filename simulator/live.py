@@ -1,0 +1,126 @@
+"""Simulated nodes on the real link: every result of a simulation is published to the server over
+MQTT by its node's own device identity, through the edge agent's store-and-forward link.
+
+Virtual time: a result's ``ts_s`` is the simulated time it was produced; the publishing itself
+runs as fast as the link takes it. Devices are ``{fleet}-n{node_id}``, registered on first use
+with the admin token; their tokens are kept in ``state_dir/tokens.json`` so a rerun reuses them.
+Keys are ``{device}:result:{sensing event}``, so publishing a run twice stores it once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from edge.agent import AgentConfig, Link
+from edge.outbox import Outbox
+from edge.protocol import ROUTES, Message, Result, Telemetry, encode, topic
+from simulator.fleet import SimulationResult, sample_indices
+
+
+class LiveError(RuntimeError):
+    """The server refused the simulation's devices, or the link did not drain in time."""
+
+
+@dataclass
+class LiveReport:
+    devices: int
+    messages: int
+    seconds: float
+
+    @property
+    def messages_per_s(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+
+def device_name(fleet: str, node_id: int) -> str:
+    return f"{fleet}-n{node_id}"
+
+
+def register(server: str, admin_token: str, fleet: str, node_ids: list[int], state_dir: Path) -> dict[str, str]:
+    """Tokens of the simulation's devices, registering the ones this state folder has not seen."""
+    path = state_dir / "tokens.json"
+    tokens: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    for node_id in node_ids:
+        device = device_name(fleet, node_id)
+        if device in tokens:
+            continue
+        r = httpx.post(server.rstrip("/") + ROUTES["devices"], json={"device": device, "fleet": fleet}, headers=headers,
+                       timeout=30)
+        if r.status_code == 409:
+            raise LiveError(f"device {device} is registered on {server} but its token is not in {path}")
+        if r.status_code != 201:
+            raise LiveError(f"registering {device} on {server}: HTTP {r.status_code} {r.text[:200]}")
+        tokens[device] = r.json()["token"]
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".tokens.json.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(tokens, fh)
+    os.replace(tmp, path)
+    return tokens
+
+
+def node_messages(result: SimulationResult, fleet: str, labels: list[str],
+                  bundle_version: int) -> dict[str, list[tuple[str, Message]]]:
+    """(kind, message) per device: a result per finished task, a final telemetry of the node."""
+    model = result.model
+    if model is None:
+        raise LiveError("a live simulation needs a model (a bundle) to report results")
+    out: dict[str, list[tuple[str, Message]]] = {}
+    for r in result.nodes:
+        device = device_name(fleet, r.node_id)
+        samples = sample_indices(result.scenario.run.seed, r, model.n_test)
+        messages: list[tuple[str, Message]] = []
+        log, done, latency = r.task_log, r.task_done_s, r.task_latency_s
+        assert log is not None and done is not None and latency is not None
+        for (event, variant, in_time), done_s, latency_s in zip(log.tolist(), done.tolist(), latency.tolist()):
+            v = model.variants[variant]
+            sample = int(samples[event])
+            k = int(v.predicted[sample]) if v.predicted is not None else 0
+            messages.append(("result", Result(
+                key=f"{device}:result:{event}", device=device, ts_s=done_s, label=str(labels[k]), class_index=k,
+                variant=f"int{v.bits}-d{round(v.drop * 100):02d}", bundle_version=bundle_version, latency_s=latency_s,
+                correct=bool(in_time and v.correct[sample]))))
+        st = r.stats
+        messages.append(("telemetry", Telemetry(
+            key=f"{device}:telemetry:final", device=device, ts_s=result.scenario.run.duration_s, voltage_v=st.v_final_v,
+            harvested_j=st.harvested_j, consumed_j=st.load_j, power_cycles=st.power_cycles,
+            metrics={"completed": float(st.completed), "missed": float(st.missed), "lost_off": float(st.lost_off)})))
+        out[device] = messages
+    return out
+
+
+def publish(result: SimulationResult, server: str, broker: str, admin_token: str, fleet: str, labels: list[str],
+            bundle_version: int, state_dir: Path, timeout_s: float = 600.0) -> LiveReport:
+    """Publish every node's messages through its own store-and-forward link; returns when every
+    message is acknowledged by the broker."""
+    per_device = node_messages(result, fleet, labels, bundle_version)
+    tokens = register(server, admin_token, fleet, [r.node_id for r in result.nodes], state_dir)
+    links = []
+    start = time.perf_counter()
+    for device, messages in per_device.items():
+        outbox = Outbox(state_dir / "outbox" / f"{device}.sqlite")
+        for kind, message in messages:
+            outbox.put(message.key, topic(fleet, device, kind), encode(message, tokens[device]))
+        config = AgentConfig(device=device, token=tokens[device], server=server, broker=broker, state_dir=state_dir, fleet=fleet)
+        link = Link(config, outbox, on_ota=lambda payload: None)
+        link.start()
+        links.append((link, outbox))
+    deadline = time.monotonic() + timeout_s
+    while not all(link.drained() for link, _ in links):
+        if time.monotonic() > deadline:
+            left = sum(len(outbox) for _, outbox in links)
+            raise LiveError(f"{left} messages still queued after {timeout_s:.0f} s (kept in {state_dir}/outbox)")
+        time.sleep(0.05)
+    seconds = time.perf_counter() - start
+    for link, outbox in links:
+        link.stop()
+        outbox.close()
+    return LiveReport(len(per_device), sum(len(m) for m in per_device.values()), seconds)
