@@ -19,7 +19,7 @@ venv: $(PY)
 
 demo: $(PY)
 	$(PIP) -e ".[all]"
-	$(VENV)/bin/trickle simulate --out runs/demo
+	$(VENV)/bin/trickle demo --out runs/demo
 
 lint: $(PY)
 	$(VENV)/bin/ruff check .
