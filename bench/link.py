@@ -1,0 +1,229 @@
+"""Link benchmark: N devices × M messages through a broker into the server's store.
+
+    trickle bench link [--quick]
+
+The server runs as its own process (`trickle serve`; it and the publishers share the two
+cores). Through Mosquitto, each of N devices publishes M signed telemetry messages (encoded
+beforehand) at QoS 1 from its own ``mosquitto_pub -l``; a message's publish time is
+interpolated over its publisher's run, and publish-to-stored latency is the store's
+``stored_s`` minus it. Through the embedded broker the devices use the agent's link instead
+(outbox, end-to-end acks): amqtt acknowledges a message before it is safely queued and drops
+it if the publisher leaves at once, which a raw publisher would do. Two brokers:
+Mosquitto (Debian's, started here) and the server's embedded amqtt broker. The raw Mosquitto
+rate — the same publishers, one plain QoS-1 subscriber, no server — is the ratio's baseline.
+Keys of bench/results/link.json (goals in GOALS), for Mosquitto:
+
+- messages_per_second_stored: messages / (last stored - first published).
+- p50_latency_s, p99_latency_s: publish to committed in SQLite.
+- lost: published - distinct keys stored; duplicated: keys stored more than once (both must be 0).
+- ratio_vs_raw_mosquitto: messages_per_second_stored / the raw Mosquitto rate.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from edge.protocol import Telemetry, encode, topic
+from server.service import free_port
+from simulator.report import write_atomic
+
+RESULTS = Path(__file__).parent / "results"
+GOALS = {"messages_per_second_stored": (">=", 5000.0), "lost": ("<=", 0), "duplicated": ("<=", 0)}
+
+
+def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    conf = folder / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 1000\n"
+                    "max_queued_messages 10000000\npersistence false\n")
+    proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    return proc, port
+
+
+def _server(folder: Path, broker: str, mqtt_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trickle.cli", "serve", "--data", str(folder), "--port", str(port),
+                             "--broker", broker, "--mqtt-port", str(mqtt_port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/healthz", timeout=1).json()["broker_connected"]:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("the server did not start")
+
+
+def _payload_files(folder: Path, devices: list[tuple[str, str]], messages: int) -> dict[str, Path]:
+    """One file per device of pre-encoded signed messages, a JSON line each."""
+    files = {}
+    for device, token in devices:
+        path = folder / f"{device}.lines"
+        with open(path, "wb") as fh:
+            for i in range(messages):
+                fh.write(encode(Telemetry(key=f"{device}:{i}", device=device, ts_s=float(i), voltage_v=2.5), token) + b"\n")
+        files[device] = path
+    return files
+
+
+def _publish(broker_port: int, devices: list[tuple[str, str]], messages: int, folder: Path) -> tuple[float, dict[str, float]]:
+    """Every device publishes its messages at QoS 1 from its own ``mosquitto_pub -l`` (C, so the
+    publishers measure the link, not Python). Returns the first publish time and, per key, its
+    publish time, interpolated over its publisher's run (they send at a steady pace)."""
+    files = _payload_files(folder, devices, messages)
+    start = time.time()
+    procs = []
+    for device, token in devices:
+        cmd = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1", "-i", f"bench-{device}",
+               "-u", device, "-P", token, "-t", topic("bench", device, "telemetry"), "-l"]
+        with open(files[device], "rb") as lines:  # the child keeps its own descriptor
+            procs.append((device, subprocess.Popen(cmd, stdin=lines)))
+    sent: dict[str, float] = {}
+    for device, proc in procs:
+        if proc.wait(600) != 0:
+            raise RuntimeError(f"mosquitto_pub for {device} exited {proc.returncode}")
+        end = time.time()
+        for i in range(messages):
+            sent[f"{device}:{i}"] = start + (end - start) * (i + 1) / messages
+    return start, sent
+
+
+def _raw_rate(broker_port: int, n_devices: int, messages: int, folder: Path) -> float:
+    """Messages/s from the same publishers to one ``mosquitto_sub`` (QoS 1), no server."""
+    total = n_devices * messages
+    sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1", "-i", "bench-raw",
+                            "-t", "trickle/v1/bench/+/telemetry", "-C", str(total)], stdout=subprocess.DEVNULL)
+    time.sleep(0.3)
+    start, _ = _publish(broker_port, [(f"raw{i}", "x") for i in range(n_devices)], messages, folder)
+    sub.wait(600)
+    return total / (time.time() - start)
+
+
+def _publish_agents(server: str, broker_port: int, devices: list[tuple[str, str]], messages: int,
+                    folder: Path) -> tuple[float, dict[str, float]]:
+    """The device path: each device's messages through the agent's store-and-forward link
+    (outbox, end-to-end acks); returns when the server has acknowledged every one."""
+    from edge.agent import AgentConfig, Link
+    from edge.outbox import Outbox
+
+    links = []
+    for device, token in devices:
+        outbox = Outbox(folder / f"{device}.sqlite")
+        for i in range(messages):
+            key = f"{device}:{i}"
+            outbox.put(key, topic("bench", device, "telemetry"),
+                       encode(Telemetry(key=key, device=device, ts_s=float(i), voltage_v=2.5), token))
+        config = AgentConfig(device=device, token=token, server=server, broker=f"mqtt://127.0.0.1:{broker_port}",
+                             state_dir=folder, fleet="bench")
+        links.append(Link(config, outbox, on_ota=lambda payload: None))
+    start = time.time()
+    for link in links:
+        link.start()
+    while not all(link.drained() for link in links):
+        time.sleep(0.05)
+    end = time.time()
+    for link in links:
+        link.stop()
+    sent = {f"{d}:{i}": start + (end - start) * (i + 1) / messages for d, _ in devices for i in range(messages)}
+    return start, sent
+
+
+def _register(url: str, data: Path, n: int) -> list[tuple[str, str]]:
+    admin = {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
+    out = []
+    for i in range(n):
+        r = httpx.post(url + "/v1/devices", json={"device": f"d{i}", "fleet": "bench"}, headers=admin, timeout=30)
+        r.raise_for_status()
+        out.append((f"d{i}", r.json()["token"]))
+    return out
+
+
+def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int) -> dict[str, Any]:
+    data = folder / name
+    proc, url = _server(data, broker, broker_port)
+    try:
+        devices = _register(url, data, n)
+        work = folder / f"{name}-publishers"
+        work.mkdir()
+        if name == "embedded":
+            start, sent = _publish_agents(url, broker_port, devices, m, work)
+        else:
+            start, sent = _publish(broker_port, devices, m, work)
+        total = n * m
+        db = sqlite3.connect(data / "trickle.sqlite")
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            stored = db.execute("SELECT COUNT(*) FROM messages WHERE kind = 'telemetry'").fetchone()[0]
+            if stored >= total:
+                break
+            time.sleep(0.2)
+        rows = db.execute("SELECT key, stored_s FROM messages WHERE kind = 'telemetry'").fetchall()
+        keys = [k for k, _ in rows]
+        latency = np.array([stored_s - sent[k] for k, stored_s in rows])
+        last = max(stored_s for _, stored_s in rows) if rows else start
+        db.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return {"broker": name, "devices": n, "messages_per_device": m, "published": total,
+            "stored": len(set(keys)), "lost": total - len(set(keys)), "duplicated": len(keys) - len(set(keys)),
+            "messages_per_second_stored": len(set(keys)) / (last - start),
+            "p50_latency_s": float(np.percentile(latency, 50)) if len(latency) else None,
+            "p99_latency_s": float(np.percentile(latency, 99)) if len(latency) else None}
+
+
+def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
+    n, m = (4, 500) if quick else (10, 3000)
+    if shutil.which("mosquitto") is None:
+        raise RuntimeError("trickle bench link needs Mosquitto: apt-get install mosquitto mosquitto-clients")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        broker, port = _mosquitto(folder)
+        try:
+            print(f"raw Mosquitto: {n} publishers x {m} messages, one subscriber ...", flush=True)
+            (folder / "raw").mkdir()
+            raw = _raw_rate(port, n, m, folder / "raw")
+            print(f"server behind Mosquitto: {n} devices x {m} messages ...", flush=True)
+            runs.append(_run("mosquitto", f"mqtt://127.0.0.1:{port}", port, folder, n, m))
+        finally:
+            broker.terminate()
+            broker.wait(10)
+        print(f"server with its embedded broker: {n} devices x {m} messages ...", flush=True)
+        runs.append(_run("embedded", "embedded", free_port(), folder, n, m))
+    main_run = runs[0]
+    out: dict[str, Any] = {
+        "messages_per_second_stored": main_run["messages_per_second_stored"],
+        "p50_latency_s": main_run["p50_latency_s"], "p99_latency_s": main_run["p99_latency_s"],
+        "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
+        "raw_mosquitto_messages_per_second": raw,
+        "ratio_vs_raw_mosquitto": main_run["messages_per_second_stored"] / raw,
+        "runs": runs, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
+    }
+    print(f"\n{'broker':10s} {'stored/s':>9s} {'p50 s':>8s} {'p99 s':>8s} {'lost':>5s} {'dup':>4s}")
+    for r in runs:
+        print(f"{r['broker']:10s} {r['messages_per_second_stored']:9.0f} {r['p50_latency_s']:8.4f} {r['p99_latency_s']:8.4f} "
+              f"{r['lost']:5d} {r['duplicated']:4d}")
+    print(f"raw Mosquitto (no server): {raw:.0f} msg/s; stored / raw = {out['ratio_vs_raw_mosquitto']:.3f}")
+    for key, (op, goal) in GOALS.items():
+        ok = out[key] <= goal if op == "<=" else out[key] >= goal
+        print(f"{key:32s} {out[key]:10.4g}  {'✔' if ok else '✘'} (goal {op} {goal:g})")
+    path = results_dir / ("link-quick.json" if quick else "link.json")
+    write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+    return out

@@ -1,0 +1,82 @@
+"""The link protocol: topics, signed messages, and one clear reason for every refusal; the outbox."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge.outbox import Outbox
+from edge.protocol import (
+    MAX_PAYLOAD_BYTES,
+    ProtocolError,
+    Result,
+    Telemetry,
+    decode,
+    device_topics,
+    encode,
+    parse_topic,
+    topic,
+)
+
+TOKENS = {("f", "a"): "token-a", ("f", "b"): "token-b"}
+
+
+def token_of(fleet: str, device: str) -> str | None:
+    return TOKENS.get((fleet, device))
+
+
+def test_topics_round_trip_and_bad_names_are_refused() -> None:
+    assert parse_topic(topic("f", "a", "result")) == ("f", "a", "result")
+    assert device_topics("f", "a") == {"publish": [f"trickle/v1/f/a/{k}" for k in ("telemetry", "result", "status", "event")],
+                                       "subscribe": [f"trickle/v1/f/a/{k}" for k in ("ota", "cmd", "ack")]}
+    for bad in ("trickle/v1/f/a", "trickle/v2/f/a/result", "trickle/v1/f/a/nope", "trickle/v1/f/a b/result"):
+        with pytest.raises(ProtocolError):
+            parse_topic(bad)
+    with pytest.raises(ProtocolError, match="device 'a/b'"):
+        topic("f", "a/b", "result")
+
+
+def test_a_signed_message_decodes_to_itself() -> None:
+    msg = Result(key="a:result:0", device="a", ts_s=12.5, label="7", class_index=7, variant="int8-d00",
+                 bundle_version=3, latency_s=0.002, correct=True)
+    where, back = decode(topic("f", "a", "result"), encode(msg, "token-a"), token_of)
+    assert where.device == "a" and back.model_dump(exclude={"sig"}) == msg.model_dump(exclude={"sig"})
+
+
+@pytest.mark.parametrize(("name", "payload", "reason"), [
+    (topic("f", "b", "telemetry"), encode(Telemetry(key="k", device="a", ts_s=1), "token-a"), "published under 'b'"),
+    (topic("f", "b", "telemetry"), encode(Telemetry(key="k", device="b", ts_s=1), "token-a"), "bad signature"),
+    (topic("g", "a", "telemetry"), encode(Telemetry(key="k", device="a", ts_s=1), "token-a"), "unknown device"),
+    (topic("f", "a", "telemetry"), b"\xff\xfe", "not JSON"),
+    (topic("f", "a", "telemetry"), b"[1, 2]", "not a JSON object"),
+    (topic("f", "a", "telemetry"), b"{" + b" " * MAX_PAYLOAD_BYTES + b"}", "over the limit"),
+    (topic("f", "a", "telemetry"), json.dumps({"v": 1, "key": "k", "device": "a", "ts_s": -1}).encode(), "ts_s"),
+    (topic("f", "a", "telemetry"), json.dumps({"v": 2, "key": "k", "device": "a", "ts_s": 1}).encode(), "v"),
+    (topic("f", "a", "ota"), b"{}", "devices do not publish 'ota'"),
+])
+def test_every_refusal_names_its_reason(name: str, payload: bytes, reason: str) -> None:
+    with pytest.raises(ProtocolError, match=reason):
+        decode(name, payload, token_of)
+
+
+def test_a_field_changed_after_signing_breaks_the_signature() -> None:
+    fields = json.loads(encode(Telemetry(key="k", device="a", ts_s=1, voltage_v=2.5), "token-a"))
+    fields["voltage_v"] = 3.3
+    with pytest.raises(ProtocolError, match="bad signature"):
+        decode(topic("f", "a", "telemetry"), json.dumps(fields).encode(), token_of)
+
+
+def test_the_outbox_keeps_messages_and_state_across_reopening(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    box.put("k1", "t", b"one", {"cursor": "1"})
+    box.put("k2", "t", b"two", {"cursor": "2"})
+    box.put("k1", "t", b"again")  # a key already queued is kept as it was
+    box.close()
+    box = Outbox(tmp_path / "o.sqlite")
+    assert [(topic_, payload) for _, topic_, payload in box.pending()] == [("t", b"one"), ("t", b"two")]
+    assert box.get_state("cursor") == "2" and len(box) == 2
+    assert box.delete_keys(["k1", "nope"]) == 1
+    assert [p for _, _, p in box.pending()] == [b"two"]
+    box.close()
