@@ -94,7 +94,7 @@ class Link:
     """MQTT with the outbox behind it. A sender thread keeps up to ``max_in_flight`` queued
     messages published (awaiting the broker's PUBACK); a message the broker acknowledged waits for
     the server's ``ack`` of its key, which deletes it, and is published again if that does not
-    come within ``resend_s``."""
+    come within ``resend_s`` while the server acknowledges nothing at all."""
 
     def __init__(self, config: AgentConfig, outbox: Outbox, on_ota: Any) -> None:
         parts = urlsplit(config.broker)
@@ -115,6 +115,7 @@ class Link:
         self._in_flight: dict[int, int] = {}  # mid -> outbox seq
         self._early: dict[int, float] = {}  # mid -> when its PUBACK came before the sender recorded it
         self._awaiting: dict[int, float] = {}  # seq -> when the broker acknowledged it (server ack pending)
+        self._last_ack = time.monotonic()  # when the server last acknowledged anything
         self._sent_up_to = 0
         self._connected = False
         self._stop = False
@@ -167,6 +168,7 @@ class Link:
             self._in_flight.clear()  # resend whatever is still queued; the server drops repeats by key
             self._early.clear()
             self._awaiting.clear()
+            self._last_ack = time.monotonic()
             self._sent_up_to = 0
             self._cond.notify_all()
 
@@ -195,6 +197,7 @@ class Link:
                 return
             self.outbox.delete_keys(keys)
             with self._cond:
+                self._last_ack = time.monotonic()
                 self._cond.notify_all()
         elif msg.topic.endswith("/ota"):
             threading.Thread(target=self.on_ota, args=(msg.payload,), name="trickle-ota", daemon=True).start()
@@ -210,7 +213,10 @@ class Link:
             room = self.config.max_in_flight - len(self._in_flight)
             after = self._sent_up_to
             now = time.monotonic()
-            overdue = sorted(seq for seq, t in self._awaiting.items() if now - t > self.config.resend_s)[:room]
+            # resend only when the server has gone quiet: while its acks keep coming it is working
+            # through a backlog, and resending would only deepen it
+            stalled = now - self._last_ack > self.config.resend_s
+            overdue = sorted(seq for seq, t in self._awaiting.items() if stalled and now - t > self.config.resend_s)[:room]
             for seq in overdue:
                 del self._awaiting[seq]
             self._early = {mid: t for mid, t in self._early.items() if now - t < 5.0}  # acks that matched nothing

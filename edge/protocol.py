@@ -13,8 +13,9 @@ The device runtime owns it; the server imports it. Topics::
 
 Every device message is JSON with ``v`` (schema version), ``key`` (idempotency key: the server
 stores a key once), ``device`` (must match the topic) and ``ts_s`` (the device's clock, or the
-simulator's virtual time), and is signed: ``sig`` is HMAC-SHA256 of the canonical JSON of the
-other fields under the device's token. A device publishing under another device's topic, or a
+simulator's virtual time), and is signed: its last member ``sig`` is the HMAC-SHA256, under the
+device's token, of the payload's bytes without that member (see ``encode``), so checking it
+needs no re-serialization. A device publishing under another device's topic, or a
 payload over ``MAX_PAYLOAD_BYTES``, not JSON, of the wrong schema or with a bad signature, is
 refused by ``decode`` with a ``ProtocolError`` that names the reason.
 
@@ -24,12 +25,13 @@ describes them in full.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,6 +78,7 @@ def topic(fleet: str, device: str, kind: str) -> str:
     return f"{ROOT}/{_check_name('fleet', fleet)}/{_check_name('device', device)}/{kind}"
 
 
+@functools.lru_cache(maxsize=65536)
 def parse_topic(name: str) -> Topic:
     parts = name.split("/")
     if len(parts) != 5 or "/".join(parts[:2]) != ROOT:
@@ -159,20 +162,28 @@ class Command(_Strict):
 SCHEMAS: dict[str, type[Message]] = {"telemetry": Telemetry, "result": Result, "status": Status, "event": Event}
 
 
-def _signed_bytes(fields: dict[str, Any]) -> bytes:
-    return json.dumps({k: v for k, v in fields.items() if k != "sig"}, sort_keys=True, separators=(",", ":"),
-                      allow_nan=False).encode()
+_SIG = b',"sig":"'
 
 
-def signature(fields: dict[str, Any], token: str) -> str:
-    return hmac.new(token.encode(), _signed_bytes(fields), hashlib.sha256).hexdigest()
+def signature(body: bytes, token: str) -> str:
+    """HMAC-SHA256 (hex) of a message's JSON bytes without its ``sig`` member."""
+    return hmac.new(token.encode(), body, hashlib.sha256).hexdigest()
 
 
 def encode(message: Message, token: str) -> bytes:
-    """The signed JSON payload of ``message``."""
-    fields = message.model_dump(mode="json", exclude={"sig"})
-    fields["sig"] = signature(fields, token)
-    return json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
+    """The signed JSON payload of ``message``: its compact JSON with ``"sig"`` appended as the last
+    member; the signature covers exactly the bytes before it (plus the closing brace), so a
+    verifier needs no re-serialization."""
+    body = json.dumps(message.model_dump(mode="json", exclude={"sig"}), separators=(",", ":"), allow_nan=False).encode()
+    return body[:-1] + _SIG + signature(body, token).encode() + b'"}'
+
+
+def _unsigned(payload: bytes) -> tuple[bytes, bytes]:
+    """(the signed bytes, the signature) of a payload whose last member is ``"sig"``."""
+    at = payload.rfind(_SIG)
+    if at < 0 or not payload.endswith(b'"}') or len(payload) - at != len(_SIG) + 64 + 2:
+        return payload, b""
+    return payload[:at] + b"}", payload[at + len(_SIG) : -2]
 
 
 def decode(name: str, payload: bytes, token_of: Callable[[str, str], str | None]) -> tuple[Topic, Message]:
@@ -184,21 +195,20 @@ def decode(name: str, payload: bytes, token_of: Callable[[str, str], str | None]
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ProtocolError(f"payload of {len(payload)} bytes: over the limit of {MAX_PAYLOAD_BYTES}")
     try:
-        fields = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ProtocolError(f"payload is not JSON ({err})") from None
-    if not isinstance(fields, dict):
-        raise ProtocolError("payload is not a JSON object")
-    try:
-        message = SCHEMAS[where.kind].model_validate(fields)
+        message = SCHEMAS[where.kind].model_validate_json(payload)
     except ValidationError as err:
         first = err.errors()[0]
+        if first["type"] == "json_invalid":
+            raise ProtocolError(f"payload is not JSON ({first['msg']})") from None
+        if first["type"] == "model_type":
+            raise ProtocolError("payload is not a JSON object") from None
         raise ProtocolError(f"{where.kind} schema: {'.'.join(map(str, first['loc'])) or 'message'}: {first['msg']}") from None
     if message.device != where.device:
         raise ProtocolError(f"device {message.device!r} published under {where.device!r}'s topic")
     token = token_of(where.fleet, where.device)
     if token is None:
         raise ProtocolError(f"unknown device {where.device!r} in fleet {where.fleet!r}")
-    if not hmac.compare_digest(message.sig, signature(fields, token)):
+    body, sig = _unsigned(payload)
+    if not hmac.compare_digest(sig, signature(body, token).encode()):
         raise ProtocolError(f"bad signature from {where.device!r}")
     return where, message

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import paho.mqtt.client as mqtt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from edge.protocol import SERVER_SUBSCRIPTIONS, Ack, Message, ProtocolError, decode, topic
+from edge.protocol import DEVICE_KINDS, SERVER_SUBSCRIPTIONS, Ack, Message, ProtocolError, decode, topic
 from server.store import Incoming, Store
 
 log = logging.getLogger("trickle.server.bridge")
@@ -86,6 +86,7 @@ class Bridge:
         self._client.on_message = self._on_message
         self._writer = threading.Thread(target=self._write_loop, name="trickle-bridge-writer", daemon=True)
         self.connected = threading.Event()
+        self._received = {kind: self.metrics.received.labels(kind) for kind in DEVICE_KINDS}  # children, looked up once
         self.on_connected: list[Callable[[], None]] = []  # called (in paho's thread) after every (re)connect
         self._last_received = time.monotonic()
 
@@ -144,7 +145,7 @@ class Bridge:
             log.warning("rejected a message on %s (%s): %s", msg.topic, reason, err)
             client.ack(msg.mid, msg.qos)
             return
-        self.metrics.received.labels(where.kind).inc()
+        self._received[where.kind].inc()
         self.metrics.lag.inc()
         self._queue.put((_incoming(where.kind, message, payload, received_s), msg.mid, msg.qos))
 
