@@ -45,6 +45,9 @@ def test_kill_9_of_the_agent_mid_stream_loses_and_repeats_nothing(embedded_serve
     agent.send_signal(signal.SIGKILL)
     agent.wait(10)
     assert len(embedded_server.messages("n1", "result")) < n  # it really died mid-stream
+    # the broker publishes the agent's last will
+    wait_for(lambda: [m["state"] for m in embedded_server.messages("n1", "status")] == ["offline", "online"], 30,
+             "the last will")  # signed at connect, so it sorts before the online status it follows
     again = start_agent(cmd, tmp_path / "agent.log")
     assert again.wait(120) == 0, (tmp_path / "agent.log").read_text()[-3000:]
     _assert_exactly_once(embedded_server, "n1", n)
