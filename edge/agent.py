@@ -325,11 +325,11 @@ class Agent:
             except ValueError as err:
                 log.warning("ignored a malformed OTA command: %s", err)
                 return
-            if command.bundle_version == self.version:
-                return  # already running it (the command is retained)
+            if command.bundle_version == self.version or self.outbox.get_state(f"failed:{command.bundle_version}"):
+                return  # already running it, or its self-test failed here before (the command is retained)
             try:
                 self._apply(command)
-            except (BundleError, httpx.HTTPError, OSError) as err:
+            except Exception as err:  # anything wrong with an update is reported, never fatal to the agent
                 log.warning("OTA to v%d refused: %s", command.bundle_version, err)
                 self._event("ota_rejected", command.bundle_version, str(err))
 
@@ -346,7 +346,11 @@ class Agent:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_bytes(response.content)
-        bundle = self._read(tmp, newer_than=self.version)
+        try:
+            bundle = self._read(tmp, newer_than=self.version)
+        except BundleError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, target)
         previous = json.loads((self.state_dir / "current.json").read_text())["path"]
         old_version = self.version
@@ -355,6 +359,7 @@ class Agent:
         failure = self.self_test(runtime)
         if failure is not None:
             self._switch(previous)
+            self.outbox.set_state(f"failed:{command.bundle_version}", failure)  # not retried when the command is retained
             log.warning("OTA to v%d rolled back: %s", command.bundle_version, failure)
             self._event("ota_rolled_back", command.bundle_version, f"self-test failed: {failure}; running v{old_version}")
             return
