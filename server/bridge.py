@@ -72,10 +72,12 @@ def _reason(err: ProtocolError) -> str:
 
 class Bridge:
     def __init__(self, store: Store, broker: str, server_token: str, metrics: Metrics | None = None,
-                 max_batch: int = 2000) -> None:
+                 max_batch: int = 2000, ack_every_s: float = 0.05) -> None:
         self.store, self.address = store, BrokerAddress.parse(broker)
         self.metrics = metrics or Metrics()
-        self.max_batch = max_batch
+        self.max_batch, self.ack_every_s = max_batch, ack_every_s
+        self._unacked: dict[str, list[str]] = {}  # device -> keys stored, not yet acknowledged to it
+        self._acks_sent = time.monotonic()
         self._queue: queue.Queue[tuple[Incoming, int, int] | None] = queue.Queue()
         self._tokens: dict[str, tuple[str, str]] = {}  # device -> (fleet, token)
         self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=SERVER_USER, clean_session=False,
@@ -151,10 +153,16 @@ class Bridge:
 
     def _write_loop(self) -> None:
         """Block for a message, then take whatever else is waiting: batches grow with the load,
-        and a lone message is stored at once (brokers cap unacknowledged messages in flight)."""
+        and a lone message is stored at once (brokers cap unacknowledged messages in flight).
+        Acks to devices are gathered for up to ``ack_every_s`` so a device gets one ack for many
+        keys instead of one per commit."""
         stopping = False
         while not stopping:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self.ack_every_s)
+            except queue.Empty:
+                self._send_acks()
+                continue
             if item is None:
                 break
             batch = [item]
@@ -168,6 +176,9 @@ class Bridge:
                     break
                 batch.append(nxt)
             self._commit(batch)
+            if time.monotonic() - self._acks_sent >= self.ack_every_s:
+                self._send_acks()
+        self._send_acks()
 
     def _commit(self, batch: list[tuple[Incoming, int, int]]) -> None:
         while True:
@@ -178,17 +189,23 @@ class Bridge:
                 log.exception("storing %d messages failed; retrying", len(batch))
                 time.sleep(0.5)
         now = time.time()
-        stored: dict[str, list[str]] = {}
         for message, mid, qos in batch:
             self._client.ack(mid, qos)
             self.metrics.latency.observe(now - message.received_s)
-            stored.setdefault(message.device, []).append(message.key)
-        for device, keys in stored.items():  # end to end: the device may now forget them
-            fleet = self._tokens[device][0]
-            self._client.publish(topic(fleet, device, "ack"), Ack(keys=keys).model_dump_json().encode(), qos=1)
+            self._unacked.setdefault(message.device, []).append(message.key)
         self.metrics.stored.inc(new)
         self.metrics.duplicates.inc(len(batch) - new)
         self.metrics.lag.dec(len(batch))
+
+    def _send_acks(self) -> None:
+        """End to end: tell each device which of its keys are stored, so it may forget them."""
+        for device, keys in self._unacked.items():
+            fleet = self._tokens[device][0]
+            for i in range(0, len(keys), 5000):
+                payload = Ack(keys=keys[i : i + 5000]).model_dump_json().encode()
+                self._client.publish(topic(fleet, device, "ack"), payload, qos=1)
+        self._unacked = {}
+        self._acks_sent = time.monotonic()
 
 
 def _incoming(kind: str, message: Message, payload: bytes, received_s: float) -> Incoming:
