@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from edge.protocol import Telemetry, encode, topic
+from edge.protocol import Message, Telemetry, encode, topic
 from server.service import free_port
 from simulator.report import write_atomic
 
@@ -117,29 +117,15 @@ def _raw_rate(broker_port: int, n_devices: int, messages: int, folder: Path) -> 
 def _publish_agents(server: str, broker_port: int, devices: list[tuple[str, str]], messages: int,
                     folder: Path) -> tuple[float, dict[str, float]]:
     """The device path: each device's messages through the agent's store-and-forward link
-    (outbox, end-to-end acks); returns when the server has acknowledged every one."""
-    from edge.agent import AgentConfig, Link
-    from edge.outbox import Outbox
+    (``simulator.live.deliver``); returns when the server has acknowledged every one."""
+    from simulator.live import deliver
 
-    links = []
-    for device, token in devices:
-        outbox = Outbox(folder / f"{device}.sqlite")
-        for i in range(messages):
-            key = f"{device}:{i}"
-            outbox.put(key, topic("bench", device, "telemetry"),
-                       encode(Telemetry(key=key, device=device, ts_s=float(i), voltage_v=2.5), token))
-        config = AgentConfig(device=device, token=token, server=server, broker=f"mqtt://127.0.0.1:{broker_port}",
-                             state_dir=folder, fleet="bench")
-        links.append(Link(config, outbox, on_ota=lambda payload: None))
+    per_device: dict[str, list[tuple[str, Message]]] = {
+        d: [("telemetry", Telemetry(key=f"{d}:{i}", device=d, ts_s=float(i), voltage_v=2.5)) for i in range(messages)]
+        for d, _ in devices}
     start = time.time()
-    for link in links:
-        link.start()
-    while not all(link.drained() for link in links):
-        time.sleep(0.05)
-    end = time.time()
-    for link in links:
-        link.stop()
-    sent = {f"{d}:{i}": start + (end - start) * (i + 1) / messages for d, _ in devices for i in range(messages)}
+    seconds = deliver(per_device, dict(devices), server, f"mqtt://127.0.0.1:{broker_port}", "bench", folder)
+    sent = {f"{d}:{i}": start + seconds * (i + 1) / messages for d, _ in devices for i in range(messages)}
     return start, sent
 
 

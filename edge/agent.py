@@ -40,6 +40,7 @@ import paho.mqtt.client as mqtt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge.bundle import Bundle, BundleError, load_public_key, read_bundle
+from edge.errors import AgentError
 from edge.outbox import Outbox
 from edge.preprocess import read_input
 from edge.protocol import SERVER_KINDS, Ack, Event, Message, OtaCommand, Result, Status, Telemetry, encode, topic
@@ -47,10 +48,6 @@ from edge.runtime import Runtime
 
 log = logging.getLogger("trickle.edge.agent")
 SELFTEST_VECTORS = 16
-
-
-class AgentError(ValueError):
-    """A configuration or input the agent cannot start with."""
 
 
 @dataclass

@@ -50,15 +50,22 @@ def sha256_hex(data: bytes) -> str:
 # ---- keys ---------------------------------------------------------------------------------------
 
 
+def write_secret(path: Path, text: str) -> None:
+    """Write a file only its owner can read (mode 0600), to a temporary name, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 def generate_keypair(private_path: Path, public_path: Path) -> None:
     """Write a new Ed25519 key pair in trickle's key file format."""
     key = Ed25519PrivateKey.generate()
     raw_private = key.private_bytes_raw()
     raw_public = key.public_key().public_bytes_raw()
-    private_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"kind": _PRIVATE, "key": base64.b64encode(raw_private).decode()}, fh)
+    write_secret(private_path, json.dumps({"kind": _PRIVATE, "key": base64.b64encode(raw_private).decode()}))
     public_path.write_text(json.dumps({"kind": _PUBLIC, "key": base64.b64encode(raw_public).decode()}))
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.agent import AgentError
 from edge.backends import BACKENDS, BackendError
 from edge.bundle import BundleError
+from edge.errors import AgentError
 from edge.preprocess import PreprocessError
 
 USER_ERRORS = (BundleError, BackendError, PreprocessError, AgentError)

@@ -10,7 +10,7 @@ ACL it does not control.
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import hmac
 import logging
 import threading
 from dataclasses import dataclass
@@ -46,7 +46,7 @@ class DeviceAuth(BaseAuthPlugin):
         if user == SERVER_USER:
             return token_sha256(password) == self.config.server_token_sha256
         device = self._store.device(user)
-        ok = device is not None and hashlib.sha256(password.encode()).hexdigest() == token_sha256(device.token)
+        ok = device is not None and hmac.compare_digest(password.encode(), device.token.encode())
         if not ok:
             log.warning("broker refused a connection as %r (unknown device or bad token)", user)
         return ok

@@ -12,7 +12,6 @@ and the bridge stores and acknowledges what it holds before it disconnects.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import socket
 import threading
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import uvicorn
 
-from edge.bundle import load_public_key
+from edge.bundle import load_public_key, write_secret
 from server.app import ServerState, create_app, ota_command
 from server.bridge import Bridge, BrokerAddress, Metrics
 from server.store import Store
@@ -63,12 +62,8 @@ def read_or_create_token(path: Path) -> str:
     """A secret kept in a 0600 file, made on first use."""
     if path.exists():
         return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
-    fd = os.open(path.with_name(f".{path.name}.tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
-    os.replace(path.with_name(f".{path.name}.tmp"), path)
+    write_secret(path, token + "\n")
     return token
 
 

@@ -10,7 +10,6 @@ Keys are ``{device}:result:{sensing event}``, so publishing a run twice stores i
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from edge.agent import AgentConfig, Link
+from edge.bundle import write_secret
 from edge.outbox import Outbox
 from edge.protocol import ROUTES, Message, Result, Telemetry, encode, topic
 from simulator.fleet import SimulationResult, sample_indices
@@ -58,12 +58,7 @@ def register(server: str, admin_token: str, fleet: str, node_ids: list[int], sta
         if r.status_code != 201:
             raise LiveError(f"registering {device} on {server}: HTTP {r.status_code} {r.text[:200]}")
         tokens[device] = r.json()["token"]
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".tokens.json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(tokens, fh)
-    os.replace(tmp, path)
+    write_secret(path, json.dumps(tokens))
     return tokens
 
 
@@ -99,28 +94,36 @@ def node_messages(result: SimulationResult, fleet: str, labels: list[str],
 
 def publish(result: SimulationResult, server: str, broker: str, admin_token: str, fleet: str, labels: list[str],
             bundle_version: int, state_dir: Path, timeout_s: float = 600.0) -> LiveReport:
-    """Publish every node's messages through its own store-and-forward link; returns when every
-    message is acknowledged by the broker."""
+    """Publish every node's messages; returns when the server has acknowledged every one."""
     per_device = node_messages(result, fleet, labels, bundle_version)
     tokens = register(server, admin_token, fleet, [r.node_id for r in result.nodes], state_dir)
+    seconds = deliver(per_device, tokens, server, broker, fleet, state_dir, timeout_s)
+    return LiveReport(len(per_device), sum(len(m) for m in per_device.values()), seconds)
+
+
+def deliver(per_device: dict[str, list[tuple[str, Message]]], tokens: dict[str, str], server: str, broker: str,
+            fleet: str, state_dir: Path, timeout_s: float = 600.0) -> float:
+    """Send each device's messages through its own store-and-forward link (outbox, end-to-end
+    acks), all devices at once; returns the seconds until the server acknowledged the last one."""
     links = []
-    start = time.perf_counter()
     for device, messages in per_device.items():
         outbox = Outbox(state_dir / "outbox" / f"{device}.sqlite")
         for kind, message in messages:
             outbox.put(message.key, topic(fleet, device, kind), encode(message, tokens[device]))
         config = AgentConfig(device=device, token=tokens[device], server=server, broker=broker, state_dir=state_dir, fleet=fleet)
-        link = Link(config, outbox, on_ota=lambda payload: None)
+        links.append((Link(config, outbox, on_ota=lambda payload: None), outbox))
+    start = time.perf_counter()
+    for link, _ in links:
         link.start()
-        links.append((link, outbox))
     deadline = time.monotonic() + timeout_s
-    while not all(link.drained() for link, _ in links):
-        if time.monotonic() > deadline:
-            left = sum(len(outbox) for _, outbox in links)
-            raise LiveError(f"{left} messages still queued after {timeout_s:.0f} s (kept in {state_dir}/outbox)")
-        time.sleep(0.05)
-    seconds = time.perf_counter() - start
-    for link, outbox in links:
-        link.stop()
-        outbox.close()
-    return LiveReport(len(per_device), sum(len(m) for m in per_device.values()), seconds)
+    try:
+        while not all(link.drained() for link, _ in links):
+            if time.monotonic() > deadline:
+                left = sum(len(outbox) for _, outbox in links)
+                raise LiveError(f"{left} messages still queued after {timeout_s:.0f} s (kept in {state_dir}/outbox)")
+            time.sleep(0.05)
+        return time.perf_counter() - start
+    finally:
+        for link, outbox in links:
+            link.stop()
+            outbox.close()

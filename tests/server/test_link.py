@@ -4,6 +4,7 @@ broker and the server mid-stream — every result arrives, and arrives once."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,14 +35,20 @@ def _assert_exactly_once(server: ServerProc, device: str, n: int) -> None:
     assert sorted(telemetry) == sorted(f"{device}:telemetry:{i}" for i in range(9, n, 10))
 
 
+def _stream(server: ServerProc, device: str, bundles: Bundles, tmp_path: Path, period_s: str,
+            first: int) -> tuple[list[str], subprocess.Popen[bytes]]:
+    """Start an agent reporting the whole source; returns once the server holds ``first`` results."""
+    cmd = agent_cmd(server, device, server.register(device), tmp_path / device, bundles.v1, bundles.source,
+                    "--period-s", period_s, "--exit-when-done")
+    agent = start_agent(cmd, tmp_path / "agent.log")
+    wait_for(lambda: len(server.messages(device, "result")) >= first, 60, "the first results")
+    return cmd, agent
+
+
 def test_kill_9_of_the_agent_mid_stream_loses_and_repeats_nothing(embedded_server: ServerProc, bundles: Bundles,
                                                                     tmp_path: Path) -> None:
-    token = embedded_server.register("n1")
-    cmd = agent_cmd(embedded_server, "n1", token, tmp_path / "n1", bundles.v1, bundles.source, "--period-s", "0.004",
-                    "--exit-when-done")
     n = _n_samples(bundles)
-    agent = start_agent(cmd, tmp_path / "agent.log")
-    wait_for(lambda: len(embedded_server.messages("n1", "result")) >= 40, 60, "the first results")
+    cmd, agent = _stream(embedded_server, "n1", bundles, tmp_path, "0.004", 40)
     agent.send_signal(signal.SIGKILL)
     agent.wait(10)
     assert len(embedded_server.messages("n1", "result")) < n  # it really died mid-stream
@@ -62,12 +69,8 @@ def test_broker_restart_and_server_kill_9_mid_stream_lose_nothing(mosquitto: Mos
     server = ServerProc(tmp_path / "server", free_port(), mosquitto.url, 0, trust=bundles.pub)
     server.start()
     try:
-        token = server.register("n2")
-        cmd = agent_cmd(server, "n2", token, tmp_path / "n2", bundles.v1, bundles.source, "--period-s", "0.01",
-                        "--exit-when-done")
         n = _n_samples(bundles)
-        agent = start_agent(cmd, tmp_path / "agent.log")
-        wait_for(lambda: len(server.messages("n2", "result")) >= 30, 60, "the first results")
+        _, agent = _stream(server, "n2", bundles, tmp_path, "0.01", 30)
         mosquitto.stop()
         time.sleep(0.3)
         mosquitto.start()
@@ -84,11 +87,7 @@ def test_broker_restart_and_server_kill_9_mid_stream_lose_nothing(mosquitto: Mos
 
 def test_graceful_server_restart_with_the_embedded_broker_loses_nothing(embedded_server: ServerProc, bundles: Bundles,
                                                                           tmp_path: Path) -> None:
-    token = embedded_server.register("n3")
-    cmd = agent_cmd(embedded_server, "n3", token, tmp_path / "n3", bundles.v1, bundles.source, "--period-s", "0.01",
-                    "--exit-when-done")
-    agent = start_agent(cmd, tmp_path / "agent.log")
-    wait_for(lambda: len(embedded_server.messages("n3", "result")) >= 30, 60, "the first results")
+    _, agent = _stream(embedded_server, "n3", bundles, tmp_path, "0.01", 30)
     embedded_server.stop(signal.SIGTERM)
     time.sleep(0.5)
     embedded_server.start()
