@@ -2,7 +2,7 @@
 
     trickle bench export [--quick]
 
-For each dataset (digits, basic_motions, and fsdd when ../shared/data is there) a NExUME model
+For each dataset (digits, basic_motions, and fsdd when the data folder has it) a NExUME model
 is trained (seed 0), exported with every format, and each file is run on the runtime a device
 would use (onnxruntime, ExecuTorch, LiteRT), at batch 1 with each library's default threads:
 latency is the median of many single-example calls after a warm-up, size is the file's bytes,
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,11 +35,12 @@ import torch
 
 from edge.backends import FORMAT_BACKEND, load_backend, quiet
 from edge.bundle import read_bundle
+from edge.tables import console_table
 from export.bundle import export_bundle
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.datasets import DatasetError, load
 from models.nexume import TrainConfig, train
-from simulator.report import write_atomic
+from edge.files import write_atomic
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent
@@ -99,22 +101,22 @@ def bench_dataset(name: str, epochs: int, calls: int, work: Path) -> dict[str, A
     rows: list[dict[str, Any]] = []
     model, _ = load_checkpoint(work / name / "checkpoint.pt")
     model.eval()
-    for variant in bundle.manifest["variants"]:
-        if variant["bits"] == 32:  # PyTorch eager fp32: the reference every ratio is against
-            model.configure(32, variant["drop"])
+    for variant in bundle.manifest.variants:
+        if variant.bits == 32:  # PyTorch eager fp32: the reference every ratio is against
+            model.configure(32, variant.drop)
             with torch.inference_mode():
                 xt = torch.from_numpy(x1)
                 acc = float((model(torch.from_numpy(data.x_test)).argmax(1).numpy() == data.y_test).mean())
                 latency = median_latency_s(lambda: model(xt), calls)  # noqa: B023 (called here, in this iteration)
-            rows.append({"variant": variant["name"], "format": "torch-eager", "runtime": "pytorch", "bits": 32,
-                         "drop": variant["drop"], "latency_s": latency, "size_bytes": None, "accuracy": acc})
-        for fmt, file in variant["formats"].items():
+            rows.append({"variant": variant.name, "format": "torch-eager", "runtime": "pytorch", "bits": 32,
+                         "drop": variant.drop, "latency_s": latency, "size_bytes": None, "accuracy": acc})
+        for fmt, file in variant.formats.items():
             with quiet():
                 backend = load_backend(fmt, bundle.file(file))
             latency = median_latency_s(lambda: backend.run(x1), calls)  # noqa: B023 (called here, in this iteration)
-            rows.append({"variant": variant["name"], "format": fmt, "runtime": FORMAT_BACKEND[fmt], "bits": variant["bits"],
-                         "drop": variant["drop"], "latency_s": latency, "size_bytes": len(bundle.file(file)),
-                         "accuracy": variant["accuracy"][fmt]})
+            rows.append({"variant": variant.name, "format": fmt, "runtime": FORMAT_BACKEND[fmt], "bits": variant.bits,
+                         "drop": variant.drop, "latency_s": latency, "size_bytes": len(bundle.file(file)),
+                         "accuracy": variant.accuracy[fmt]})
 
     def row(variant: str, fmt: str) -> dict[str, Any]:
         return next(r for r in rows if r["variant"] == variant and r["format"] == fmt)
@@ -162,15 +164,13 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     out["quick"] = quick
     for d in per:
         print(f"\n{d['dataset']}")
-        print(f"  {'variant':10s} {'format':13s} {'runtime':12s} {'latency µs':>10s} {'size KB':>8s} {'acc':>6s}")
-        for r in d["rows"]:
-            size = f"{r['size_bytes'] / 1e3:8.1f}" if r["size_bytes"] is not None else f"{'':8s}"
-            print(f"  {r['variant']:10s} {r['format']:13s} {r['runtime']:12s} {r['latency_s'] * 1e6:10.1f} {size} "
-                  f"{r['accuracy']:6.3f}")
-    print(f"\n{'metric':36s} {'measured':>10s}  verdict")
-    for key in GOALS:
-        value = out[key]
-        print(f"{key:36s} {value if value is not None else float('nan'):10.4g}  {_verdict(key, value)}")
+        table = [(r["variant"], r["format"], r["runtime"], f"{r['latency_s'] * 1e6:.1f}",
+                  f"{r['size_bytes'] / 1e3:.1f}" if r["size_bytes"] is not None else "", f"{r['accuracy']:.3f}")
+                 for r in d["rows"]]
+        headers = ["variant", "format", "runtime", "latency µs", "size KB", "acc"]
+        print(textwrap.indent(console_table(table, headers=headers, align="lllrrr"), "  "))
+    goals = [(key, f"{out[key] if out[key] is not None else float('nan'):.4g}", _verdict(key, out[key])) for key in GOALS]
+    print("\n" + console_table(goals, headers=["metric", "measured", "verdict"], align="lrl"))
     path = results_dir / ("export-quick.json" if quick else "export.json")
     results_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")

@@ -26,10 +26,12 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from edge.bundle import read_bundle
+from edge.tables import console_table
 from export.bundle import export_bundle
 from export.cgen import generate
 from export.flash import (
@@ -47,7 +49,7 @@ from export.intmodel import PoolLayer
 from models.checkpoint import save_checkpoint
 from models.datasets import load
 from models.nexume import TrainConfig, train
-from simulator.report import write_atomic
+from edge.files import write_atomic
 
 RESULTS = Path(__file__).parent / "results"
 GOALS = {
@@ -95,7 +97,7 @@ def bench_model(dataset: str, epochs: int, vectors: int, cuts: int, work: Path) 
         cut_run = run_with_cuts(elf, work / "shipped", [rng.randrange(marks[0], marks[1])])
         identical += int([ln for ln in cut_run.stdout.splitlines() if ln.startswith("OUT")] == reference)
         boots = max(boots, cut_run.boots)
-    every = flash(bundle, data.x_test, "mps2-an386", work / "all", vectors=vectors, profile=True)["variants"]
+    every = flash(bundle, "mps2-an386", work / "all", vectors=vectors, profile=True, x_test=data.x_test)["variants"]
     variants = [{"name": v["name"], "macs": v["macs"], "instructions_per_inference": v["instructions_per_inference"],
                  "instructions_per_mac": v["instructions_per_mac"],
                  "layers": [{**layer, "instructions_per_mac": layer["instructions"] / macs if macs else None}
@@ -129,21 +131,21 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
         "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
     }
     header = ("model", "variant", "instr/inference", "instr/MAC", "vs plain", "overhead", "cuts ok", "text B")
-    print("\n{:14s} {:9s} {:>15s} {:>9s} {:>8s} {:>8s} {:>8s} {:>7s}".format(*header))
-    for m in per:
-        print(f"{m['dataset']:14s} {m['variant']:9s} {m['instructions_per_inference']:15.0f} {m['instructions_per_mac']:9.2f} "
-              f"{m['reference_kernel_ratio']:8.3f} {m['intermittency_overhead_ratio']:8.3f} "
-              f"{m['power_cut_identical']:>4d}/{m['power_cut_trials']:<3d} {m['size']['text']:7d}")
+    table = [(m["dataset"], m["variant"], f"{m['instructions_per_inference']:.0f}", f"{m['instructions_per_mac']:.2f}",
+              f"{m['reference_kernel_ratio']:.3f}", f"{m['intermittency_overhead_ratio']:.3f}",
+              f"{m['power_cut_identical']}/{m['power_cut_trials']}", m["size"]["text"]) for m in per]
+    print("\n" + console_table(table, headers=header, align="llrrrrrr"))
     print("\nevery 8-bit variant (instructions per MAC; per layer, first test vector):")
-    for m in per:
-        for v in m["variants"]:
-            split = "  ".join(f"{layer['name']} {layer['instructions_per_mac']:.2f}" for layer in v["layers"]
-                              if layer["instructions_per_mac"] is not None)
-            print(f"  {m['dataset']:14s} {v['name']:9s} {v['instructions_per_mac']:5.2f}   {split}")
+    layers = [(m["dataset"], v["name"], f"{v['instructions_per_mac']:.2f}",
+               "  ".join(f"{layer['name']} {layer['instructions_per_mac']:.2f}" for layer in v["layers"]
+                         if layer["instructions_per_mac"] is not None)) for m in per for v in m["variants"]]
+    print(textwrap.indent(console_table(layers, align="llrl"), "  "))
+    goals = []
     for key, (op, goal) in GOALS.items():
         ok = out[key] <= goal if op == "<=" else out[key] >= goal
-        print(f"{key:32s} {out[key]:10.4g}  {'✔' if ok else '✘'} (goal {op} {goal:g})")
-    print(f"{'reference_kernel_ratio':32s} {out['reference_kernel_ratio']:10.4g}  (shipped / plain kernel)")
+        goals.append((key, f"{out[key]:.4g}", f"{'✔' if ok else '✘'} (goal {op} {goal:g})"))
+    goals.append(("reference_kernel_ratio", f"{out['reference_kernel_ratio']:.4g}", "(shipped / plain kernel)"))
+    print(console_table(goals, align="lrl"))
     path = results_dir / ("firmware-quick.json" if quick else "firmware.json")
     write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}")

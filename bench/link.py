@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,10 +35,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
+from edge.errors import LinkError
+from edge.files import write_atomic
 from edge.protocol import Message, Telemetry, encode, topic
 from server.service import free_port
-from simulator.report import write_atomic
 
 RESULTS = Path(__file__).parent / "results"
 GOALS = {"messages_per_second_stored": (">=", 5000.0), "lost": ("<=", 0), "duplicated": ("<=", 0)}
@@ -49,24 +52,41 @@ def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 1000\n"
                     "max_queued_messages 10000000\npersistence false\n")
     proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+
+    @retry(retry=retry_if_result(lambda up: not up), stop=stop_after_delay(10), wait=wait_fixed(0.05),
+           retry_error_callback=lambda state: False)
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    if not listening():
+        proc.terminate()
+        raise RuntimeError(f"mosquitto did not listen on port {port}")
     return proc, port
 
 
 def _server(folder: Path, broker: str, mqtt_port: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trickle.cli", "serve", "--data", str(folder), "--port", str(port),
-                             "--broker", broker, "--mqtt-port", str(mqtt_port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(folder), "--port", str(port), "--broker", broker]
+    if broker == "embedded":
+        cmd += ["--mqtt-port", str(mqtt_port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+
+    @retry(retry=retry_if_result(lambda up: not up), stop=stop_after_delay(60), wait=wait_fixed(0.1),
+           retry_error_callback=lambda state: False)
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
         try:
-            if httpx.get(url + "/healthz", timeout=1).json()["broker_connected"]:
-                return proc, url
+            return bool(httpx.get(url + "/healthz", timeout=1).json()["broker_connected"])
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("the server did not start")
+            return False
+
+    if not healthy():
+        proc.terminate()
+        raise RuntimeError("the server did not start")
+    return proc, url
 
 
 def _payload_files(folder: Path, devices: list[tuple[str, str]], messages: int) -> dict[str, Path]:
@@ -152,12 +172,13 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int)
             start, sent = _publish(broker_port, devices, m, work)
         total = n * m
         db = sqlite3.connect(data / "trickle.sqlite")
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            stored = db.execute("SELECT COUNT(*) FROM messages WHERE kind = 'telemetry'").fetchone()[0]
-            if stored >= total:
-                break
-            time.sleep(0.2)
+
+        @retry(retry=retry_if_result(lambda done: not done), stop=stop_after_delay(600), wait=wait_fixed(0.2),
+               retry_error_callback=lambda state: False)
+        def all_stored() -> bool:  # what is missing after the wait counts as lost
+            return int(db.execute("SELECT COUNT(*) FROM messages WHERE kind = 'telemetry'").fetchone()[0]) >= total
+
+        all_stored()
         rows = db.execute("SELECT key, stored_s FROM messages WHERE kind = 'telemetry'").fetchall()
         keys = [k for k, _ in rows]
         latency = np.array([stored_s - sent[k] for k, stored_s in rows])
@@ -176,7 +197,7 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int)
 def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     n, m = (4, 500) if quick else (10, 3000)
     if shutil.which("mosquitto") is None:
-        raise RuntimeError("trickle bench link needs Mosquitto: apt-get install mosquitto mosquitto-clients")
+        raise LinkError("trickle bench link needs Mosquitto: apt-get install mosquitto mosquitto-clients")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

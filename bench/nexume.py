@@ -26,16 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from edge.tables import markdown_table
 from models.datasets import DATASETS, Dataset, load
 from models.evaluate import inference_model
 from models.nexume import TrainConfig, calibrate_int8, train
 from models.switchable import SwitchableNet
-from simulator.cli import scenario_path
-from simulator.config import Scenario, load_scenario
+from simulator.config import Scenario, load_scenario, scenario_path
 from simulator.data import data_root
-from simulator.devices import MCUS
 from simulator.fleet import simulate
-from simulator.report import write_atomic
+from edge.files import write_atomic
 from simulator.workload import InferenceModel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +96,7 @@ def scenario(source: str, capacitance_f: float | None, method: str, seed: int, q
         overrides["storage"] = {"capacitance_f": capacitance_f}
         base = scenario_path(SOURCES[source])
     sc = load_scenario(base, **overrides)
-    cut = max(sc.storage.v_off_v, MCUS[sc.workload.mcu].brown_out_v)
+    cut = sc.storage.cut_off_v(sc.workload.mcu_profile)
     jit_v = round(cut + 0.3 * (sc.storage.v_on_v - cut), 3)
     return load_scenario(base, **{**overrides, "workload": {**overrides["workload"], "jit_threshold_v": jit_v}})
 
@@ -199,18 +198,14 @@ def _write(out: dict[str, Any], results_dir: Path, docs_dir: Path, quick: bool) 
              f"Seeds {out['seeds']}, {out['epochs']} epochs, BLE uplink, a sensing event every 10 s with a 10 s deadline. "
              "Produced by `trickle bench nexume`" + (" --quick" if quick else "") + ".", "",
              "Gain: nexume minus the best of the three baselines; vs fixed: minus the better of ptq_jit and qat8_layer.",
-             "",
-             "| dataset | source | C (mF) | ptq_jit | qat8_layer | uniform | nexume | gain (pts) | vs fixed (pts) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in out["table"]:
-        cap = "–" if r["capacitance_f"] is None else f"{r['capacitance_f'] * 1e3:g}"
-        accs = " | ".join(_fmt(r[f"{m}_accuracy_within_deadline"]) for m in METHODS)
-        lines.append(f"| {r['dataset']} | {r['source']} | {cap} | {accs} | {r['gain_pts_vs_best_baseline']:+.1f} "
-                     f"| {r['gain_pts_vs_fixed_baselines']:+.1f} |")
-    lines += ["", "| goal | measured | target |", "| --- | ---: | --- |"]
-    for k, (op, g) in GOALS.items():
-        lines.append(f"| {k} | {out[k]:.3g} | {op} {g} |")
-    context = out["cells_with_gain_ge_6pts_vs_fixed_baselines"]
-    lines.append(f"| (context) cells_with_gain_ge_6pts_vs_fixed_baselines | {context} | – |")
+             ""]
+    rows = [(r["dataset"], r["source"], "–" if r["capacitance_f"] is None else f"{r['capacitance_f'] * 1e3:g}",
+             *(_fmt(r[f"{m}_accuracy_within_deadline"]) for m in METHODS),
+             f"{r['gain_pts_vs_best_baseline']:+.1f}", f"{r['gain_pts_vs_fixed_baselines']:+.1f}") for r in out["table"]]
+    lines.append(markdown_table(["dataset", "source", "C (mF)", *METHODS, "gain (pts)", "vs fixed (pts)"], rows,
+                                align="llrrrrrrr"))
+    goals = [(k, f"{out[k]:.3g}", f"{op} {g}") for k, (op, g) in GOALS.items()]
+    goals.append(("(context) cells_with_gain_ge_6pts_vs_fixed_baselines", out["cells_with_gain_ge_6pts_vs_fixed_baselines"], "–"))
+    lines += ["", markdown_table(["goal", "measured", "target"], goals, align="lrl")]
     write_atomic(docs_dir / f"nexume{suffix}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulator.cli import scenario_path
-from simulator.config import Scenario, build_scenario, load_scenario
+from edge.tables import console_table
+from simulator.config import Scenario, build_scenario, load_scenario, scenario_path
 from simulator.devices import MCUS
 from simulator.fleet import simulate
 from simulator.node import Mode
@@ -183,11 +183,9 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     out["goals"] = {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()}
     out["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     out["quick"] = quick
-    print(f"{'metric':45s} {'measured':>14s}  verdict")
-    for key in GOALS:
-        print(f"{key:45s} {out[key]:14.4g}  {_verdict(key, out[key])}")
-    context = out["at_60s_sensing"]["exact_speedup_vs_fixed_step"]
-    print(f"{'(context) speedup with 60 s sensing':45s} {context:14.4g}")
+    rows = [(key, f"{out[key]:.4g}", _verdict(key, out[key])) for key in GOALS]
+    rows.append(("(context) speedup with 60 s sensing", f"{out['at_60s_sensing']['exact_speedup_vs_fixed_step']:.4g}", ""))
+    print(console_table(rows, headers=["metric", "measured", "verdict"], align="lrl"))
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / ("simulator-quick.json" if quick else "simulator.json")
     path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

@@ -26,8 +26,10 @@ from typing import Protocol
 
 import numpy as np
 
+from edge.errors import TrickleError
 
-class BackendError(ValueError):
+
+class BackendError(TrickleError):
     """A backend that is not installed, or a model file it cannot load."""
 
 

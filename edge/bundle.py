@@ -1,10 +1,10 @@
-"""Bundles: the contract between training and devices (see ../shared/ARCHITECTURE.md).
+"""Bundles: the contract between training and devices (see docs/architecture.md).
 
-A bundle is a folder, or a tar of one, holding ``manifest.json`` (schema in
-``edge/schemas/``), the model files it lists with their sha256, and ``manifest.sig``: an
+A bundle is a folder, or a tar of one, holding ``manifest.json`` (the typed ``edge.manifest.Manifest``;
+its JSON Schema is in ``edge/schemas/``), the model files it lists with their sha256, and ``manifest.sig``: an
 Ed25519 signature over the manifest's exact bytes, which are canonical JSON (sorted keys,
 no spaces, UTF-8). Loading checks, in this order: the manifest parses and matches the
-schema; the signature verifies against a trusted key (when keys are given or required);
+typed model; the signature verifies against a trusted key (when keys are given or required);
 every listed file exists with its hash and nothing else is there. Any failure is one
 ``BundleError`` naming what failed.
 
@@ -20,27 +20,25 @@ import io
 import json
 import os
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-SCHEMA_VERSION = 1
+from edge.errors import BundleError
+from edge.files import write_atomic, write_secret
+from edge.manifest import SCHEMA_VERSION, Manifest, canonical_json
+
+__all__ = ["MANIFEST", "SCHEMA_VERSION", "SIGNATURE", "Bundle", "BundleError", "Manifest", "canonical_json",
+           "generate_keypair", "load_private_key", "load_public_key", "pack", "read_bundle", "read_trusted",
+           "sha256_hex", "write_bundle"]
+
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
-_SCHEMA_FILE = Path(__file__).parent / "schemas" / f"manifest-v{SCHEMA_VERSION}.schema.json"
 _PRIVATE, _PUBLIC = "trickle-ed25519-private", "trickle-ed25519-public"
-
-
-class BundleError(ValueError):
-    """A bundle or key is missing, malformed, tampered with, or untrusted."""
-
-
-def canonical_json(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def sha256_hex(data: bytes) -> str:
@@ -50,23 +48,13 @@ def sha256_hex(data: bytes) -> str:
 # ---- keys ---------------------------------------------------------------------------------------
 
 
-def write_secret(path: Path, text: str) -> None:
-    """Write a file only its owner can read (mode 0600), to a temporary name, then renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def generate_keypair(private_path: Path, public_path: Path) -> None:
     """Write a new Ed25519 key pair in trickle's key file format."""
     key = Ed25519PrivateKey.generate()
     raw_private = key.private_bytes_raw()
     raw_public = key.public_key().public_bytes_raw()
     write_secret(private_path, json.dumps({"kind": _PRIVATE, "key": base64.b64encode(raw_private).decode()}))
-    public_path.write_text(json.dumps({"kind": _PUBLIC, "key": base64.b64encode(raw_public).decode()}))
+    write_atomic(public_path, json.dumps({"kind": _PUBLIC, "key": base64.b64encode(raw_public).decode()}))
 
 
 def _read_key(path: Path, kind: str) -> bytes:
@@ -97,7 +85,7 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
 
 @dataclass(frozen=True)
 class Bundle:
-    manifest: dict[str, Any]
+    manifest: Manifest
     files: dict[str, bytes]  # every listed file, verified
     signed_by: Ed25519PublicKey | None
 
@@ -116,12 +104,12 @@ def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKe
     if MANIFEST not in members:
         raise BundleError(f"{path}: no {MANIFEST}")
     raw_manifest = members.pop(MANIFEST)
-    manifest = _parse_manifest(raw_manifest, path)
+    manifest = Manifest.from_json(raw_manifest, f"{path}: {MANIFEST}")
     signer = _check_signature(raw_manifest, members.pop(SIGNATURE, None), trusted_keys, require_signature, path)
-    if newer_than is not None and manifest["bundle_version"] <= newer_than:
-        raise BundleError(f"{path}: bundle_version {manifest['bundle_version']} is not newer than the running "
+    if newer_than is not None and manifest.bundle_version <= newer_than:
+        raise BundleError(f"{path}: bundle_version {manifest.bundle_version} is not newer than the running "
                           f"{newer_than} (refusing a downgrade or a replay)")
-    listed: dict[str, str] = manifest["files"]
+    listed = manifest.files
     for name, digest in sorted(listed.items()):
         if name not in members:
             raise BundleError(f"{path}: file {name} listed in the manifest is missing")
@@ -131,6 +119,14 @@ def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKe
     if extra:
         raise BundleError(f"{path}: files not listed in the manifest: {', '.join(extra)}")
     return Bundle(manifest, members, signer)
+
+
+def read_trusted(path: str | os.PathLike[str], trust: Sequence[str | os.PathLike[str]] = (),
+                 newer_than: int | None = None) -> Bundle:
+    """``read_bundle`` as every command takes it: with trusted public key files given (``--trust``),
+    the bundle must be signed by one of them; without, the signature is not checked."""
+    keys = [load_public_key(Path(k)) for k in trust]
+    return read_bundle(path, keys or None, require_signature=bool(keys), newer_than=newer_than)
 
 
 def _members(path: Path) -> dict[str, bytes]:
@@ -151,28 +147,6 @@ def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     fh = tar.extractfile(member)
     assert fh is not None
     return fh.read()
-
-
-@cache
-def _validator() -> Any:
-    import jsonschema
-
-    schema = json.loads(_SCHEMA_FILE.read_text())
-    return jsonschema.Draft202012Validator(schema)
-
-
-def _parse_manifest(raw: bytes, path: object) -> dict[str, Any]:
-    try:
-        manifest = json.loads(raw)
-    except ValueError as e:
-        raise BundleError(f"{path}: {MANIFEST} is not JSON ({e})") from None
-    if not isinstance(manifest, dict):
-        raise BundleError(f"{path}: {MANIFEST} must be a JSON object")
-    error = next(iter(sorted(_validator().iter_errors(manifest), key=lambda e: list(e.path))), None)
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise BundleError(f"{path}: {MANIFEST} fails schema v{SCHEMA_VERSION} at {where}: {error.message}")
-    return manifest
 
 
 def _check_signature(raw: bytes, signature: bytes | None, trusted: list[Ed25519PublicKey] | None,
@@ -197,37 +171,27 @@ def _check_signature(raw: bytes, signature: bytes | None, trusted: list[Ed25519P
 # ---- writing (the format's other half; export/ builds the contents) -----------------------------
 
 
-def pack(manifest: dict[str, Any], files: dict[str, bytes], key: Ed25519PrivateKey | None = None) -> dict[str, bytes]:
-    """The bundle's members: the files, the manifest with their hashes, and the signature."""
-    doc = {**manifest, "files": {name: sha256_hex(data) for name, data in sorted(files.items())}}
-    _parse_manifest(canonical_json(doc), "new bundle")  # refuse to write what a device would refuse
-    raw = canonical_json(doc)
+def pack(manifest: Manifest | dict[str, Any], files: dict[str, bytes], key: Ed25519PrivateKey | None = None
+         ) -> dict[str, bytes]:
+    """The bundle's members: the files, the manifest with their hashes, and the signature.
+    ``manifest``'s own ``files`` (if any) are replaced by the hashes of ``files``."""
+    doc = manifest.to_dict() if isinstance(manifest, Manifest) else dict(manifest)
+    doc["files"] = {name: sha256_hex(data) for name, data in sorted(files.items())}
+    raw = Manifest.from_dict(doc, f"new bundle: {MANIFEST}").to_json()  # refuse to write what a device would refuse
     out = {**files, MANIFEST: raw}
     if key is not None:
         out[SIGNATURE] = key.sign(raw)
     return out
 
 
-def write_dir(members: dict[str, bytes], out_dir: Path) -> None:
-    """Write members into ``out_dir`` (each file to a temporary name, then renamed)."""
-    for name, data in sorted(members.items()):
-        target = out_dir / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
-
-
 def write_bundle(members: dict[str, bytes], out: Path) -> Path:
-    """Write a bundle to ``out``: a deterministic tar when it ends in .tar (written to a
-    temporary name, then renamed), else a folder. Returns ``out``."""
+    """Write a bundle to ``out``: a deterministic tar when it ends in .tar, else a folder (each
+    file written atomically). Returns ``out``."""
     if out.suffix == ".tar":
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_bytes(tar_bytes(members))
-        tmp.replace(out)
+        write_atomic(out, tar_bytes(members))
     else:
-        write_dir(members, out)
+        for name, data in sorted(members.items()):
+            write_atomic(out / name, data)
     return out
 
 

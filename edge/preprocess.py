@@ -17,7 +17,8 @@ Steps, applied in order to one example (no batch axis):
   broadcast against the example.
 - ``reshape``: to ``shape``.
 
-A raw shape of ``null`` means variable length (audio). Every failure is a ``PreprocessError``.
+The steps are typed in ``edge.manifest`` (``Preprocessing``). A raw shape of ``null`` means
+variable length (audio). Every failure is a ``PreprocessError`` (a ``DataError``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
+
+from edge.errors import DataError
+from edge.manifest import Mfcc, Preprocessing, Reshape, Scale, Standardize
 
 
-class PreprocessError(ValueError):
-    """Raw input that the bundle's pre-processing cannot take, or a step it does not know."""
+class PreprocessError(DataError):
+    """Raw input that the bundle's pre-processing cannot take."""
 
 
 def mfcc(waveform: np.ndarray, sample_rate_hz: int, n_mfcc: int, n_fft: int, hop_length: int, n_mels: int,
@@ -55,32 +60,43 @@ def standardize(x: np.ndarray, mean: Any, std: Any) -> np.ndarray:
         np.float32)
 
 
-def apply(preprocessing: dict[str, Any], raw: np.ndarray) -> np.ndarray:
+def as_preprocessing(preprocessing: Preprocessing | dict[str, Any]) -> Preprocessing:
+    """The typed pre-processing (a bundle's is typed already; training code passes dicts)."""
+    if isinstance(preprocessing, Preprocessing):
+        return preprocessing
+    try:
+        return Preprocessing.model_validate(preprocessing)
+    except ValidationError as e:
+        unknown = [err for err in e.errors() if err["type"] == "union_tag_invalid"]
+        if unknown:
+            raise PreprocessError(f"pre-processing step {unknown[0]['ctx']['tag']!r}: not known to this runtime") from None
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise PreprocessError(f"pre-processing {where}: {err['msg']}") from None
+
+
+def apply(preprocessing: Preprocessing | dict[str, Any], raw: np.ndarray) -> np.ndarray:
     """The model's input (no batch axis) for one raw example."""
+    pre = as_preprocessing(preprocessing)
     x = np.asarray(raw)
-    expected = (preprocessing.get("raw") or {}).get("shape")
-    if expected is not None and tuple(x.shape) != tuple(expected):
-        raise PreprocessError(f"raw input shape {tuple(x.shape)}: this bundle takes {tuple(expected)}")
-    for step in preprocessing.get("steps", []):
-        op = step.get("op")
-        if op == "mfcc":
-            params = {k: step[k] for k in ("sample_rate_hz", "n_mfcc", "n_fft", "hop_length", "n_mels", "duration_s")}
-            x = mfcc(x, **params)
-        elif op == "scale":
-            x = (np.asarray(x, dtype=np.float32) * np.float32(step["factor"])).astype(np.float32)
-        elif op == "standardize":
+    if pre.raw is not None and tuple(x.shape) != tuple(pre.raw.shape):
+        raise PreprocessError(f"raw input shape {tuple(x.shape)}: this bundle takes {tuple(pre.raw.shape)}")
+    for step in pre.steps:
+        if isinstance(step, Mfcc):
+            x = mfcc(x, step.sample_rate_hz, step.n_mfcc, step.n_fft, step.hop_length, step.n_mels, step.duration_s)
+        elif isinstance(step, Scale):
+            x = (np.asarray(x, dtype=np.float32) * np.float32(step.factor)).astype(np.float32)
+        elif isinstance(step, Standardize):
             try:
-                x = standardize(x, step["mean"], step["std"])
+                x = standardize(x, step.mean, step.std)
             except ValueError as e:
                 raise PreprocessError(f"standardize: input of shape {x.shape} does not broadcast with the bundle's "
                                       f"statistics ({e})") from None
-        elif op == "reshape":
+        elif isinstance(step, Reshape):
             try:
-                x = np.reshape(x, step["shape"])
+                x = np.reshape(x, step.shape)
             except ValueError:
-                raise PreprocessError(f"reshape: input of shape {x.shape} cannot become {tuple(step['shape'])}") from None
-        else:
-            raise PreprocessError(f"pre-processing step {op!r}: not known to this runtime")
+                raise PreprocessError(f"reshape: input of shape {x.shape} cannot become {tuple(step.shape)}") from None
     return np.asarray(x, dtype=np.float32)
 
 
@@ -100,20 +116,21 @@ def read_wav(path: Path, sample_rate_hz: int | None = None) -> np.ndarray:
     return np.asarray(samples, dtype=np.float32) / np.float32(scale)
 
 
-def read_input(path: Path, preprocessing: dict[str, Any]) -> np.ndarray:
+def read_input(path: Path, preprocessing: Preprocessing | dict[str, Any]) -> np.ndarray:
     """One raw example from a file: .npy, .csv/.txt (numbers), or .wav (for audio bundles)."""
+    pre = as_preprocessing(preprocessing)
     suffix = path.suffix.lower()
     if not path.is_file():
         raise PreprocessError(f"input {path}: no such file")
     if suffix == ".wav":
-        rates = [s["sample_rate_hz"] for s in preprocessing.get("steps", []) if s.get("op") == "mfcc"]
+        rates = [s.sample_rate_hz for s in pre.steps if isinstance(s, Mfcc)]
         return read_wav(path, rates[0] if rates else None)
     try:
         if suffix == ".npy":
             return np.load(path, allow_pickle=False)
         if suffix in (".csv", ".txt"):
             data = np.loadtxt(path, delimiter="," if suffix == ".csv" else None, dtype=np.float32, ndmin=1)
-            shape: Sequence[int] | None = (preprocessing.get("raw") or {}).get("shape")
+            shape: Sequence[int] | None = pre.raw.shape if pre.raw is not None else None
             return data.reshape(shape) if shape is not None and data.size == int(np.prod(shape)) else data
     except ValueError as e:
         raise PreprocessError(f"input {path}: cannot read numbers from it ({e})") from None

@@ -32,8 +32,11 @@ import json
 import re
 from collections.abc import Callable
 from typing import Annotated, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edge.errors import ConfigError, LinkError
 
 VERSION = 1
 ROOT = f"trickle/v{VERSION}"
@@ -56,7 +59,7 @@ ROUTES = {
 Name = Annotated[str, Field(pattern=_NAME.pattern)]
 
 
-class ProtocolError(ValueError):
+class ProtocolError(LinkError):
     """A topic or message that breaks the protocol; the text says how."""
 
 
@@ -212,3 +215,16 @@ def decode(name: str, payload: bytes, token_of: Callable[[str, str], str | None]
     if not hmac.compare_digest(sig, signature(body, token).encode()):
         raise ProtocolError(f"bad signature from {where.device!r}")
     return where, message
+
+
+def mqtt_address(url: str, field: str = "broker") -> tuple[str, int]:
+    """(host, port) of ``mqtt://HOST:PORT`` (port 1883 when not given); anything else is a
+    ConfigError naming ``field``."""
+    parts = urlsplit(url)
+    try:
+        port = 1883 if parts.port is None else parts.port
+    except ValueError:  # a port that is not a number, or out of range
+        port = 0
+    if parts.scheme != "mqtt" or not parts.hostname or not 1 <= port <= 65535:
+        raise ConfigError(field, url, "must be mqtt://HOST:PORT (PORT in 1..65535)")
+    return parts.hostname, port

@@ -1,10 +1,11 @@
 """The device runtime: run a verified bundle's variant; DynInfer picks the variant.
 
-    bundle = read_bundle("bundles/digits.tar", trusted_keys=[load_public_key("keys/signing.pub")])
+    bundle = read_trusted("bundles/digits.tar", trust=["keys/signing.pub"])
     rt = Runtime(bundle)                                        # onnxruntime; or backend="litert" / "executorch"
     logits = rt.infer(raw)                                      # the most accurate variant
     logits = rt.infer(raw, voltage_v=2.4, capacitance_f=0.01, v_cut_v=2.0, mcu="msp430fr5994")
     logits = rt.infer_features(x)                               # input already pre-processed
+    report = rt.self_test()                                     # every variant on the bundle's test vectors
 
 ``infer`` applies the manifest's pre-processing (``edge.preprocess``) before the backend, so
 every backend sees the same model input. ``edge`` never imports torch; the ExecuTorch backend
@@ -13,39 +14,46 @@ comes from the export tier through an entry point (see ``edge/backends.py``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from edge import preprocess
 from edge.backends import BACKENDS, Backend, load_backend
-from edge.bundle import Bundle, BundleError
-from edge.dyninfer import Variant, choose_variant, usable_energy_j
+from edge.bundle import Bundle
+from edge.dyninfer import Variant as Option
+from edge.dyninfer import choose_variant, usable_energy_j
+from edge.errors import BundleError, ConfigError, DataError
+from edge.manifest import Variant
+from edge.vectors import SelfTest, TestVectors, check_outputs
 
 
 class Runtime:
     def __init__(self, bundle: Bundle, backend: str = "onnxruntime") -> None:
         if backend not in BACKENDS:
-            raise BundleError(f"backend {backend!r}: must be one of {list(BACKENDS)}")
+            raise ConfigError("--backend", backend, f"must be one of {list(BACKENDS)}")
         self.bundle = bundle
         self.backend = backend
-        self.manifest: dict[str, Any] = bundle.manifest
+        self.manifest = bundle.manifest
         self._formats = BACKENDS[backend][0]
-        self.variants = [v for v in self.manifest["variants"] if any(f in v["formats"] for f in self._formats)]
+        self.variants = [v for v in self.manifest.variants if any(f in v.formats for f in self._formats)]
         if not self.variants:
             raise BundleError(f"backend {backend}: the bundle has no variant in {'/'.join(self._formats)} "
-                              f"(it has {sorted({f for v in self.manifest['variants'] for f in v['formats']})})")
+                              f"(it has {sorted({f for v in self.manifest.variants for f in v.formats})})")
         self._loaded: dict[str, Backend] = {}
 
-    def format_of(self, variant: dict[str, Any]) -> str:
-        return next(f for f in self._formats if f in variant["formats"])
+    def format_of(self, variant: Variant) -> str:
+        return next(f for f in self._formats if f in variant.formats)
 
     def choose(self, voltage_v: float | None = None, capacitance_f: float | None = None, v_cut_v: float = 0.0,
-               mcu: str = "msp430fr5994") -> dict[str, Any]:
-        """DynInfer: the variant the stored energy affords; without a voltage, the most accurate."""
-        candidates = [v for v in self.variants if v["energy_j"].get(mcu) is not None]
-        pool = candidates or self.variants
-        options = [Variant(v["bits"], v["drop"], v["energy_j"].get(mcu, 0.0), v["accuracy"][self.format_of(v)]) for v in pool]
+               mcu: str = "msp430fr5994") -> Variant:
+        """DynInfer: the variant the stored energy affords; without a voltage, the most accurate.
+
+        Float variants carry no energy cost (they are not for MCUs); when no variant of this
+        backend has one, the most accurate runs whatever the energy."""
+        known = sorted({m for v in self.variants for m in v.energy_j})
+        if known and mcu not in known:
+            raise ConfigError("--mcu", mcu, f"the bundle has energy costs for {known}")
+        pool = [v for v in self.variants if mcu in v.energy_j] or self.variants
+        options = [Option(v.bits, v.drop, v.energy_j.get(mcu, 0.0), v.accuracy[self.format_of(v)]) for v in pool]
         if voltage_v is None or capacitance_f is None:
             best = max(options, key=lambda o: (o.accuracy, -o.energy_j))
         else:
@@ -54,33 +62,55 @@ class Runtime:
 
     def preprocess(self, raw: np.ndarray) -> np.ndarray:
         """The model input (no batch axis) for one raw example, by the manifest's pre-processing."""
-        return preprocess.apply(self.manifest["preprocessing"], raw)
+        return preprocess.apply(self.manifest.preprocessing, raw)
 
-    def infer(self, raw: np.ndarray, variant: str | None = None, **energy: Any) -> np.ndarray:
+    def infer(self, raw: np.ndarray, variant: str | None = None, voltage_v: float | None = None,
+              capacitance_f: float | None = None, v_cut_v: float = 0.0, mcu: str = "msp430fr5994") -> np.ndarray:
         """Logits (1, classes) for one raw example (as a sensor gives it, see the manifest's ``raw``)."""
-        return self.infer_features(self.preprocess(raw), variant, **energy)
+        return self.infer_features(self.preprocess(raw), variant, voltage_v, capacitance_f, v_cut_v, mcu)
 
-    def infer_features(self, x: np.ndarray, variant: str | None = None, **energy: Any) -> np.ndarray:
+    def infer_features(self, x: np.ndarray, variant: str | None = None, voltage_v: float | None = None,
+                       capacitance_f: float | None = None, v_cut_v: float = 0.0, mcu: str = "msp430fr5994") -> np.ndarray:
         """Logits for one pre-processed example (the model's input shape, with or without the batch axis)."""
-        chosen = self.variant(variant) if variant else self.choose(**energy)
-        shape = tuple(self.manifest["inputs"][0]["shape"])
+        chosen = self.variant(variant) if variant else self.choose(voltage_v, capacitance_f, v_cut_v, mcu)
+        shape = self.manifest.input_shape
         x = np.asarray(x, dtype=np.float32)
         if x.shape == shape[1:]:
             x = x[None]
         if x.shape != shape:
-            raise BundleError(f"input shape {x.shape}: the model takes {shape} (or {shape[1:]})")
+            raise DataError(f"input shape {x.shape}: the model takes {shape} (or {shape[1:]})")
         return self.load(chosen).run(x)
 
-    def load(self, variant: dict[str, Any]) -> Backend:
+    def load(self, variant: Variant) -> Backend:
         """The loaded backend of a variant (loaded once; call ahead to keep loading out of a timing)."""
-        name = variant["name"]
-        if name not in self._loaded:
+        if variant.name not in self._loaded:
             fmt = self.format_of(variant)
-            self._loaded[name] = load_backend(fmt, self.bundle.file(variant["formats"][fmt]))
-        return self._loaded[name]
+            self._loaded[variant.name] = load_backend(fmt, self.bundle.file(variant.formats[fmt]))
+        return self._loaded[variant.name]
 
-    def variant(self, name: str) -> dict[str, Any]:
+    def variant(self, name: str) -> Variant:
         for v in self.variants:
-            if v["name"] == name:
+            if v.name == name:
                 return v
-        raise BundleError(f"variant {name!r}: for the {self.backend} backend the bundle has {[v['name'] for v in self.variants]}")
+        raise ConfigError("--variant", name, f"for the {self.backend} backend the bundle has {[v.name for v in self.variants]}")
+
+    def test_vectors(self) -> TestVectors | None:
+        """The bundle's own test vectors, if it carries them (bundles before they existed do not)."""
+        info = self.manifest.test_vectors
+        return None if info is None else TestVectors.from_bytes(self.bundle.file(info.file), info.file)
+
+    def self_test(self) -> SelfTest | None:
+        """Every variant of this backend on the bundle's test vectors, judged against the outputs
+        export recorded (``edge.vectors``); None when the bundle carries no test vectors."""
+        vectors = self.test_vectors()
+        if vectors is None:
+            return None
+        report = SelfTest()
+        for v in self.variants:
+            if v.name not in vectors.expected:
+                report.failures.append(f"{v.name}: no expected outputs in the bundle's test vectors")
+                continue
+            backend = self.load(v)
+            got = np.concatenate([backend.run(vectors.features[i : i + 1]) for i in range(len(vectors))])
+            check_outputs(v.name, v.bits, got, vectors.expected[v.name], report)
+        return report

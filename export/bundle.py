@@ -21,26 +21,22 @@ import numpy as np
 import torch
 
 from edge.backends import Backend, load_backend, quiet
-from edge.bundle import SCHEMA_VERSION, load_private_key, pack, write_bundle
+from edge.bundle import load_private_key, pack, write_bundle
+from edge.errors import ExportError
+from edge.manifest import SCHEMA_VERSION, Layer, Preprocessing, Tensor, TestVectors, Variant
+from edge.vectors import FILE as VECTORS_FILE
+from edge.vectors import TestVectors as VectorData
+from export.formats import FILE_FORMATS, FLOAT_FORMATS, FORMATS, TEST_VECTORS
 from models.checkpoint import load_checkpoint
 from models.datasets import Dataset, load
 from models.nexume import calibrate_int8, deployable_variants, variant_energy_j
 from models.switchable import FLOAT_BITS, SwitchableNet
 from simulator.devices import MCUS
 
-FORMATS = ("onnx", "onnx-int8", "pte", "tflite")  # what --formats takes
-# what each of them writes: the manifest's format names and their file suffixes
-FILE_FORMATS = {"onnx": {"onnx": ".onnx"}, "onnx-int8": {"onnx-int8": ".onnx"},
-                "pte": {"pte-xnnpack": ".xnnpack.pte", "pte-portable": ".portable.pte"}, "tflite": {"tflite": ".tflite"}}
-FLOAT_FORMATS = ("onnx", "pte", "tflite")
 OPSET = 17
 FP32_MAX_ABS_DIFF = 1e-4
 INT8_MIN_AGREEMENT = 0.99
 INT8_MAX_ACCURACY_LOSS = 0.01
-
-
-class ExportError(ValueError):
-    """An export that cannot be done, or whose outputs fail parity with PyTorch."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +46,7 @@ class VariantFiles:
     drop: float
     files: dict[str, tuple[str, bytes]]  # manifest format -> (file name, bytes)
     accuracy: dict[str, float]  # manifest format -> test accuracy measured with that format's runtime
+    logits: np.ndarray  # outputs on the test split from the first format's runtime
 
 
 def export_variant(model: SwitchableNet, bits: int, drop: float, example: torch.Tensor) -> bytes:
@@ -154,8 +151,9 @@ def ort_logits(onnx_bytes: bytes, x: np.ndarray) -> np.ndarray:
 
 @torch.no_grad()
 def check_parity(model: SwitchableNet, bits: int, drop: float, model_bytes: bytes, data: Dataset, label: str,
-                 fmt: str = "onnx") -> float:
-    """Raise ExportError unless the format's runtime matches PyTorch; returns that runtime's test accuracy."""
+                 fmt: str = "onnx") -> tuple[float, np.ndarray]:
+    """Raise ExportError unless the format's runtime matches PyTorch; returns that runtime's test
+    accuracy and its outputs on the test split."""
     model.configure(bits, drop)
     ref = model(torch.from_numpy(data.x_test)).numpy()
     with quiet():
@@ -165,13 +163,13 @@ def check_parity(model: SwitchableNet, bits: int, drop: float, model_bytes: byte
         diff = float(np.abs(got - ref).max())
         if diff > FP32_MAX_ABS_DIFF:
             raise ExportError(f"{label}: {fmt} differs from PyTorch by {diff:.2e} > {FP32_MAX_ABS_DIFF:g}")
-        return acc
+        return acc, got
     agreement = float((got.argmax(1) == ref.argmax(1)).mean())
     acc_torch = float((ref.argmax(1) == data.y_test).mean())
     if agreement < INT8_MIN_AGREEMENT or abs(acc - acc_torch) > INT8_MAX_ACCURACY_LOSS:
         raise ExportError(f"{label}: {fmt} agrees with the quantized PyTorch model on {agreement:.1%} of the "
                           f"test set (need {INT8_MIN_AGREEMENT:.0%}), accuracy {acc:.3f} vs {acc_torch:.3f}")
-    return acc
+    return acc, got
 
 
 def variant_plan(method: str, formats: Sequence[str]) -> list[tuple[int, float, list[str]]]:
@@ -189,36 +187,46 @@ def variant_plan(method: str, formats: Sequence[str]) -> list[tuple[int, float, 
 
 
 def manifest(payload: dict[str, Any], model: SwitchableNet, data: Dataset, variants: list[VariantFiles],
-             bundle_version: int, creator: str) -> dict[str, Any]:
+             bundle_version: int, creator: str, vectors: int) -> dict[str, Any]:
+    """The manifest's fields, typed, but for ``files``: ``edge.bundle.pack`` adds their hashes and
+    validates the whole as an ``edge.manifest.Manifest``."""
     cfg = payload["config"]
     entries = []
     for v in variants:
         bits_on_device = 8 if v.bits == FLOAT_BITS else v.bits
-        layers = [{"name": c.name, "macs": c.macs, "param_bytes": math.ceil(c.weights * min(v.bits, 8) / 8)
-                   if v.bits != FLOAT_BITS else c.weights * 4, "outputs": c.outputs} for c in model.layer_costs(v.drop)]
+        layers = [Layer(name=c.name, macs=c.macs, outputs=c.outputs,
+                        param_bytes=math.ceil(c.weights * min(v.bits, 8) / 8) if v.bits != FLOAT_BITS else c.weights * 4)
+                  for c in model.layer_costs(v.drop)]
         energy = {} if v.bits == FLOAT_BITS else {m: variant_energy_j(model, bits_on_device, v.drop, m) for m in sorted(MCUS)}
-        entries.append({"name": v.name, "bits": v.bits, "drop": v.drop, "layers": layers, "energy_j": energy,
-                        "accuracy": v.accuracy, "formats": {fmt: file for fmt, (file, _) in v.files.items()}})
-    n_classes = len(payload["labels"])
+        entries.append(Variant(name=v.name, bits=v.bits, drop=v.drop, layers=layers, energy_j=energy,
+                               accuracy=v.accuracy, formats={fmt: file for fmt, (file, _) in v.files.items()}))
     return {
-        "schema_version": SCHEMA_VERSION,
-        "model": f"{cfg['dataset']}-{cfg['method']}",
-        "task": cfg["dataset"],
+        "schema_version": SCHEMA_VERSION, "model": f"{cfg['dataset']}-{cfg['method']}", "task": cfg["dataset"],
         "labels": payload["labels"],
-        "inputs": [{"name": "x", "shape": [1, *data.input_shape], "dtype": "float32"}],
-        "outputs": [{"name": "logits", "shape": [1, n_classes], "dtype": "float32"}],
-        "preprocessing": payload["preprocessing"],
-        "variants": entries,
-        "creator": creator,
-        "bundle_version": bundle_version,
+        "inputs": [Tensor(name="x", shape=[1, *data.input_shape], dtype="float32")],
+        "outputs": [Tensor(name="logits", shape=[1, len(payload["labels"])], dtype="float32")],
+        "preprocessing": Preprocessing.model_validate(payload["preprocessing"]),
+        "variants": entries, "creator": creator, "bundle_version": bundle_version,
+        "test_vectors": TestVectors(file=VECTORS_FILE, count=vectors),
     }
+
+
+def test_vectors(data: Dataset, variants: list[VariantFiles], count: int) -> VectorData:
+    """The first ``count`` test examples, stratified by nothing but order (the test split is already
+    shuffled or split by speaker), with every variant's outputs from its own runtime."""
+    n = min(count, len(data.y_test))
+    raw = data.raw_test[:n] if data.raw_test is not None else None
+    return VectorData(data.x_test[:n], data.y_test[:n], {v.name: v.logits[:n] for v in variants}, raw)
+
+
+test_vectors.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
 def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS, key: Path | None = None,
                   as_tar: bool = False, bundle_version: int = 1, data_root: Path | None = None,
-                  progress: Callable[[str], None] | None = None) -> Path:
+                  progress: Callable[[str], None] | None = None, vectors: int = TEST_VECTORS) -> Path:
     """Write the bundle of ``checkpoint`` to ``out`` (a folder, or a .tar with ``as_tar``); returns the path."""
-    from trickle import __version__
+    from edge import __version__
 
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or not formats:
@@ -235,14 +243,18 @@ def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS,
         name = f"{'fp32' if bits == FLOAT_BITS else f'int{bits}'}-d{round(drop * 100):02d}"
         files: dict[str, tuple[str, bytes]] = {}
         accuracy: dict[str, float] = {}
+        outputs: list[np.ndarray] = []
         for fmt in fmts:
             blob = export_file(model, bits, drop, fmt, example)
-            accuracy[fmt] = check_parity(model, bits, drop, blob, data, name, fmt)
+            accuracy[fmt], logits = check_parity(model, bits, drop, blob, data, name, fmt)
+            outputs.append(logits)
             files[fmt] = (f"{name}{suffix[fmt]}", blob)
             if progress:
                 progress(f"{name} {fmt}")
-        variants.append(VariantFiles(name, bits, drop, files, accuracy))
-    doc = manifest(payload, model, data, variants, bundle_version, f"trickle {__version__}")
+        variants.append(VariantFiles(name, bits, drop, files, accuracy, outputs[0]))
+    vector_data = test_vectors(data, variants, vectors)
+    doc = manifest(payload, model, data, variants, bundle_version, f"trickle {__version__}", len(vector_data))
     files_out = {file: blob for v in variants for file, blob in v.files.values()}
+    files_out[VECTORS_FILE] = vector_data.to_bytes()
     members = pack(doc, files_out, load_private_key(key) if key else None)
     return write_bundle(members, out.with_suffix(".tar") if as_tar else out)

@@ -1,47 +1,151 @@
-"""Export a trained checkpoint as a bundle, every variant in every format, parity-checked.
+"""``trickle export`` and ``trickle flash``: a checkpoint becomes a bundle; a bundle becomes firmware.
 
-    trickle export runs/train/digits-nexume/checkpoint.pt --out bundles/digits --key keys/signing.key
-    trickle export CHECKPOINT --out bundles/digits.tar --tar --formats onnx-int8
-
-Formats: onnx (fp32), onnx-int8 (QDQ; brevitas' QCDQ export of the quantized variants),
-pte (ExecuTorch, XNNPACK-delegated and portable, of the float variants), tflite (litert-torch,
-of the float variants). The same checkpoint and options give byte-identical files. Export
-stops with one error line when a format's runtime misses parity with PyTorch (fp32: max abs
-diff <= 1e-4; int8: top-1 agreement >= 99% and accuracy within 1 point). Make a key pair
-with `trickle keygen`.
+Both verbs import torch, onnx and the toolchains only when they run, so ``--help`` is instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
-from edge.bundle import BundleError
-from export.bundle import FORMATS, ExportError
-from models.datasets import DatasetError
-
-USER_ERRORS = (ExportError, BundleError, DatasetError)
+from edge.errors import ConfigError
+from export.formats import BOARDS, FORMATS, TEST_VECTORS
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", type=Path, help="checkpoint.pt written by trickle train")
     p.add_argument("--out", type=Path, required=True, help="bundle folder (or .tar with --tar)")
-    p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, among {','.join(FORMATS)}")
-    p.add_argument("--key", type=Path, help="Ed25519 private key file to sign the manifest with")
+    p.add_argument("--formats", default=",".join(FORMATS), metavar="LIST",
+                   help=f"comma-separated, among {','.join(FORMATS)} (default: all)")
+    p.add_argument("--key", type=Path, metavar="PRIVATE", help="Ed25519 private key file to sign the manifest with")
     p.add_argument("--tar", action="store_true", help="write one deterministic tar instead of a folder")
     p.add_argument("--bundle-version", type=int, default=1, help="monotonic version a device checks (default 1)")
-    p.add_argument("--data", type=Path, help="shared data folder, for the test split of the parity checks")
+    p.add_argument("--test-vectors", type=int, default=TEST_VECTORS, metavar="N",
+                   help=f"test examples the bundle carries, with every variant's expected outputs (default {TEST_VECTORS})")
+    p.add_argument("--data", type=Path, help="shared data folder, for the test split of the parity checks "
+                                             "(default $TRICKLE_DATA, else shared/data beside the checkout)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
-def run(args: argparse.Namespace) -> int:
+def run_export(args: argparse.Namespace) -> int:
+    """Export a trained checkpoint as a bundle, every variant in every format, parity-checked.
+
+        trickle export runs/train/digits-nexume/checkpoint.pt --out bundles/digits --key keys/signing.key
+        trickle export CHECKPOINT --out bundles/digits.tar --tar --formats onnx-int8
+
+    Formats: onnx (fp32), onnx-int8 (QDQ; brevitas' QCDQ export of the quantized variants),
+    pte (ExecuTorch, XNNPACK-delegated and portable, of the float variants), tflite (litert-torch,
+    of the float variants). The same checkpoint and options give byte-identical files. Export
+    stops with one error line when a format's runtime misses parity with PyTorch (fp32: max abs
+    diff <= 1e-4; int8: top-1 agreement >= 99% and accuracy within 1 point). The bundle carries
+    --test-vectors examples of the test split with each variant's outputs: devices self-test on
+    them and `trickle flash` checks firmware with them. Make a key pair with `trickle keygen`.
+    """
+    if not args.checkpoint.is_file():
+        raise ConfigError("checkpoint", str(args.checkpoint), "no such file")
+    if args.bundle_version < 1:
+        raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
+    if args.test_vectors < 1:
+        raise ConfigError("--test-vectors", args.test_vectors, "must be >= 1")
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        raise ConfigError("--formats", args.formats, f"must be among {','.join(FORMATS)}")
     from export.bundle import export_bundle
 
-    if not args.checkpoint.is_file():
-        raise ExportError(f"checkpoint {args.checkpoint}: no such file")
-    if args.bundle_version < 1:
-        raise ExportError(f"--bundle-version {args.bundle_version}: must be >= 1")
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    checked: list[str] = []
+
+    def progress(name: str) -> None:
+        checked.append(name)
+        if not args.json:
+            print(f"  {name}: parity ok")
+
     path = export_bundle(args.checkpoint, args.out, formats, args.key, args.tar, args.bundle_version, args.data,
-                         progress=lambda name: print(f"  {name}: parity ok"))
-    print(f"wrote {path}" + (" (signed)" if args.key else " (unsigned)"))
+                         progress=progress, vectors=args.test_vectors)
+    if args.json:
+        print(json.dumps({"bundle": str(path), "signed": args.key is not None, "parity_checked": checked}))
+    else:
+        print(f"wrote {path}" + (" (signed)" if args.key else " (unsigned)"))
     return 0
+
+
+def add_flash_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", type=Path, help="bundle folder or .tar with int8 (onnx-int8) variants")
+    p.add_argument("--board", choices=BOARDS, default="mps2-an386", help="target (default mps2-an386)")
+    p.add_argument("--out", type=Path, default=Path("build/flash"), help="build folder (default build/flash)")
+    p.add_argument("--vectors", type=int, metavar="N", help="run only the first N of the bundle's test vectors")
+    p.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
+                   help="trusted public key file; with one, the bundle must be signed by it (repeatable)")
+    p.add_argument("--record", type=Path, metavar="OUT",
+                   help="mps2-an386: write a copy of the bundle to OUT (folder, or .tar) whose manifest carries the "
+                        "instructions measured per variant and per layer, bundle_version + 1; the simulator's cost "
+                        "model uses them (workload.bundle)")
+    p.add_argument("--key", type=Path, metavar="PRIVATE", help="with --record: sign the copy with this key")
+    p.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
+
+
+def run_flash(args: argparse.Namespace) -> int:
+    """Build a bundle's int8 variants as C99 firmware, flash it to a board, run its test vectors.
+
+        trickle flash bundles/digits.tar --board mps2-an386      # Cortex-M4 under QEMU
+        trickle flash bundles/digits.tar --board host --vectors 20
+        trickle flash bundles/digits.tar --record bundles/digits-m4.tar --key keys/signing.key
+
+    Generates C (weights, TFLite-style requantization, descriptors, the bundle's own test
+    vectors) into OUT/generated, builds it with firmware/Makefile for the board, runs every test
+    vector of every 8-bit variant and checks the int32 logits bit for bit against onnxruntime's
+    integer graph. For mps2-an386 it prints instructions per inference (counted by the project's
+    QEMU plugin) and the code size, and leaves OUT/mps2-an386/firmware.elf and firmware.bin for
+    a real board. With --record, a profiling build also splits each variant's count into its
+    layers, and a copy of the bundle with those counts in its manifest (bundle_version + 1,
+    signed with --key) is written for the simulator's cost model (workload.bundle).
+    Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm for mps2-an386.
+    """
+    if args.vectors is not None and args.vectors < 1:
+        raise ConfigError("--vectors", args.vectors, "must be >= 1")
+    if args.record is not None and args.board != "mps2-an386":
+        raise ConfigError("--record", str(args.record), "needs --board mps2-an386 (instructions are counted under QEMU)")
+    if args.key is not None and args.record is None:
+        raise ConfigError("--key", str(args.key), "signs the --record copy; give --record OUT")
+    from edge.bundle import load_private_key, read_trusted
+    from export.flash import flash, record
+
+    bundle = read_trusted(args.bundle, args.trust)
+    private = load_private_key(args.key) if args.key is not None else None
+    report = flash(bundle, args.board, args.out, args.vectors, profile=args.record is not None)
+    recorded = record(bundle, report, args.record, private) if args.record is not None and report["mismatches"] == 0 else None
+    if args.json:
+        print(json.dumps(_flash_json(report, recorded), default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+    else:
+        _print_flash(bundle.manifest.model, args.board, report, recorded)
+    return 0 if report["mismatches"] == 0 else 1
+
+
+def _flash_json(report: dict[str, Any], recorded: Path | None) -> dict[str, Any]:
+    keep = ("board", "binary", "bin", "vectors", "mismatches", "size")
+    return {**{k: report[k] for k in keep if k in report}, "recorded": str(recorded) if recorded else None,
+            "variants": report["variants"], "bit_exact": report["mismatches"] == 0}
+
+
+def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path | None) -> None:
+    print(f"{model} on {board}: {report['vectors']} test vectors x {len(report['variants'])} variants")
+    for k, v in enumerate(report["variants"]):
+        first = report["outputs"].get((0, k))
+        line = f"  {v['name']}: {v['macs']} MACs, vector 0 -> {first[:4]}..." if first else f"  {v['name']}"
+        if v.get("instructions_per_inference"):
+            line += f", {v['instructions_per_inference']} instructions ({v['instructions_per_mac']:.2f}/MAC)"
+        print(line)
+    if "size" in report:
+        s = report["size"]
+        print(f"  size: text {s['text']} B, data {s['data']} B, bss {s['bss']} B (text includes the test vectors)")
+        print(f"  wrote {report['binary']} and {report['bin']}")
+    for v in report["variants"]:
+        if "layers" in v:
+            split = ", ".join(f"{layer['name']} {layer['instructions']}" for layer in v["layers"])
+            print(f"  {v['name']} per layer (vector 0): {split}")
+    if recorded is not None:
+        print(f"  recorded the counts in {recorded}")
+    verdict = "bit-exact with onnxruntime" if report["mismatches"] == 0 else f"{report['mismatches']} logits DIFFER"
+    print(f"  outputs: {verdict}")

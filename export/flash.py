@@ -1,6 +1,6 @@
 """Build a bundle's firmware, "flash" it to a board, run its test vectors, and cut its power.
 
-    result = flash(Path("bundles/digits.tar"), board="mps2-an386", out=Path("build/flash"))
+    report = flash(read_bundle("bundles/digits.tar"), board="mps2-an386", out=Path("build/flash"))
 
 Boards: ``host`` (gcc, the harness cuts power at progress points) and ``mps2-an386``
 (arm-none-eabi-gcc, Cortex-M4 under qemu-system-arm). The board's non-volatile region is a
@@ -11,7 +11,6 @@ power before an exact instruction.
 
 from __future__ import annotations
 
-import copy
 import math
 import shutil
 import subprocess
@@ -23,18 +22,16 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge.bundle import Bundle
+from edge.errors import FlashError
+from edge.manifest import Measured, MeasuredLayer
+from export.formats import BOARDS
 
 FIRMWARE = Path(__file__).resolve().parent.parent / "firmware"
-BOARDS = ("host", "mps2-an386")
+
 BOARD_CPU = {"mps2-an386": "cortex-m4"}  # the simulator's MCU profile its counts apply to
-WARNINGS = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-Wconversion"]
 CUT_EXIT = 3  # the plugin's exit status for a power cut
 NV_BYTES = 16 << 20
 TILE_POSITIONS = 2  # firmware/include/tn.h TN_TILE_POSITIONS: conv output positions per tile
-
-
-class FlashError(RuntimeError):
-    """A missing toolchain, a failed build, or a board that did not finish."""
 
 
 @dataclass
@@ -67,55 +64,66 @@ def write_sources(sources: dict[str, str], folder: Path) -> None:
         (folder / name).write_text(text)
 
 
+def _make(what: str, *args: str) -> None:
+    """``make -C firmware ARGS``: the flags live in firmware/Makefile, so C developers build without Python."""
+    _run([_tool("make", "make"), "-s", "--no-print-directory", "-C", str(FIRMWARE), *args], what)
+
+
 def build(sources: Path, board: str, out: Path, vectors: int | None = None, sanitize: bool = False,
           reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False, profile: bool = False
           ) -> Path:
     """Compile firmware + generated model for ``board``; returns the executable / ELF."""
-    common = [*WARNINGS, f"-I{FIRMWARE / 'include'}", f"-I{sources}"]
-    if reference_kernel:
-        common.append("-DTN_REFERENCE_KERNEL")  # the executor calls the plain kernel (the benchmark's baseline)
-    if no_progress:
-        common.append("-DTN_NO_PROGRESS")  # straight loops, no commits: the intermittency overhead's baseline
-    src = [str(p) for p in sorted((FIRMWARE / "src").glob("*.c"))] + [str(sources / "model.c")]
-    out.mkdir(parents=True, exist_ok=True)
-    if board == "host":
-        exe = out / ("host_fw_asan" if sanitize else "host_fw")
-        flags = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"] if sanitize else ["-O2"]
-        _run([_tool("gcc", "gcc"), *common, *flags, "-DTN_PROGRESS_HOOK=tn_progress_hook", *src,
-              str(FIRMWARE / "boards" / "host" / "main.c"), "-o", str(exe)], "host build")
-        return exe
-    if board != "mps2-an386":
+    if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")
-    cc = _tool("arm-none-eabi-gcc", "gcc-arm-none-eabi libnewlib-arm-none-eabi")
-    elf = out / "firmware.elf"
-    defines = [f"-DTN_BOARD_VECTORS={vectors}"] if vectors is not None else []
-    defines += ["-DTN_DYNINFER"] if dyninfer else []
-    defines += ["-DTN_PROFILE", "-DTN_PROGRESS_HOOK=tn_progress_mark"] if profile else []  # a mark per commit
-    board_dir = FIRMWARE / "boards" / "mps2-an386"
-    # -fno-tree-loop-distribute-patterns: short zero fills stay inline loops, not newlib-nano memset calls
-    _run([cc, *common, *defines, "-mcpu=cortex-m4", "-mthumb", "-O2", "-fno-tree-loop-distribute-patterns",
-          "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections", "-nostartfiles", "-specs=nano.specs", *src,
-          *[str(p) for p in sorted(board_dir.glob("*.c"))],
-          "-T", str(board_dir / "link.ld"), "-lc", "-lgcc", "-o", str(elf)], "Cortex-M4 build")
-    _run([_tool("arm-none-eabi-objcopy", "binutils-arm-none-eabi"), "-O", "binary", str(elf), str(out / "firmware.bin")],
-         "objcopy")
-    return elf
+    out.mkdir(parents=True, exist_ok=True)
+    # absolute: make -C runs in firmware/
+    args = [f"BOARD={board}", f"MODEL={sources.resolve()}", f"OUT={out.resolve()}"]
+    args += ["REFERENCE_KERNEL=1"] if reference_kernel else []  # the plain kernel (the benchmark's baseline)
+    args += ["NO_PROGRESS=1"] if no_progress else []  # straight loops, no commits: the overhead's baseline
+    if board == "host":
+        _tool("gcc", "gcc")
+        _make("host build", *args, *(["SANITIZE=1"] if sanitize else []), "firmware")
+        return out / ("host_fw_asan" if sanitize else "host_fw")
+    _tool("arm-none-eabi-gcc", "gcc-arm-none-eabi libnewlib-arm-none-eabi")
+    args += [f"VECTORS={vectors}"] if vectors is not None else []
+    args += ["DYNINFER=1"] if dyninfer else []
+    args += ["PROFILE=1"] if profile else []  # a mark per commit
+    _make("Cortex-M4 build", *args, "firmware")
+    _tool("arm-none-eabi-objcopy", "binutils-arm-none-eabi")
+    _make("objcopy", *args, "bin")
+    return out / "firmware.elf"
 
 
 def plugin(out: Path) -> Path:
-    """Build the instruction-counting / power-cutting QEMU plugin."""
-    lib = out / "libtncount.so"
-    if not lib.exists() or lib.stat().st_mtime < (FIRMWARE / "plugin" / "tncount.c").stat().st_mtime:
-        out.mkdir(parents=True, exist_ok=True)
-        _run([_tool("gcc", "gcc"), "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
-              str(FIRMWARE / "plugin" / "tncount.c"), "-o", str(lib)], "plugin build")
-    return lib
+    """Build the instruction-counting / power-cutting QEMU plugin (make rebuilds it only when tncount.c changed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    _tool("gcc", "gcc")
+    _make("plugin build", f"OUT={out.resolve()}", "plugin")
+    return out / "libtncount.so"
 
 
 def code_size(elf: Path) -> dict[str, int]:
-    proc = _run([_tool("arm-none-eabi-size", "binutils-arm-none-eabi"), str(elf)], "size")
-    text, data, bss = (int(v) for v in proc.stdout.splitlines()[1].split()[:3])
-    return {"text": text, "data": data, "bss": bss}
+    """Text, data and bss bytes, summed over the sections as binutils' ``size`` (Berkeley format) does."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.constants import SH_FLAGS
+    from elftools.elf.elffile import ELFFile
+
+    sizes = {"text": 0, "data": 0, "bss": 0}
+    try:
+        with open(elf, "rb") as fh:
+            for section in ELFFile(fh).iter_sections():
+                flags = section["sh_flags"]
+                if not flags & SH_FLAGS.SHF_ALLOC:
+                    continue
+                if flags & SH_FLAGS.SHF_EXECINSTR or not flags & SH_FLAGS.SHF_WRITE:  # code or read-only
+                    sizes["text"] += section["sh_size"]
+                elif section["sh_type"] != "SHT_NOBITS":
+                    sizes["data"] += section["sh_size"]
+                else:
+                    sizes["bss"] += section["sh_size"]
+    except (OSError, ELFError) as exc:
+        raise FlashError(f"size failed: {elf}: {exc}") from exc
+    return sizes
 
 
 def symbol(elf: Path, name: str) -> int:
@@ -254,10 +262,11 @@ def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Pat
     return result
 
 
-def flash(bundle: Bundle, x_test: np.ndarray, board: str, out: Path, vectors: int | None = None,
-          profile: bool = False) -> dict[str, Any]:
+def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, profile: bool = False,
+          x_test: np.ndarray | None = None) -> dict[str, Any]:
     """Generate, build and run the firmware of ``bundle`` on ``board``; returns what was measured.
-    ``profile`` (mps2-an386): also split each variant's instructions into its layers."""
+    ``profile`` (mps2-an386): also split each variant's instructions into its layers. ``x_test``:
+    model inputs to use as test vectors instead of the bundle's own."""
     from export.cgen import generate
 
     if board not in BOARDS:
@@ -293,14 +302,16 @@ def record(bundle: Bundle, report: dict[str, Any], out: Path, key: Ed25519Privat
         raise FlashError("only a profiled mps2-an386 run has instruction counts to record")
     if bundle.signed_by is not None and key is None:
         raise FlashError("the bundle is signed: pass --key PRIVATE to sign the recorded copy (it would lose its signature)")
-    manifest = copy.deepcopy(bundle.manifest)
     measured = {v["name"]: v for v in report["variants"]}
-    for v in manifest["variants"]:
-        if v["name"] in measured:
-            m = measured[v["name"]]
-            v.setdefault("measured", {})[report["board"]] = {
-                "cpu": BOARD_CPU[report["board"]], "instructions": m["instructions_per_inference"], "layers": m["layers"]}
-    manifest["bundle_version"] += 1
-    manifest.pop("files")
+    board = report["board"]
+    variants = []
+    for v in bundle.manifest.variants:
+        if v.name in measured:
+            m = measured[v.name]
+            counts = Measured(cpu=BOARD_CPU[board], instructions=m["instructions_per_inference"],
+                              layers=[MeasuredLayer(**layer) for layer in m["layers"]])
+            v = v.model_copy(update={"measured": {**(v.measured or {}), board: counts}})
+        variants.append(v)
+    manifest = bundle.manifest.model_copy(update={"variants": variants, "bundle_version": bundle.manifest.bundle_version + 1})
     return write_bundle(pack(manifest, dict(bundle.files), key), out)
 

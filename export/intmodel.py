@@ -26,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from edge.errors import BundleError
+
 Q31 = 1 << 31
 EXACT_FLOAT_SUM = 1 << 24  # below this, float32 sums of integers are exact in any order
 
 
-class IntModelError(ValueError):
+class IntModelError(BundleError):
     """A graph this reader does not know, or one whose integers would overflow."""
 
 

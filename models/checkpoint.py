@@ -9,10 +9,11 @@ from typing import Any
 
 import torch
 
+from edge.files import write_atomic
+from edge.tables import markdown_table
 from models.datasets import Dataset
 from models.nexume import TrainResult
 from models.switchable import Arch, SwitchableNet
-from simulator.report import write_atomic
 
 CHECKPOINT_VERSION = 1
 
@@ -56,12 +57,11 @@ def load_checkpoint(path: Path) -> tuple[SwitchableNet, dict[str, Any]]:
 
 def _markdown(summary: dict[str, Any]) -> str:
     cfg = summary["config"]
+    headers = ["bits", "dropout", "test accuracy", "MACs", "weight bytes", "energy (µJ)"]
+    rows = [(v["bits"], f"{v['drop']:.2f}", f"{v['accuracy']:.3f}", v["macs"], v["weight_bytes"], f"{v['energy_j'] * 1e6:.1f}")
+            for v in summary["variants"]]
     lines = [f"# {cfg['method']} on {summary['dataset']}", "",
              f"{summary['n_train']} training / {summary['n_test']} test examples, {cfg['epochs']} epochs, "
              f"seed {cfg['seed']}, {summary['train_time_s']:.1f} s. Energy on `{cfg['mcu']}`.", "",
-             "| bits | dropout | test accuracy | MACs | weight bytes | energy (µJ) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for v in summary["variants"]:
-        lines.append(f"| {v['bits']} | {v['drop']:.2f} | {v['accuracy']:.3f} | {v['macs']} | {v['weight_bytes']} "
-                     f"| {v['energy_j'] * 1e6:.1f} |")
+             markdown_table(headers, rows, align="r" * len(headers))]
     return "\n".join(lines) + "\n"

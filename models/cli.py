@@ -16,43 +16,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from models.datasets import DatasetError
-from simulator.errors import SimulatorError
-
-USER_ERRORS = (DatasetError, SimulatorError)
 ALGORITHMS = ("nexume",)
+DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a test keeps them equal)
+METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("algorithm", choices=ALGORITHMS, help="training algorithm")
-    p.add_argument("--dataset", help="fsdd, basic_motions or digits (default digits)")
-    p.add_argument("--method", help="nexume (default), uniform, qat8 or fp32")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--dataset", choices=DATASETS, help="which task (default digits)")
+    p.add_argument("--method", choices=METHODS,
+                   help="nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) or fp32")
+    p.add_argument("--epochs", type=int, help="passes over the training split (default 30)")
+    p.add_argument("--seed", type=int, help="seeds initialisation, batching and the energy draws (default 0)")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML file of TrainConfig fields (models/nexume.py)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="any TrainConfig field, e.g. --set d_max=0.4 --set harvest_scenario=indoor_office")
-    p.add_argument("--data", type=Path, help="shared data folder (default $TRICKLE_DATA or ../shared/data)")
+                   help="any TrainConfig field, value in TOML syntax (repeatable), e.g. --set d_max=0.4 "
+                        "--set harvest_scenario='\"indoor_office\"'")
+    p.add_argument("--data", type=Path, help="shared data folder (default $TRICKLE_DATA, else shared/data beside the checkout)")
     p.add_argument("--out", type=Path, help="output folder (default runs/train/<dataset>-<method>)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from pydantic import ValidationError
-
+    from edge.config import load_config
     from models.nexume import TrainConfig
-    from simulator.config import one_line_error, parse_toml_value
 
-    flags = ("dataset", "method", "epochs", "seed")
-    values: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SimulatorError(f"--set {item!r}: expected FIELD=VALUE")
-        values[key.strip()] = parse_toml_value(raw)
-    try:
-        return TrainConfig.model_validate(values)
-    except ValidationError as e:
-        raise one_line_error(e, "train config") from None
+    flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed")}
+    return load_config(TrainConfig, args.config, args.set, flags, source="train config")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
         result = train(cfg, data, progress)
     paths = save_checkpoint(result, data, out)
     best = max(result.variants, key=lambda v: v["accuracy"])
+    if args.json:
+        print(json.dumps({"train_time_s": result.train_time_s, "best": best, "written": [str(p) for p in paths]}))
+        return 0
     print(f"trained {cfg.method} on {cfg.dataset} in {result.train_time_s:.1f} s; "
           f"best variant {best['bits']}-bit drop {best['drop']}: accuracy {best['accuracy']:.3f}")
-    print(json.dumps({"written": [str(p) for p in paths]}))
+    print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0

@@ -1,6 +1,6 @@
 """The three NExUME tasks, from data on disk or shipped by packages (nothing is downloaded).
 
-- ``fsdd``: Free Spoken Digit Dataset (../shared/data/fsdd/recordings, 8 kHz WAV), 13 MFCCs
+- ``fsdd``: Free Spoken Digit Dataset (DATA/fsdd/recordings, 8 kHz WAV; ``edge.files.data_root``), 13 MFCCs
   per 16 ms hop over the first second (librosa), split as the dataset's authors do: the
   recordings numbered 0-4 of every speaker and digit are the test set.
 - ``basic_motions``: sktime's BasicMotions, 3-axis accelerometer + gyroscope, 4 activities.
@@ -21,7 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from edge.errors import DataError
+from edge.files import data_root as shared_data_root
+from edge.files import write_atomic
 from edge.preprocess import mfcc, read_wav, standardize
+from edge.vectors import npz_bytes
 
 DATASETS = ("fsdd", "basic_motions", "digits")
 _FSDD_NAME = re.compile(r"^(\d)_([a-z]+)_(\d+)\.wav$")
@@ -31,7 +35,7 @@ FSDD_HOP = 128  # 16 ms at 8 kHz
 FSDD_N_FFT = 256
 
 
-class DatasetError(ValueError):
+class DatasetError(DataError):
     """A dataset is missing, malformed, or unknown."""
 
 
@@ -80,18 +84,12 @@ def _standardize(train: np.ndarray, test: np.ndarray, axes: tuple[int, ...]
 
 
 def fsdd_dir(data_root: str | os.PathLike[str] | None) -> Path:
-    root = Path(data_root) if data_root is not None else _default_data_root()
-    recordings = root / "fsdd" / "recordings"
+    recordings = shared_data_root(data_root) / "fsdd" / "recordings"
     if not recordings.is_dir() or not any(recordings.glob("*.wav")):
         raise DatasetError(
-            f"fsdd: no WAV files in {recordings} (pass the shared data folder, or set TRICKLE_DATA to it)"
+            f"fsdd: no WAV files in {recordings} (pass the data folder with --data, or set TRICKLE_DATA to it)"
         )
     return recordings
-
-
-def _default_data_root() -> Path:
-    repo = Path(__file__).resolve().parent.parent
-    return Path(os.environ.get("TRICKLE_DATA", repo.parent / "shared" / "data"))
 
 
 FSDD_MFCC = {"op": "mfcc", "sample_rate_hz": FSDD_SAMPLE_RATE_HZ, "n_mfcc": FSDD_N_MFCC, "n_fft": FSDD_N_FFT,
@@ -139,9 +137,7 @@ def _fsdd_cached(files: list[Path], cache_dir: str | os.PathLike[str] | None) ->
     digits = np.array([int(m.group(1)) for m in parsed if m], dtype=np.int64)
     indices = np.array([int(m.group(3)) for m in parsed if m], dtype=np.int64)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npz")
-    np.savez(tmp, features=features, digits=digits, indices=indices)
-    os.replace(tmp, cache)
+    write_atomic(cache, npz_bytes({"features": features, "digits": digits, "indices": indices}))
     return features, digits, indices
 
 

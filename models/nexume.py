@@ -32,11 +32,11 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 from torch.nn import functional as F
 
+from edge.config import Config
+from edge.errors import ConfigError
 from models.datasets import Dataset
 from models.switchable import FLOAT_BITS, SUPPORTED_BITS, SwitchableNet, arch_for
 from simulator.devices import MCUS, PRECISION_CYCLE_FACTOR, known_mcu
-from simulator.errors import ConfigError
-from simulator.typed import Config
 
 Method = Literal["nexume", "uniform", "qat8", "fp32"]
 DROP_LEVELS = (0.0, 0.25, 0.5)  # the dropout levels a device can choose among (variants)
@@ -84,7 +84,7 @@ class TrainConfig(Config):
     @field_validator("harvest_scenario")
     @classmethod
     def _scenario_exists(cls, name: str) -> str:
-        from simulator.cli import scenario_path
+        from simulator.config import scenario_path
 
         if not scenario_path(name).is_file():
             raise ConfigError("harvest_scenario", name, "must name a bundled scenario (trickle simulate --list) or a TOML file")
@@ -130,8 +130,7 @@ class EnergySampler:
 
     @classmethod
     def from_scenario(cls, scenario_name: str, n_draws: int = 100_000, seed: int = 0) -> EnergySampler:
-        from simulator.cli import scenario_path
-        from simulator.config import load_scenario
+        from simulator.config import load_scenario, scenario_path
         from simulator.fleet import simulate
         from simulator.node import Mode
 
@@ -143,9 +142,9 @@ class EnergySampler:
         on = np.asarray(trace["mode"]) != Mode.OFF
         dwell = np.diff(t) * on
         if dwell.sum() <= 0:
-            raise ValueError(f"harvest_scenario = {scenario_name!r}: the simulated node is never on")
+            raise ConfigError("harvest_scenario", scenario_name, "the simulated node is never on: no energy to train with")
         st = sc.storage
-        v_cut = max(st.v_off_v, MCUS[sc.workload.mcu].brown_out_v)
+        v_cut = st.cut_off_v(sc.workload.mcu_profile)
         rng = np.random.default_rng(seed)
         idx = rng.choice(len(dwell), size=n_draws, p=dwell / dwell.sum())
         energies = 0.5 * st.capacitance_f * np.clip(v[idx] ** 2 - v_cut**2, 0.0, None)

@@ -153,7 +153,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
             except BundleError as err:
                 log.warning("refused a bundle upload: %s", err)
                 raise HTTPException(400, str(err).replace(str(tmp), "upload")) from None
-            version, model = int(bundle.manifest["bundle_version"]), str(bundle.manifest["model"])
+            version, model = bundle.manifest.bundle_version, bundle.manifest.model
             digest = hashlib.sha256(data).hexdigest()
             target = state.bundle_dir / f"v{version}.tar"
             try:

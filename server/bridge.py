@@ -17,20 +17,31 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_delay,
+    wait_exponential,
+    wait_fixed,
+)
 
-from edge.protocol import DEVICE_KINDS, SERVER_SUBSCRIPTIONS, Ack, Message, ProtocolError, decode, topic
+from edge.protocol import DEVICE_KINDS, SERVER_SUBSCRIPTIONS, Ack, Message, ProtocolError, decode, mqtt_address, topic
 from server.store import Incoming, Store
 
 log = logging.getLogger("trickle.server.bridge")
 SERVER_USER = "trickle-server"
+STORE_ERRORS = (sqlite3.OperationalError, OSError)  # a locked, full or failing disk: worth another try
+STORE_RETRY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -40,10 +51,8 @@ class BrokerAddress:
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
-        parts = urlsplit(url)
-        if parts.scheme != "mqtt" or not parts.hostname:
-            raise ValueError(f"broker {url!r}: must be mqtt://HOST:PORT")
-        return cls(parts.hostname, parts.port or 1883)
+        """``mqtt://HOST:PORT`` (port 1883 when not given); anything else is a ConfigError."""
+        return cls(*mqtt_address(url))
 
 
 class Metrics:
@@ -104,13 +113,16 @@ class Bridge:
         self._queue.put(None)
         self._writer.join(timeout=30)
 
-    def wait_idle(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> None:
-        """Until nothing arrived for ``quiet_s`` and everything received is stored."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if time.monotonic() - self._last_received >= quiet_s and self._queue.empty():
-                return
-            time.sleep(0.02)
+    def wait_idle(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> bool:
+        """Until nothing arrived for ``quiet_s`` and everything received is stored (at most
+        ``timeout_s``); returns whether it got idle."""
+
+        @retry(retry=retry_if_result(lambda idle: not idle), stop=stop_after_delay(timeout_s), wait=wait_fixed(0.02),
+               retry_error_callback=lambda state: False)
+        def idle() -> bool:
+            return time.monotonic() - self._last_received >= quiet_s and self._queue.empty()
+
+        return idle()
 
     def publish(self, fleet: str, device: str, kind: str, payload: bytes, retain: bool = False) -> None:
         self._client.publish(topic(fleet, device, kind), payload, qos=1, retain=retain)
@@ -180,14 +192,24 @@ class Bridge:
                 self._send_acks()
         self._send_acks()
 
+    @retry(retry=retry_if_exception_type(STORE_ERRORS), stop=stop_after_delay(STORE_RETRY_S),
+           wait=wait_exponential(multiplier=0.1, max=5.0), before_sleep=before_sleep_log(log, logging.WARNING), reraise=True)
+    def _store(self, messages: list[Incoming]) -> int:
+        """Store a batch; a locked or full disk is tried again for up to ``STORE_RETRY_S``."""
+        return self.store.add_messages(messages)
+
     def _commit(self, batch: list[tuple[Incoming, int, int]]) -> None:
-        while True:
-            try:
-                new = self.store.add_messages([m for m, _, _ in batch])
-                break
-            except Exception:  # a locked or full disk: keep the messages unacknowledged and retry
-                log.exception("storing %d messages failed; retrying", len(batch))
-                time.sleep(0.5)
+        """Store a batch, then acknowledge its messages to the broker. If the disk stays locked or
+        full, the batch is logged and left unacknowledged: the broker delivers it again when the
+        bridge reconnects, and each device publishes again what the server never acknowledged
+        (its outbox keeps it). Any other error is a bug and propagates."""
+        try:
+            new = self._store([m for m, _, _ in batch])
+        except STORE_ERRORS:
+            log.exception("storing %d messages failed for %.0f s; left unacknowledged for redelivery",
+                          len(batch), STORE_RETRY_S)
+            self.metrics.lag.dec(len(batch))
+            return
         now = time.time()
         for message, mid, qos in batch:
             self._client.ack(mid, qos)

@@ -2,9 +2,14 @@
 
     trickle serve                                   # http://127.0.0.1:8080, broker on 127.0.0.1:1883
     trickle serve --broker mqtt://127.0.0.1:1883    # an external broker (e.g. Mosquitto)
-    trickle serve --data runs/server --trust keys/signing.pub --port 8443 --tls-cert c.pem --tls-key k.pem
+    trickle serve --state-dir runs/server --trust keys/signing.pub --port 8443 --tls-cert c.pem --tls-key k.pem
+    trickle serve --config serve.toml --set port=8443 --json
 
-The admin token is in DATA/admin.token (created on first start, mode 0600): register devices
+Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
+state_dir, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
+tls_key) < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
+
+The admin token is in STATE_DIR/admin.token (created on first start, mode 0600): register devices
 with it (POST /v1/devices {"device": ID, "fleet": NAME} returns the device's token), upload
 signed bundles (POST /v1/bundles, the tar as the body) and assign them (POST /v1/assignments);
 the OpenAPI spec is at /openapi.json, metrics at /metrics.
@@ -19,37 +24,50 @@ broker with a TLS listener (Mosquitto: listener 8883 + cafile/certfile/keyfile).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
-USER_ERRORS = (ValueError, OSError)
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", type=Path, default=Path("runs/server"), help="database, bundles, tokens (default runs/server)")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
-    p.add_argument("--broker", default="embedded", help="'embedded' (default) or mqtt://HOST:PORT of an external broker")
-    p.add_argument("--mqtt-host", default="127.0.0.1", help="embedded broker address (default 127.0.0.1)")
-    p.add_argument("--mqtt-port", type=int, default=1883, help="embedded broker port (default 1883)")
-    p.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
+    # no defaults here (None: not given), so a --config file's values are not overridden; the
+    # defaults are ServeConfig's, named in each help text
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML file whose keys are the server's config fields")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="set one config field, the value in TOML syntax (repeatable; overrides the file and the flags)")
+    p.add_argument("--state-dir", type=Path, help="database, uploaded bundles, tokens (default runs/server)")
+    p.add_argument("--host", help="HTTP address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8080)")
+    p.add_argument("--broker", help="'embedded' (default) or mqtt://HOST:PORT of an external broker")
+    p.add_argument("--mqtt-host", help="embedded broker address (default 127.0.0.1)")
+    p.add_argument("--mqtt-port", type=int, help="embedded broker port (default 1883)")
+    p.add_argument("--trust", type=Path, action="append", metavar="PUBKEY",
                    help="accept only bundles signed by this Ed25519 public key (repeatable)")
-    p.add_argument("--tls-cert", type=Path, help="PEM certificate: serve HTTPS")
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate: serve HTTPS (with --tls-key)")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument("--json", action="store_true", help="print the start-up line as one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
+    from edge.config import load_config
     from server.service import ServeConfig, Service
 
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ValueError("--tls-cert and --tls-key go together")
+    flags = {"state_dir": args.state_dir, "host": args.host, "port": args.port, "broker": args.broker,
+             "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
+             "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    config = load_config(ServeConfig, args.config, args.set, flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("amqtt").setLevel(logging.WARNING)
     logging.getLogger("transitions").setLevel(logging.WARNING)
-    config = ServeConfig(data_dir=args.data, host=args.host, port=args.port, broker=args.broker, mqtt_host=args.mqtt_host,
-                         mqtt_port=args.mqtt_port, trusted_keys=args.trust, tls_cert=args.tls_cert, tls_key=args.tls_key)
     service = Service(config)
-    print(f"trickle server on {config.url} (admin token in {args.data / 'admin.token'}), "
-          f"MQTT {config.broker_url}{' (embedded)' if args.broker == 'embedded' else ''}", flush=True)
+    token_file = None if config.admin_token else config.state_dir / "admin.token"
+    embedded = config.broker == "embedded"
+    if args.json:
+        print(json.dumps({"url": config.url, "broker": config.broker_url, "embedded_broker": embedded,
+                          "state_dir": str(config.state_dir), "admin_token_file": str(token_file) if token_file else None}),
+              flush=True)
+    else:
+        print(f"trickle server on {config.url} (admin token in {token_file or 'the config'}), "
+              f"MQTT {config.broker_url}{' (embedded)' if embedded else ''}", flush=True)
     service.run()
     return 0

@@ -1,6 +1,6 @@
 """One server: store + broker (embedded or external) + bridge + HTTP API, started and stopped together.
 
-    service = Service(ServeConfig(data_dir=Path("runs/server")))
+    service = Service(ServeConfig(state_dir=Path("runs/server")))
     service.run()                 # blocking, uvicorn in this thread (what `trickle serve` does)
     with service.background():    # or in a thread, for the demo and benchmarks
         ...
@@ -15,15 +15,19 @@ import logging
 import secrets
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import uvicorn
+from pydantic import Field, field_validator, model_validator
+from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from edge.bundle import load_public_key, write_secret
+from edge.bundle import load_public_key
+from edge.config import Config
+from edge.errors import ConfigError, LinkError
+from edge.files import write_secret
 from server.app import ServerState, create_app, ota_command
 from server.bridge import Bridge, BrokerAddress, Metrics
 from server.store import Store
@@ -31,23 +35,46 @@ from server.store import Store
 log = logging.getLogger("trickle.server")
 
 
-@dataclass
-class ServeConfig:
-    data_dir: Path = Path("runs/server")
+class ServeConfig(Config):
+    """The server (``trickle serve``): where it keeps its state, where it listens, which broker."""
+
+    state_dir: Path = Path("runs/server")
     """SQLite database, uploaded bundles and the tokens live here."""
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = Field("127.0.0.1", min_length=1)
+    """HTTP address."""
+    port: int = Field(8080, ge=1, le=65535)
+    """HTTP port."""
     broker: str = "embedded"
     """``embedded`` (amqtt in this process) or ``mqtt://HOST:PORT`` of an external broker."""
-    mqtt_host: str = "127.0.0.1"
-    mqtt_port: int = 1883
+    mqtt_host: str = Field("127.0.0.1", min_length=1)
     """Where the embedded broker listens."""
-    trusted_keys: list[Path] = field(default_factory=list)
+    mqtt_port: int = Field(1883, ge=1, le=65535)
+    """Port of the embedded broker."""
+    trusted_keys: list[Path] = Field(default_factory=list)
     """Ed25519 public keys; with any, only bundles signed by one of them are accepted."""
-    admin_token: str | None = None
-    """Default: data_dir/admin.token, created on first start."""
+    admin_token: str | None = Field(None, repr=False)
+    """Default: state_dir/admin.token, created on first start."""
     tls_cert: Path | None = None
+    """PEM certificate: serve HTTPS (with tls_key)."""
     tls_key: Path | None = None
+    """PEM private key of tls_cert."""
+
+    @field_validator("broker")
+    @classmethod
+    def _broker(cls, value: str) -> str:
+        if value != "embedded":
+            try:
+                BrokerAddress.parse(value)
+            except ConfigError:
+                raise ConfigError("broker", value, "must be 'embedded' or mqtt://HOST:PORT (PORT in 1..65535)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _tls(self) -> Self:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, other = ("tls_cert", "tls_key") if self.tls_cert is not None else ("tls_key", "tls_cert")
+            raise ConfigError(given, str(self.tls_cert or self.tls_key), f"needs {other} too (HTTPS takes both)")
+        return self
 
     @property
     def broker_url(self) -> str:
@@ -75,24 +102,22 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class Service:
     def __init__(self, config: ServeConfig) -> None:
-        if config.broker != "embedded":
-            BrokerAddress.parse(config.broker)  # a bad URL fails here, with its value
         self.config = config
-        data = Path(config.data_dir)
-        self.store = Store(data / "trickle.sqlite")
-        self.admin_token = config.admin_token or read_or_create_token(data / "admin.token")
-        self.server_token = read_or_create_token(data / "server.token")
+        state_dir = config.state_dir
+        self.store = Store(state_dir / "trickle.sqlite")
+        self.admin_token = config.admin_token or read_or_create_token(state_dir / "admin.token")
+        self.server_token = read_or_create_token(state_dir / "server.token")
         metrics = Metrics()
         self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics)
         self.bridge.on_connected.append(self._announce_assignments)
-        self.state = ServerState(self.store, self.admin_token, data / "bundles",
+        self.state = ServerState(self.store, self.admin_token, state_dir / "bundles",
                                  [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge,
                                  config.broker_url)
         self.broker = None
         if config.broker == "embedded":
             from server.broker import EmbeddedBroker
 
-            self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, data / "trickle.sqlite", self.server_token)
+            self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, state_dir / "trickle.sqlite", self.server_token)
         self.app = create_app(self.state, on_start=self._start_link, on_stop=self._stop_link)
         self._uvicorn: uvicorn.Server | None = None
 
@@ -138,11 +163,15 @@ class Service:
         server = self._server()
         thread = threading.Thread(target=server.run, name="trickle-http", daemon=True)
         thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the HTTP server did not start on {self.config.url}")
-            time.sleep(0.05)
+
+        @retry(retry=retry_if_result(lambda done: not done), stop=stop_after_delay(30), wait=wait_fixed(0.05),
+               retry_error_callback=lambda state: False)
+        def started_or_failed() -> bool:
+            return bool(server.started) or not thread.is_alive()
+
+        if not (started_or_failed() and server.started):
+            server.should_exit = True
+            raise LinkError(f"the HTTP server did not start on {self.config.url} (see the log: a port in use?)")
         try:
             yield self
         finally:

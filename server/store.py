@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edge.errors import TrickleError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
     device TEXT PRIMARY KEY, fleet TEXT NOT NULL, token TEXT NOT NULL, token_sha256 TEXT NOT NULL,
@@ -33,7 +35,7 @@ CREATE TABLE IF NOT EXISTS assignments (
 """
 
 
-class StoreError(ValueError):
+class StoreError(TrickleError):
     """A request the store refuses (unknown device, duplicate id, unknown bundle)."""
 
 

@@ -7,22 +7,26 @@
 Modules, one concern each: ``harvesters`` (sources → piecewise-constant power traces),
 ``storage`` (the capacitor ODE in closed form), ``devices`` (MCU and radio profiles),
 ``workload`` (tasks and intermittent-execution policies), ``node`` (the node state
-machine and the exact engine), ``reference`` (fixed-step integrator), ``network``
-(gateway, path loss, collisions), ``fleet`` (sharded runs), ``report`` (JSON,
+machine and the exact engine), ``reference`` (fixed-step integrator), ``radio`` (the
+path-loss model RF harvesting and the gateway share), ``network`` (gateway, collisions),
+``fleet`` (sharded runs), ``summary`` (fleet totals and rates), ``report`` (JSON,
 Markdown, plots), ``config`` (the typed scenario).
 """
 
-from simulator.config import Scenario, build_scenario, load_scenario
-from simulator.errors import ConfigError, DataError, SimulatorError
-from simulator.fleet import SimulationResult, simulate
+from typing import Any
 
-__all__ = [
-    "ConfigError",
-    "DataError",
-    "Scenario",
-    "SimulationResult",
-    "SimulatorError",
-    "build_scenario",
-    "load_scenario",
-    "simulate",
-]
+from edge.errors import ConfigError, DataError
+
+# the public names, imported on first use: `trickle simulate --help` must not load SimPy and pandas
+_LAZY = {"Scenario": "simulator.config", "build_scenario": "simulator.config", "load_scenario": "simulator.config",
+         "SimulationResult": "simulator.fleet", "simulate": "simulator.fleet"}
+
+__all__ = ["ConfigError", "DataError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'simulator' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -21,15 +21,15 @@ def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str =
     """The variants the backend runs (the quantized ones if there are any, else the float ones
     costed as 8-bit), most accurate first; ``x`` are model inputs (pre-processed)."""
     runtime = Runtime(bundle, backend=backend)
-    quantized = [v for v in runtime.variants if v["bits"] < 32]
+    quantized = [v for v in runtime.variants if v.bits < 32]
     variants = []
-    for v in sorted(quantized or runtime.variants, key=lambda v: -v["accuracy"][runtime.format_of(v)]):
+    for v in sorted(quantized or runtime.variants, key=lambda v: -v.accuracy[runtime.format_of(v)]):
         backend_model = runtime.load(v)
         predicted = np.array([int(np.argmax(backend_model.run(np.asarray(xi, dtype=np.float32)[None]))) for xi in x])
-        bits = min(int(v["bits"]), 8)  # a float variant runs as 8-bit on a microcontroller
-        layers = tuple(LayerSpec(name=layer["name"], macs=layer["macs"],
-                                 output_bytes=math.ceil(layer.get("outputs", 0) * bits / 8)) for layer in v["layers"])
+        bits = min(v.bits, 8)  # a float variant runs as 8-bit on a microcontroller
+        layers = tuple(LayerSpec(name=layer.name, macs=layer.macs, output_bytes=math.ceil((layer.outputs or 0) * bits / 8))
+                       for layer in v.layers)
         correct = predicted == np.asarray(y)
-        variants.append(ModelVariant(bits=bits, drop=float(v["drop"]), layers=layers, correct=correct,
+        variants.append(ModelVariant(bits=bits, drop=v.drop, layers=layers, correct=correct,
                                      accuracy=float(correct.mean()), predicted=predicted))
     return InferenceModel(tuple(variants), adaptive=adaptive, margin=margin)

@@ -23,16 +23,18 @@ timestamps (virtual time, sent as fast as the link takes them).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from simulator.config import Scenario, load_scenario, parse_toml_value
-from simulator.errors import ConfigError, SimulatorError
+from edge.errors import ConfigError, DataError
+from edge.files import DATA_ENV
 
-USER_ERRORS = (SimulatorError,)
-SCENARIO_DIR = Path(__file__).parent / "scenarios"
+if TYPE_CHECKING:
+    from simulator.config import Scenario
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, help="override run.workers (processes; default all cores)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any field, value in TOML syntax (repeatable), e.g. --set workload.policy='\"jit\"'")
+    p.add_argument("--data", type=Path, help="shared data folder for the data files a scenario names "
+                                             "(default $TRICKLE_DATA, else shared/data beside the checkout)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--bundle", type=Path, help="run this bundle's model on the nodes (needs --samples)")
     p.add_argument("--samples", type=Path, help=".npz with raw test samples 'x' and labels 'y' for --bundle")
@@ -57,36 +62,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", help="with --live: MQTT broker URL (default: the one the server reports at /healthz)")
 
 
-def scenario_path(name: str) -> Path:
-    """A bundled scenario by name, else the path as given."""
-    bundled = SCENARIO_DIR / f"{name}.toml"
-    return bundled if not Path(name).exists() and bundled.exists() else Path(name)
-
-
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    from edge.config import apply_sets
+    from simulator.config import load_scenario, scenario_path
+
     overrides: dict[str, dict[str, Any]] = {}
     for key, value in (("seed", args.seed), ("duration_s", args.duration_s), ("engine", args.engine), ("workers", args.workers)):
         if value is not None:
             overrides.setdefault("run", {})[key] = value
     if args.nodes is not None:
         overrides.setdefault("nodes", {})["count"] = args.nodes
-    for item in args.set:
-        section, field, value = _parse_set(item)
-        overrides.setdefault(section, {})[field] = value
+    apply_sets(overrides, args.set)
     path = scenario_path(args.scenario) if args.scenario else None
     return load_scenario(path, **overrides)
 
 
-def _parse_set(item: str) -> tuple[str, str, Any]:
-    key, sep, raw = item.partition("=")
-    section, dot, field = key.strip().partition(".")
-    if not sep or not dot:
-        raise ConfigError("--set", item, "expected SECTION.FIELD=VALUE, e.g. storage.capacitance_f=0.047")
-    return section, field, parse_toml_value(raw)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.list:
+        from simulator.config import SCENARIO_DIR
+
         for path in sorted(SCENARIO_DIR.glob("*.toml")):
             first = next((ln[1:].strip() for ln in path.read_text().splitlines() if ln.startswith("#")), "")
             print(f"{path.stem:24s} {first}")
@@ -94,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from simulator.fleet import simulate
     from simulator.report import write_outputs
 
+    if args.data is not None:  # read by simulator.data in this process and in the workers
+        os.environ[DATA_ENV] = str(args.data)
     scenario = scenario_from_args(args)
     if args.live and not (args.bundle and args.admin_token_file):
         raise ConfigError("--live", args.live, "needs --bundle, --samples and --admin-token-file")
@@ -104,10 +100,17 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(scenario, progress=bar.update, model=model)
     wall_s = time.perf_counter() - started
     paths = write_outputs(result, out, plots=not args.no_plots)
-    _print_summary(result.summary, wall_s)
-    print(f"wrote {', '.join(str(p) for p in paths[:2])}" + (f" and {len(paths) - 2} plots" if len(paths) > 2 else ""))
+    report = None
     if args.live and bundle is not None:
         report = publish_live(result, bundle, args.live, args.admin_token_file, args.broker, out / "live")
+    if args.json:
+        live = None if report is None else {"messages": report.messages, "devices": report.devices, "seconds": report.seconds}
+        print(json.dumps({"summary": result.summary, "wall_s": wall_s, "written": [str(p) for p in paths], "live": live},
+                         default=float))
+        return 0
+    _print_summary(result.summary, wall_s)
+    print(f"wrote {', '.join(str(p) for p in paths[:2])}" + (f" and {len(paths) - 2} plots" if len(paths) > 2 else ""))
+    if report is not None:
         print(f"published {report.messages} messages of {report.devices} devices to {args.live} in {report.seconds:.1f} s "
               f"({report.messages_per_s:.0f} msg/s)")
     return 0
@@ -120,21 +123,20 @@ def _bundle_model(args: argparse.Namespace) -> tuple[Any, Any]:
         return None, None
     import numpy as np
 
-    from edge.bundle import BundleError, load_public_key, read_bundle
+    from edge.bundle import read_trusted
     from edge.runtime import Runtime
     from simulator.bundle_model import inference_model
 
     if args.samples is None or not args.samples.exists():
         raise ConfigError("--samples", str(args.samples), "an existing .npz with raw 'x' and labels 'y' is needed with --bundle")
+    bundle = read_trusted(args.bundle, args.trust)
     try:
-        keys = [load_public_key(k) for k in args.trust]
-        bundle = read_bundle(args.bundle, keys or None, require_signature=bool(keys))
         with np.load(args.samples) as data:
             x_raw, y = data["x"], data["y"]
-        runtime = Runtime(bundle)
-        x = np.stack([runtime.preprocess(raw) for raw in x_raw])
-    except (BundleError, KeyError, ValueError) as err:
-        raise ConfigError("--bundle", str(args.bundle), str(err)) from None
+    except (OSError, ValueError, KeyError) as err:
+        raise DataError(f"--samples {args.samples}: not an .npz with raw 'x' and labels 'y' ({err})") from None
+    runtime = Runtime(bundle)
+    x = np.stack([runtime.preprocess(raw) for raw in x_raw])
     return bundle, inference_model(bundle, x, y)
 
 
@@ -146,7 +148,7 @@ def publish_live(result: Any, bundle: Any, server: str, token_file: Path, broker
     try:
         broker = broker or httpx.get(server.rstrip("/") + "/healthz", timeout=10).json()["mqtt"]
         return publish(result, server, broker, token_file.read_text().strip(), result.scenario.name.replace("_", "-"),
-                       bundle.manifest["labels"], int(bundle.manifest["bundle_version"]), state_dir)
+                       bundle.manifest.labels, bundle.manifest.bundle_version, state_dir)
     except (httpx.HTTPError, OSError, KeyError, LiveError) as err:
         raise ConfigError("--live", server, f"publishing failed: {err}") from None
 
@@ -159,6 +161,8 @@ def _progress(scenario: Scenario, disable: bool) -> Any:
 
 
 def _print_summary(s: dict[str, Any], wall_s: float) -> None:
+    from edge.tables import console_table
+
     node_s = s["nodes"] * s["duration_s"]
     rows = [
         ("nodes x simulated time", f"{s['nodes']} x {s['duration_s'] / 3600:.2f} h"),
@@ -173,6 +177,4 @@ def _print_summary(s: dict[str, Any], wall_s: float) -> None:
     ]
     if "accuracy_within_deadline" in s:
         rows.insert(5, ("accuracy within deadline", f"{s['accuracy_within_deadline']:.3f}"))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    print(console_table(rows))

@@ -8,17 +8,16 @@ field, the value and what is allowed.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from simulator.errors import ConfigError
+from edge.config import Config, merge, read_toml, validate
+from edge.errors import ConfigError
 from simulator.harvesters import HarvesterConfig, PanelHarvester
 from simulator.network import NetworkConfig
 from simulator.storage import StorageConfig
-from simulator.typed import Config
 from simulator.workload import WorkloadConfig
 
 
@@ -73,7 +72,7 @@ class Scenario(Config):
     @model_validator(mode="after")
     def _jit_between_thresholds(self) -> Scenario:
         w, s = self.workload, self.storage
-        cut_v = max(s.v_off_v, w.mcu_profile.brown_out_v)  # where the MCU stops, whichever comes first
+        cut_v = s.cut_off_v(w.mcu_profile)
         if w.policy == "jit" and not cut_v < w.jit_threshold_v < s.v_on_v:
             raise ConfigError(
                 "workload.jit_threshold_v", w.jit_threshold_v,
@@ -83,59 +82,24 @@ class Scenario(Config):
         return self
 
 
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+def scenario_path(name: str) -> Path:
+    """A bundled scenario by name (``trickle simulate --list``), else the path as given."""
+    bundled = SCENARIO_DIR / f"{name}.toml"
+    return bundled if not Path(name).exists() and bundled.exists() else Path(name)
+
+
 def load_scenario(path: str | Path | None = None, **overrides: Any) -> Scenario:
     """Defaults, then the TOML file (if any), then ``overrides`` given as ``section={field: value}``."""
-    data: dict[str, Any] = {}
-    source = "scenario"
-    if path is not None:
-        source = str(path)
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError("--scenario", source, "file not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(source, "TOML", f"not valid TOML: {e}") from None
-    for section, values in overrides.items():
-        if isinstance(values, dict):
-            data.setdefault(section, {}).update(values)
-        else:
-            data[section] = values
-    return build_scenario(data, source)
+    data = read_toml(path, "--scenario") if path is not None else {}
+    merge(data, overrides)
+    return build_scenario(data, str(path) if path is not None else "scenario")
 
 
 def build_scenario(data: dict[str, Any], source: str = "scenario") -> Scenario:
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as e:
-        raise one_line_error(e, source) from None
+    return validate(Scenario, data, source, HARVESTER_KINDS)
 
 
-def parse_toml_value(raw: str) -> Any:
-    """A command-line value in TOML syntax (0.047, true, "jit", [1, 2]); a bare word stays a string."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
-def one_line_error(e: ValidationError, source: str) -> ConfigError:
-    """The first problem of a ValidationError as one ConfigError: field, value, what is allowed."""
-    err = e.errors()[0]
-    cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, ConfigError):
-        return cause
-    # drop the discriminator tag pydantic puts in the path of a tagged union ("harvester.rf.distance_m")
-    loc = [str(p) for p in err["loc"]]
-    if len(loc) > 1 and loc[0] == "harvester" and loc[1] in _HARVESTER_KINDS:
-        del loc[1]
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    if err["type"] == "union_tag_invalid":  # an unknown harvester kind
-        ctx = err.get("ctx") or {}
-        return ConfigError(".".join([*loc, "kind"]), ctx.get("tag"), f"must be one of {ctx.get('expected_tags')}{more}")
-    value = err.get("input", "")
-    if err["type"] == "missing":
-        value = "missing"
-    return ConfigError(".".join(loc) or source, value, err["msg"].replace("Input should", "should") + more)
-
-
-_HARVESTER_KINDS = {"constant", "trace", "nrel", "iv_curve", "panel", "rf", "thermoelectric", "piezo"}
+HARVESTER_KINDS = frozenset({"constant", "trace", "nrel", "iv_curve", "panel", "rf", "thermoelectric", "piezo"})

@@ -1,7 +1,7 @@
 """Where the simulator finds the real data named in a scenario.
 
 Relative paths resolve against the working directory first, then against
-``$TRICKLE_DATA`` (default: ``../shared/data`` beside the repository).
+``edge.files.data_root()``: ``$TRICKLE_DATA``, else ``shared/data`` beside the checkout.
 """
 
 from __future__ import annotations
@@ -10,13 +10,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from simulator.errors import DataError
-
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def data_root() -> Path:
-    return Path(os.environ.get("TRICKLE_DATA", _REPO_ROOT.parent / "shared" / "data"))
+from edge.errors import DataError
+from edge.files import data_root
 
 
 def resolve_data_file(path: str | os.PathLike[str], field: str) -> Path:

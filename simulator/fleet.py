@@ -9,24 +9,24 @@ engine that can map ``run_shard`` over shards (Ray). Every random draw is keyed 
 from __future__ import annotations
 
 import itertools
-import math
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Generator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
 from edge.dyninfer import Variant, choose_variant, usable_energy_j
+from edge.errors import DataError
 from simulator import network
 from simulator.config import Scenario
 from simulator.data import resolve_data_file
 from simulator.devices import RADIOS
-from simulator.errors import DataError
 from simulator.harvesters import build_trace
 from simulator.node import END, SENSE, Node, NodeSpec, NodeStats, apply_event, next_event
 from simulator.reference import run_fixed_step
+from simulator.summary import summarize
 from simulator.trace import PowerTrace
 from simulator.workload import InferenceModel, Phase, build_plan
 
@@ -97,7 +97,7 @@ def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
     run, st, work = scenario.run, scenario.storage, scenario.workload
     harvest = build_trace(scenario.harvester, run.duration_s, np.random.default_rng([run.seed, 0, 0]))
     airtime_s, on_s, tx_w = tx_timing(scenario)
-    v_cut = max(st.v_off_v, work.mcu_profile.brown_out_v)
+    v_cut = st.cut_off_v(work.mcu_profile)
     # QuantaTasks fit half of what a full charge delivers to the load
     budget_j = 0.5 * usable_energy_j(st.v_on_v, st.capacitance_f, v_cut) * st.output_efficiency
     if model is None:
@@ -268,58 +268,3 @@ def _packet_log(scenario: Scenario, nodes: list[NodeResult], distances_m: np.nda
             deadline_s=r.packets[:, 2],
         ))
     return network.PacketLog.concatenate(logs)
-
-
-def summarize(result: SimulationResult) -> dict[str, float | int]:
-    """Fleet totals and the rates a reader looks for first."""
-    sc = result.scenario
-    totals: dict[str, float] = {}
-    for r in result.nodes:
-        for k, v in asdict(r.stats).items():
-            if k not in ("v_initial_v", "v_final_v"):
-                totals[k] = totals.get(k, 0) + v
-    n, duration = len(result.nodes), sc.run.duration_s
-    done = totals["completed"] + totals["missed"]
-    summary: dict[str, float | int] = {"nodes": n, "duration_s": duration, **totals}
-    summary["availability"] = totals["on_time_s"] / (n * duration)
-    summary["completed_fraction"] = totals["completed"] / totals["released"] if totals["released"] else 0.0
-    summary["inferences_per_node_hour"] = done / n / (duration / 3600.0)
-    summary["load_energy_per_result_j"] = totals["load_j"] / done if done else math.nan
-    summary["mean_latency_s"] = totals["latency_sum_s"] / done if done else math.nan
-    res = result.resolution
-    for k in PACKET_OUTCOMES:
-        summary[f"packets_{k}"] = int(getattr(res, k).sum())
-    if result.model is not None:
-        summary.update(_accuracy_summary(result, result.model))
-    return summary
-
-
-_SAMPLE_STREAM = 3  # rng stream of the test sample each sensing event observes
-
-
-def sample_indices(seed: int, node: NodeResult, n_test: int) -> np.ndarray:
-    """The test sample each sensing event of ``node`` observes (index by event number)."""
-    rng = np.random.default_rng([seed, node.node_id, _SAMPLE_STREAM])
-    return rng.integers(0, n_test, size=max(node.stats.released, 1))
-
-
-def _accuracy_summary(result: SimulationResult, model: InferenceModel) -> dict[str, float | int]:
-    """Accuracy within deadline: a sensing event counts as right only if its result came in time and
-    was correct; events lost, dropped, late or unfinished count as wrong."""
-    seed = result.scenario.run.seed
-    right, released = 0, 0
-    usage = np.zeros(len(model.variants), dtype=np.int64)
-    for r in result.nodes:
-        released += r.stats.released
-        log = r.task_log if r.task_log is not None else np.zeros((0, 3), dtype=np.int64)
-        samples = sample_indices(seed, r, model.n_test)
-        for event, variant, in_time in log:
-            usage[variant] += 1
-            right += int(in_time and model.variants[variant].correct[samples[event]])
-    out: dict[str, float | int] = {"accuracy_within_deadline": right / released if released else 0.0}
-    for i, v in enumerate(model.variants):
-        out[f"variant_{v.bits}b_d{v.drop:g}_tasks"] = int(usage[i])
-    return out
-
-
-PACKET_OUTCOMES = ("delivered", "delivered_in_time", "collided", "lost", "below_sensitivity")

@@ -24,12 +24,12 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
+from edge.config import Config
+from edge.errors import ConfigError, DataError
 from simulator.data import resolve_data_dir, resolve_data_file
-from simulator.errors import ConfigError, DataError
+from simulator.radio import received_power_w
 from simulator.trace import PowerTrace
-from simulator.typed import Config
 
-SPEED_OF_LIGHT_M_S = 299_792_458.0
 DAY_S = 86_400.0
 _MAX_SEGMENTS = 5_000_000  # beyond this a trace no longer fits the exact engine's memory comfortably
 _SECONDS_PER_UNIT = {"s": 1.0, "min": 60.0, "h": 3600.0}
@@ -167,7 +167,8 @@ class PanelHarvester(Config):
 class RfHarvester(Config):
     """Far-field RF power from a dedicated transmitter, rectified to DC.
 
-    Received power follows the log-distance path-loss model anchored by Friis at d0 = 1 m:
+    Received power follows the log-distance path-loss model anchored by Friis at d0 = 1 m
+    (``simulator.radio``, shared with the gateway link):
     P_rx = P_tx * G_t * G_r * (lambda / (4 pi d0))^2 * (d0 / d)^n, lambda = c / f.
     Below ``sensitivity_dbm`` the rectifier delivers nothing; above it, ``rf_dc_efficiency`` * P_rx.
     The transmitter is on during ``[phase_s + k period_s, phase_s + (k + duty) period_s)``.
@@ -469,16 +470,10 @@ def _build_panel(cfg: PanelHarvester, duration_s: float, rng: np.random.Generato
 # --- RF, thermoelectric, piezo --------------------------------------------------------------
 
 
-def _rf_received_w(cfg: RfHarvester) -> float:
-    """Log-distance path-loss model (Rappaport, Wireless Communications) anchored by the Friis equation at d0 = 1 m."""
-    wavelength_m = SPEED_OF_LIGHT_M_S / cfg.frequency_hz
-    gains = 10.0 ** ((cfg.tx_gain_dbi + cfg.rx_gain_dbi) / 10.0)
-    friis_d0 = (wavelength_m / (4.0 * math.pi * 1.0)) ** 2
-    return cfg.tx_power_w * gains * friis_d0 * (1.0 / cfg.distance_m) ** cfg.path_loss_exponent
-
-
 def _build_rf(cfg: RfHarvester, duration_s: float, rng: np.random.Generator, field: str) -> PowerTrace:
-    received_w = _rf_received_w(cfg)
+    received_w = received_power_w(
+        cfg.tx_power_w, cfg.distance_m, cfg.frequency_hz, cfg.path_loss_exponent, cfg.tx_gain_dbi + cfg.rx_gain_dbi
+    )
     on_w = 0.0 if 10.0 * math.log10(received_w / 1e-3) < cfg.sensitivity_dbm else cfg.rf_dc_efficiency * received_w
     if cfg.duty == 1.0 or on_w == 0.0:
         return PowerTrace.constant(on_w, duration_s)

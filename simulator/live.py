@@ -1,5 +1,5 @@
 """Simulated nodes on the real link: every result of a simulation is published to the server over
-MQTT by its node's own device identity, through the edge agent's store-and-forward link.
+MQTT by its node's own device identity, through the device's store-and-forward link (``edge.link``).
 
 Virtual time: a result's ``ts_s`` is the simulated time it was produced; the publishing itself
 runs as fast as the link takes it. Devices are ``{fleet}-n{node_id}``, registered on first use
@@ -15,15 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from edge.agent import AgentConfig, Link
-from edge.bundle import write_secret
+from edge.errors import LinkError
+from edge.files import write_secret
+from edge.link import Link
 from edge.outbox import Outbox
 from edge.protocol import ROUTES, Message, Result, Telemetry, encode, topic
-from simulator.fleet import SimulationResult, sample_indices
+from simulator.fleet import SimulationResult
+from simulator.summary import sample_indices
 
 
-class LiveError(RuntimeError):
+class LiveError(LinkError):
     """The server refused the simulation's devices, or the link did not drain in time."""
 
 
@@ -110,18 +113,20 @@ def deliver(per_device: dict[str, list[tuple[str, Message]]], tokens: dict[str, 
         outbox = Outbox(state_dir / "outbox" / f"{device}.sqlite")
         for kind, message in messages:
             outbox.put(message.key, topic(fleet, device, kind), encode(message, tokens[device]))
-        config = AgentConfig(device=device, token=tokens[device], server=server, broker=broker, state_dir=state_dir, fleet=fleet)
-        links.append((Link(config, outbox, on_ota=lambda payload: None), outbox))
+        links.append((Link(outbox, device, tokens[device], broker, fleet), outbox))
     start = time.perf_counter()
     for link, _ in links:
         link.start()
-    deadline = time.monotonic() + timeout_s
+
+    @retry(retry=retry_if_result(lambda drained: not drained), stop=stop_after_delay(timeout_s), wait=wait_fixed(0.05),
+           retry_error_callback=lambda state: False)
+    def drained() -> bool:
+        return all(link.drained() for link, _ in links)
+
     try:
-        while not all(link.drained() for link, _ in links):
-            if time.monotonic() > deadline:
-                left = sum(len(outbox) for _, outbox in links)
-                raise LiveError(f"{left} messages still queued after {timeout_s:.0f} s (kept in {state_dir}/outbox)")
-            time.sleep(0.05)
+        if not drained():
+            left = sum(len(outbox) for _, outbox in links)
+            raise LiveError(f"{left} messages still queued after {timeout_s:.0f} s (kept in {state_dir}/outbox)")
         return time.perf_counter() - start
     finally:
         for link, outbox in links:

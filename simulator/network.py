@@ -18,6 +18,8 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
+from edge.config import Config
+from edge.errors import ConfigError, DataError
 from simulator.devices import (
     BLE_SENSITIVITY_DBM,
     LORA_BANDWIDTHS_HZ,
@@ -25,10 +27,8 @@ from simulator.devices import (
     ble_adv_airtime_s,
     lora_airtime_s,
 )
-from simulator.errors import ConfigError, DataError
-from simulator.typed import Config
+from simulator.radio import path_loss_db
 
-SPEED_OF_LIGHT_M_S = 299_792_458.0
 BLE_ADV_CHANNELS = 3
 
 _DISTANCE_STREAM = 0x7D15  # separates node-distance draws from every other use of the seed
@@ -92,24 +92,10 @@ def packet_airtime_s(cfg: NetworkConfig) -> float:
     return lora_airtime_s(cfg.payload_bytes, sf=cfg.spreading_factor, bandwidth_hz=cfg.bandwidth_hz)
 
 
-def path_loss_db(distance_m: object, frequency_hz: float, exponent: float) -> np.ndarray:
-    """Log-distance path loss anchored at Friis free-space loss at d0 = 1 m.
-
-    Rappaport, Wireless Communications, 2nd ed., eq. 4.68.
-    """
-    d_m = np.asarray(distance_m, dtype=np.float64)
-    if np.any(~(d_m > 0)):
-        raise ConfigError("distance_m", float(d_m.min()), "distances must be > 0")
-    if not frequency_hz > 0:
-        raise ConfigError("frequency_hz", frequency_hz, "must be > 0")
-    d0_m = 1.0
-    friis_d0_db = 20.0 * np.log10(4.0 * np.pi * d0_m * frequency_hz / SPEED_OF_LIGHT_M_S)
-    return friis_d0_db + 10.0 * exponent * np.log10(d_m / d0_m)
-
-
 def received_power_dbm(
     tx_power_dbm: float, distance_m: object, frequency_hz: float, exponent: float
 ) -> np.ndarray:
+    """At the gateway, with isotropic antennas: the path-loss model of ``simulator.radio``."""
     return tx_power_dbm - path_loss_db(distance_m, frequency_hz, exponent)
 
 

@@ -111,7 +111,7 @@ class Node:
         self.c_f, self.i_a, self.g_s = s.capacitance_f, s.current_draw_a, s.conductance_s
         self.eta_in, self.eta_out = s.input_efficiency, s.output_efficiency
         self.v_on, self.v_max = s.v_on_v, s.v_max_v
-        self.v_cut = max(s.v_off_v, w.mcu_profile.brown_out_v)
+        self.v_cut = s.cut_off_v(w.mcu_profile)
         self.v_jit = w.jit_threshold_v if w.policy == "jit" else -1.0
         self.sleep_w = w.mcu_profile.sleep_power_w()
         self.boot, self.ckpt = boot_phase(w), checkpoint_phase(w)

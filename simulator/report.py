@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from simulator.fleet import PACKET_OUTCOMES, SimulationResult
+from edge.files import write_atomic
+from edge.tables import markdown_table
+from simulator.fleet import SimulationResult
 from simulator.node import Mode
+from simulator.summary import PACKET_OUTCOMES
 
 SCHEMA_VERSION = 1
 
@@ -56,18 +57,6 @@ def _finite(x: Any) -> Any:
 
 def to_json(result: SimulationResult) -> str:
     return json.dumps(result_dict(result), sort_keys=True, indent=1, allow_nan=False) + "\n"
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def write_outputs(result: SimulationResult, out_dir: str | Path, plots: bool = True) -> list[Path]:
@@ -127,21 +116,19 @@ def markdown(result: SimulationResult, images: list[Path]) -> str:
         f"MCU `{sc.workload.mcu}`, policy `{sc.workload.policy}`, radio `{sc.network.radio}`, "
         f"seed {sc.run.seed}, engine `{sc.run.engine}`.",
         "",
-        "| quantity | value |",
-        "| --- | ---: |",
+        markdown_table(["quantity", "value"], [(label, _fmt(s.get(key), style)) for key, label, style in _SUMMARY_ROWS],
+                       align="lr"),
+        "", "## Energy (J, whole fleet)", "",
+        markdown_table(["term", "J"], [(k.removesuffix("_j").replace("_", " "), f"{s[k]:.6g}") for k in _ENERGY_ROWS],
+                       align="lr"),
+        "", "## Nodes", "",
     ]
-    lines += [f"| {label} | {_fmt(s.get(key), style)} |" for key, label, style in _SUMMARY_ROWS]
-    lines += ["", "## Energy (J, whole fleet)", "", "| term | J |", "| --- | ---: |"]
-    lines += [f"| {k.removesuffix('_j').replace('_', ' ')} | {s[k]:.6g} |" for k in _ENERGY_ROWS]
-    lines += ["", "## Nodes", "",
-              "| node | harvest scale | on-time (h) | power failures | completed | missed | lost off | delivered |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     doc_nodes = {r.node_id: r for r in result.nodes[:20]}
     delivered = dict(zip(result.resolution.node_id.tolist(), result.resolution.delivered.tolist()))
-    for i, r in doc_nodes.items():
-        st = r.stats
-        lines.append(f"| {i} | {r.harvest_scale:.3f} | {st.on_time_s / 3600:.2f} | {st.power_cycles} | {st.completed} "
-                     f"| {st.missed} | {st.lost_off} | {delivered.get(i, 0)} |")
+    headers = ["node", "harvest scale", "on-time (h)", "power failures", "completed", "missed", "lost off", "delivered"]
+    rows = [(i, f"{r.harvest_scale:.3f}", f"{r.stats.on_time_s / 3600:.2f}", r.stats.power_cycles, r.stats.completed,
+             r.stats.missed, r.stats.lost_off, delivered.get(i, 0)) for i, r in doc_nodes.items()]
+    lines.append(markdown_table(headers, rows, align="r" * len(headers)))
     if len(result.nodes) > 20:
         lines.append(f"\n({len(result.nodes) - 20} more nodes in results.json)")
     lines += [""] + [f"![{p.stem}]({p.as_posix()})" for p in images]

@@ -25,8 +25,9 @@ import math
 
 from pydantic import Field, model_validator
 
-from simulator.errors import ConfigError
-from simulator.typed import Config
+from edge.config import Config
+from edge.errors import ConfigError
+from simulator.devices import McuProfile
 
 
 class StorageConfig(Config):
@@ -73,6 +74,11 @@ class StorageConfig(Config):
 
     def energy_j(self, v: float) -> float:
         return 0.5 * self.capacitance_f * v * v
+
+    def cut_off_v(self, mcu: McuProfile) -> float:
+        """Where the load stops: the power path disconnects at ``v_off_v`` and ``mcu`` browns out at
+        its ``brown_out_v``; whichever comes first (the higher voltage) ends the on-time."""
+        return max(self.v_off_v, mcu.brown_out_v)
 
 
 def rate(v: float, p_w: float, i_a: float, g_s: float) -> float:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.errors import DataError
+from edge.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
+from edge.config import Config
+from edge.errors import ConfigError
 from simulator.devices import MCUS, McuProfile, known_mcu
-from simulator.errors import ConfigError
-from simulator.typed import Config
 
 Policy = Literal["restart", "jit", "per_layer", "loop_continuation", "quanta"]
 
@@ -64,20 +64,19 @@ def layers_from_bundle(path: str, mcu: str, variant: str | None = None) -> tuple
         manifest = read_bundle(path).manifest
     except BundleError as err:
         raise ValueError(str(err)) from None
-    measured = [v for v in manifest["variants"]
-                if any(m["cpu"] == mcu for m in v.get("measured", {}).values())]
+    measured = [v for v in manifest.variants if any(m.cpu == mcu for m in (v.measured or {}).values())]
     if not measured:
         raise ValueError(f"{path}: no variant has instruction counts for mcu {mcu!r}; record them with "
                          "trickle flash BUNDLE --board mps2-an386 --record OUT (cortex-m4)")
-    chosen = min(measured, key=lambda v: v["drop"]) if variant is None else next(
-        (v for v in measured if v["name"] == variant), None)
+    chosen = min(measured, key=lambda v: v.drop) if variant is None else next(
+        (v for v in measured if v.name == variant), None)
     if chosen is None:
         raise ValueError(f"{path}: variant {variant!r} has no counts for mcu {mcu!r}; measured: "
-                         f"{', '.join(v['name'] for v in measured)}")
-    counts = next(m for m in chosen["measured"].values() if m["cpu"] == mcu)
-    macs = {layer["name"]: layer["macs"] for layer in chosen["layers"]}
-    return tuple(LayerSpec(name=layer["name"], macs=macs.get(layer["name"], 0), output_bytes=layer["output_bytes"],
-                           cycles=layer["instructions"]) for layer in counts["layers"])
+                         f"{', '.join(v.name for v in measured)}")
+    counts = next(m for m in (chosen.measured or {}).values() if m.cpu == mcu)
+    macs = {layer.name: layer.macs for layer in chosen.layers}
+    return tuple(LayerSpec(name=layer.name, macs=macs.get(layer.name, 0), output_bytes=layer.output_bytes,
+                           cycles=layer.instructions) for layer in counts.layers)
 
 
 # A small 1-D CNN over 49 frames x 10 MFCCs (a keyword-spotting shape); later issues fill

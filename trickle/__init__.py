@@ -1,12 +1,14 @@
 """trickle: deep learning on energy-harvesting, intermittently powered sensor nodes.
 
 This package is only the ``trickle`` command; the work lives in the tier packages
-(``simulator``, ``edge``, ``models``, ``export``, ``server``).
+(``edge``, ``simulator``, ``models``, ``export``, ``server``).
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("trickle")
-except PackageNotFoundError:  # running from a checkout without an install
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> str:
+    import edge
+
+    if name != "__version__":
+        raise AttributeError(f"module 'trickle' has no attribute {name!r}")
+    return str(edge.__version__)

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-USER_ERRORS = (ValueError, OSError)
+from edge.errors import ConfigError, LinkError
+from edge.files import write_atomic
+from edge.tables import markdown_table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,14 +37,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=15, help="training epochs when no checkpoint is reused (default 15)")
     p.add_argument("--retrain", action="store_true", help="train again even if OUT/model/checkpoint.pt exists")
     p.add_argument("--no-plots", action="store_true", help="skip the simulation's PNG plots")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (progress goes to stderr)")
 
 
 class _Steps:
-    def __init__(self) -> None:
+    def __init__(self, to_stderr: bool = False) -> None:
         self.t0 = time.perf_counter()
+        self.file = sys.stderr if to_stderr else sys.stdout
 
     def __call__(self, text: str) -> None:
-        print(f"[{time.perf_counter() - self.t0:6.1f} s] {text}", flush=True)
+        print(f"[{time.perf_counter() - self.t0:6.1f} s] {text}", flush=True, file=self.file)
 
 
 def _model(out: Path, epochs: int, retrain: bool, step: _Steps) -> Path:
@@ -71,7 +76,7 @@ def _bundle(out: Path, ckpt: Path, step: _Steps) -> tuple[Path, Path]:
     if target.exists() and target.stat().st_mtime >= ckpt.stat().st_mtime:
         step(f"reusing {target}")
     else:
-        version = int(read_bundle(target).manifest["bundle_version"]) + 1 if target.exists() else 1
+        version = read_bundle(target).manifest.bundle_version + 1 if target.exists() else 1
         step(f"exporting a signed bundle v{version} (ONNX fp32 + int8, parity-checked) ...")
         export_bundle(ckpt, target, formats=("onnx", "onnx-int8"), key=key, as_tar=True, bundle_version=version)
     return target, pub
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     import httpx
     import numpy as np
 
-    from edge.bundle import load_public_key, read_bundle
+    from edge.bundle import read_trusted
     from edge.runtime import Runtime
     from models.datasets import load
     from server.service import ServeConfig, Service, free_port
@@ -92,18 +97,18 @@ def run(args: argparse.Namespace) -> int:
     from simulator.report import write_outputs
 
     if args.nodes < 1 or args.hours <= 0 or args.epochs < 1:
-        raise ValueError("--nodes, --hours and --epochs must be positive")
+        raise ConfigError("--nodes/--hours/--epochs", (args.nodes, args.hours, args.epochs), "must be positive")
     out: Path = args.out
-    step = _Steps()
+    step = _Steps(to_stderr=args.json)
     ckpt = _model(out, args.epochs, args.retrain, step)
     bundle_path, pub = _bundle(out, ckpt, step)
-    bundle = read_bundle(bundle_path, [load_public_key(pub)], require_signature=True)
+    bundle = read_trusted(bundle_path, [pub])
     data = load("digits")
     assert data.raw_test is not None
     samples = out / "samples.npz"
     np.savez(samples, x=data.raw_test, y=data.y_test)
 
-    config = ServeConfig(data_dir=out / "server", port=free_port(), mqtt_port=free_port(), trusted_keys=[pub])
+    config = ServeConfig(state_dir=out / "server", port=free_port(), mqtt_port=free_port(), trusted_keys=[pub])
     service = Service(config)
     logging_quiet()
     with service.background():
@@ -111,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         admin = {"Authorization": f"Bearer {service.admin_token}"}
         up = httpx.post(config.url + "/v1/bundles", content=bundle_path.read_bytes(), headers=admin, timeout=60)
         if up.status_code not in (201, 409):
-            raise ValueError(f"the server refused the bundle: {up.status_code} {up.text[:200]}")
-        step(f"bundle {bundle.manifest['model']} v{bundle.manifest['bundle_version']} uploaded and verified by the server")
+            raise LinkError(f"the server refused the bundle: {up.status_code} {up.text[:200]}")
+        step(f"bundle {bundle.manifest.model} v{bundle.manifest.bundle_version} uploaded and verified by the server")
 
         runtime = Runtime(bundle)
         x = np.stack([runtime.preprocess(raw) for raw in data.raw_test])
@@ -127,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
              f"accuracy within deadline {s['accuracy_within_deadline']:.3f}")
 
         step("publishing every node's results over MQTT (store-and-forward, end-to-end acks) ...")
-        report = publish(result, config.url, config.broker_url, service.admin_token, "demo", bundle.manifest["labels"],
-                         int(bundle.manifest["bundle_version"]), out / "live")
+        report = publish(result, config.url, config.broker_url, service.admin_token, "demo", bundle.manifest.labels,
+                         bundle.manifest.bundle_version, out / "live")
         stored = _stored(config.url, admin, [f"demo-n{r.node_id}" for r in result.nodes])
     expected = int(sum(len(r.task_log) for r in result.nodes if r.task_log is not None))
     summary = {
@@ -142,8 +147,11 @@ def run(args: argparse.Namespace) -> int:
     _write_report(out, summary)
     step(f"server stored {stored['results']} of {expected} results ({report.messages_per_s:.0f} msg/s end to end); "
          f"correct {stored['correct_fraction']:.3f} of stored")
-    print(f"\nreport: {out / 'demo.md'}\nsimulation: {paths[0].parent} (report.md, results.json, plots/)\n"
-          f"server database: {out / 'server' / 'trickle.sqlite'}")
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(f"\nreport: {out / 'demo.md'}\nsimulation: {paths[0].parent} (report.md, results.json, plots/)\n"
+              f"server database: {out / 'server' / 'trickle.sqlite'}")
     return 0 if summary["lost"] == 0 else 1
 
 
@@ -166,8 +174,7 @@ def _stored(url: str, admin: dict[str, str], devices: list[str]) -> dict[str, An
 
 
 def _write_report(out: Path, summary: dict[str, Any]) -> None:
-    lines = ["# trickle demo", "", "| | |", "| --- | ---: |"]
-    lines += [f"| {k.replace('_', ' ')} | {v:.4g} |" if isinstance(v, float) else f"| {k.replace('_', ' ')} | {v} |"
-              for k, v in summary.items() if k != "simulation_files"]
-    (out / "demo.md").write_text("\n".join(lines) + "\n")
-    (out / "demo.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    rows = [(k.replace("_", " "), f"{v:.4g}" if isinstance(v, float) else v) for k, v in summary.items()
+            if k != "simulation_files"]
+    write_atomic(out / "demo.md", "# trickle demo\n\n" + markdown_table(["quantity", "value"], rows, align="lr") + "\n")
+    write_atomic(out / "demo.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")

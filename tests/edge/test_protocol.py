@@ -80,3 +80,60 @@ def test_the_outbox_keeps_messages_and_state_across_reopening(tmp_path: Path) ->
     assert box.delete_keys(["k1", "nope"]) == 1
     assert [p for _, _, p in box.pending()] == [b"two"]
     box.close()
+
+
+def _agent_fields(**changes: object) -> dict[str, object]:
+    return {"device": "n1", "token": "t", "server": "http://127.0.0.1:8080", "broker": "mqtt://127.0.0.1:1883"} | changes
+
+
+def test_the_agent_config_keeps_its_defaults_and_reads_the_token_file(tmp_path: Path) -> None:
+    from edge.agent import AgentConfig
+    from edge.config import load_config
+
+    config = AgentConfig(**_agent_fields(trusted_keys=["k.pub"]))  # type: ignore[arg-type]
+    assert config.state_dir == Path("runs/edge/n1") and config.trusted_keys == [Path("k.pub")]
+    assert (config.fleet, config.period_s, config.backend, config.resend_s) == ("default", 0.0, "onnxruntime", 30.0)
+    assert "'t'" not in repr(config)  # the token stays out of logs
+    (tmp_path / "n1.token").write_text("secret\n")
+    (tmp_path / "agent.toml").write_text(f'device = "n1"\ntoken_file = "{tmp_path / "n1.token"}"\nperiod_s = 1.0\n'
+                                         'server = "http://h:1"\nbroker = "mqtt://h:2"\n')
+    config = load_config(AgentConfig, tmp_path / "agent.toml", ["count=5"], {"period_s": 0.5, "fleet": None})
+    assert (config.token, config.period_s, config.count, config.fleet) == ("secret", 0.5, 5, "default")
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"period_s": -1}, "period_s = -1: should be greater than or equal to 0"),
+    ({"count": -2}, "count = -2"),
+    ({"backend": "tensorflow"}, "backend = 'tensorflow': must be one of ['onnxruntime'"),
+    ({"broker": "embedded"}, "broker = 'embedded': must be mqtt://HOST:PORT"),
+    ({"broker": "mqtt://h:0"}, "broker = 'mqtt://h:0'"),
+    ({"server": "ftp://h"}, "server = 'ftp://h': must be http(s)://HOST[:PORT]"),
+    ({"device": "a/b"}, "device = 'a/b'"),
+    ({"token": ""}, "token = ''"),
+    ({"token": "", "token_file": "/no/such.token"}, "token_file = '/no/such.token': no such file"),
+    ({"state": "x"}, "state = 'x': Extra inputs are not permitted"),
+])
+def test_a_bad_agent_config_is_one_config_error(changes: dict[str, object], message: str) -> None:
+    from edge.agent import AgentConfig
+    from edge.config import load_config
+    from edge.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(AgentConfig, flags=_agent_fields(**changes))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_first_samples_are_kept_once_for_self_tests(tmp_path: Path) -> None:
+    import numpy as np
+
+    from edge.source import SELFTEST_VECTORS, keep_selftest_samples, stored_selftest_samples
+
+    assert stored_selftest_samples(tmp_path) is None
+    raws = [np.full(4, i, dtype=np.float32) for i in range(40)]
+    keep_selftest_samples(tmp_path, raws, np.arange(40))
+    keep_selftest_samples(tmp_path, raws[::-1], None)  # a later source does not replace them
+    stored = stored_selftest_samples(tmp_path)
+    assert stored is not None
+    x, y = stored
+    assert x.shape == (SELFTEST_VECTORS, 4) and y is not None and list(y) == list(range(SELFTEST_VECTORS))
+    assert list(tmp_path.iterdir()) == [tmp_path / "selftest.npz"]  # written atomically, nothing else left

@@ -11,23 +11,19 @@ import numpy as np
 import pytest
 
 from edge.backends import BackendError
-from edge.bundle import BundleError, read_bundle
+from edge.bundle import read_bundle
+from edge.errors import ConfigError, DataError
 from edge.preprocess import PreprocessError
 from edge.runtime import Runtime
+from tests.conftest import TrainedBundle
 
 
 @pytest.fixture(scope="module")
-def bundle_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from export.bundle import export_bundle
-    from models.checkpoint import save_checkpoint
-    from models.datasets import load
-    from models.nexume import TrainConfig, train
-
-    data = load("basic_motions")
-    result = train(TrainConfig(dataset="basic_motions", method="nexume", epochs=2, harvest_scenario="rf_powercast"), data)
-    root = tmp_path_factory.mktemp("rt")
-    save_checkpoint(result, data, root / "ckpt")
-    return export_bundle(root / "ckpt" / "checkpoint.pt", root / "bundle.tar", as_tar=True)  # every format
+def bundle_path(trained_bundle: TrainedBundle) -> Path:
+    bundle = trained_bundle("basic_motions", "nexume", epochs=2, formats="all", as_tar=True,
+                            harvest_scenario="rf_powercast").bundle
+    assert bundle is not None
+    return bundle
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "litert", "executorch"])
@@ -39,8 +35,8 @@ def test_every_backend_reproduces_the_manifest_accuracy_from_raw_input(bundle_pa
     rt = Runtime(read_bundle(bundle_path), backend=backend)
     assert len(rt.variants) == (12 if backend == "onnxruntime" else 3)
     for v in rt.variants[:4]:
-        preds = [int(rt.infer(raw, variant=v["name"]).argmax()) for raw in data.raw_test]  # pre-processing applied
-        assert float(np.mean(np.array(preds) == data.y_test)) == v["accuracy"][rt.format_of(v)]
+        preds = [int(rt.infer(raw, variant=v.name).argmax()) for raw in data.raw_test]  # pre-processing applied
+        assert float(np.mean(np.array(preds) == data.y_test)) == v.accuracy[rt.format_of(v)]
 
 
 def test_backends_agree_on_the_float_variant(bundle_path: Path) -> None:
@@ -58,9 +54,9 @@ def test_dyninfer_choice_by_voltage(bundle_path: Path) -> None:
     rt = Runtime(read_bundle(bundle_path))
     rich = rt.choose(voltage_v=3.3, capacitance_f=0.01, v_cut_v=2.0)
     poor = rt.choose(voltage_v=2.0005, capacitance_f=1e-4, v_cut_v=2.0)
-    cheapest = min((v for v in rt.variants if v["energy_j"]), key=lambda v: v["energy_j"]["msp430fr5994"])
-    assert poor["name"] == cheapest["name"]
-    assert rich["energy_j"]["msp430fr5994"] >= poor["energy_j"]["msp430fr5994"]
+    cheapest = min((v for v in rt.variants if v.energy_j), key=lambda v: v.energy_j["msp430fr5994"])
+    assert poor.name == cheapest.name
+    assert rich.energy_j["msp430fr5994"] >= poor.energy_j["msp430fr5994"]
 
 
 def test_bad_input_and_unknown_backend_or_variant(bundle_path: Path) -> None:
@@ -68,10 +64,12 @@ def test_bad_input_and_unknown_backend_or_variant(bundle_path: Path) -> None:
     rt = Runtime(bundle)
     with pytest.raises(PreprocessError, match=r"raw input shape \(100, 6\): this bundle takes \(6, 100\)"):
         rt.infer(np.zeros((100, 6), dtype=np.float32))
-    with pytest.raises(BundleError, match="variant 'int8-d00': for the litert backend the bundle has"):
+    with pytest.raises(ConfigError, match="--variant = 'int8-d00': for the litert backend the bundle has"):
         Runtime(bundle, backend="litert").variant("int8-d00")
-    with pytest.raises(BundleError, match="backend 'tvm': must be one of"):
+    with pytest.raises(ConfigError, match="--backend = 'tvm': must be one of"):
         Runtime(bundle, backend="tvm")
+    with pytest.raises(DataError, match=r"input shape \(1, 6, 99\): the model takes \(1, 6, 100\)"):
+        rt.infer_features(np.zeros((1, 6, 99), dtype=np.float32))
     with pytest.raises(BackendError, match="LiteRT cannot load the model"):
         from edge.backends import load_backend
 
@@ -123,7 +121,14 @@ def test_trickle_edge_infer(bundle_path: Path, tmp_path: Path) -> None:
         rows = [json.loads(line) for line in proc.stdout.splitlines()]
         rt = Runtime(read_bundle(bundle_path), backend=backend)
         for row, raw in zip(rows, data.raw_test[:2]):
-            assert row["variant"] == rt.choose()["name"]
+            assert row["variant"] == rt.choose().name
             assert np.allclose(row["logits"], rt.infer(raw)[0], atol=1e-6)
     bad = subprocess.run([*cmd[:-2], str(tmp_path / "missing.npy")], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip().endswith("missing.npy: no such file")
+    assert bad.returncode == 1 and bad.stderr.strip().endswith("missing.npy: no such file")
+    mcu = subprocess.run([*cmd, "--voltage-v", "3.0", "--mcu", "z80"], capture_output=True, text=True, timeout=120)
+    assert mcu.returncode == 1 and mcu.stderr.count("\n") == 1  # one line, no traceback, no silent zero energy
+    assert "--mcu = 'z80': the bundle has energy costs for ['cortex-m33', 'cortex-m4', 'msp430fr5994']" in mcu.stderr
+    selftest = subprocess.run([*cmd[:-2], "--self-test", "--json"], capture_output=True, text=True, timeout=120)
+    assert selftest.returncode == 0, selftest.stderr
+    report = json.loads(selftest.stdout)
+    assert report["passed"] and set(report["agreement"]) == {v.name for v in Runtime(read_bundle(bundle_path)).variants}

@@ -13,30 +13,26 @@ import pytest
 
 from edge.bundle import Bundle, read_bundle
 from export.flash import build, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
+from tests.conftest import TrainedBundle
 
 ARM = shutil.which("arm-none-eabi-gcc") is not None and shutil.which("qemu-system-arm") is not None
 needs_arm = pytest.mark.skipif(not ARM, reason="apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm")
 
 
-def _bundle(dataset: str, root: Path) -> tuple[Bundle, np.ndarray]:
-    from export.bundle import export_bundle
-    from models.checkpoint import save_checkpoint
-    from models.datasets import load
-    from models.nexume import TrainConfig, train
-
-    data = load(dataset)
-    result = train(TrainConfig(dataset=dataset, method="nexume", epochs=2), data)
-    save_checkpoint(result, data, root / "ckpt")
-    path = export_bundle(root / "ckpt" / "checkpoint.pt", root / "bundle", formats=("onnx-int8",))
-    return read_bundle(path), data.x_test
+def _bundle(dataset: str, root: Path, trained_bundle: TrainedBundle) -> tuple[Bundle, np.ndarray]:
+    trained = trained_bundle(dataset, "nexume", epochs=2, formats=("onnx-int8",))  # shared by the session
+    assert trained.bundle is not None
+    shutil.copytree(trained.bundle, root / "bundle")
+    return read_bundle(root / "bundle"), trained.data.x_test
 
 
 @pytest.fixture(scope="module", params=["digits", "basic_motions"])  # conv2d and conv1d
-def generated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def generated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+              trained_bundle: TrainedBundle) -> tuple[Path, dict]:
     from export.cgen import generate
 
     root = tmp_path_factory.mktemp(request.param)
-    bundle, x_test = _bundle(request.param, root)
+    bundle, x_test = _bundle(request.param, root, trained_bundle)
     sources, info = generate(bundle, x_test)
     write_sources(sources, root / "gen")
     return root, info
@@ -55,7 +51,7 @@ def test_integer_graph_agrees_with_the_qdq_model(generated: tuple[Path, dict]) -
 def _x_test(bundle: Bundle) -> np.ndarray:
     from models.datasets import load
 
-    return load(bundle.manifest["task"]).x_test
+    return load(bundle.manifest.task).x_test
 
 
 def test_host_build_is_bit_exact_and_sanitizer_clean(generated: tuple[Path, dict]) -> None:
@@ -132,11 +128,11 @@ def _gemmlowp_requantize(acc: int, multiplier: int, shift: int) -> int:
 
 
 def test_requantize_matches_gemmlowp_on_ties_and_extremes(tmp_path: Path) -> None:
-    from export.flash import FIRMWARE, WARNINGS
+    from export.flash import FIRMWARE
 
-    exe = tmp_path / "requantize"
-    subprocess.run(["gcc", *WARNINGS, "-O2", f"-I{FIRMWARE / 'include'}", str(FIRMWARE / "src" / "kernels.c"),
-                    str(Path(__file__).with_name("requantize_main.c")), "-o", str(exe)], check=True)
+    # firmware/tests/requantize_main.c, with the firmware's warnings
+    subprocess.run(["make", "-s", "-C", str(FIRMWARE), f"OUT={tmp_path}", "requantize"], check=True)
+    exe = tmp_path / "tests" / "requantize"
     rng = random.Random(1)
     cases = [(acc, m, s) for acc in (0, 1, -1, 2**31 - 1, -(2**31), 2**30, -(2**30), 3 << 20, -(3 << 20))
              for m in (1 << 30, (1 << 31) - 1, 1518500250) for s in (0, 1, 2, 7, 20, 31)]
@@ -162,18 +158,18 @@ def test_flash_record_writes_measured_counts_the_simulator_uses(generated: tuple
                            "--vectors", "2", "--record", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     before, after = read_bundle(root / "bundle"), read_bundle(out)
-    assert after.manifest["bundle_version"] == before.manifest["bundle_version"] + 1
+    assert after.manifest.bundle_version == before.manifest.bundle_version + 1
     assert after.files == before.files
-    measured = {v["name"]: v["measured"]["mps2-an386"] for v in after.manifest["variants"] if "measured" in v}
+    measured = {v.name: v.measured["mps2-an386"] for v in after.manifest.variants if v.measured}
     assert sorted(measured) == sorted(v["name"] for v in info["variants"])
     for counts in measured.values():
-        names = [layer["name"] for layer in counts["layers"]]
+        names = [layer.name for layer in counts.layers]
         assert names[-2:] == ["pool", "classifier"] and all(n.startswith("conv") for n in names[:-2])
-        split = sum(layer["instructions"] for layer in counts["layers"])
-        assert counts["cpu"] == "cortex-m4" and 0.97 * counts["instructions"] < split <= counts["instructions"]
+        split = sum(layer.instructions for layer in counts.layers)
+        assert counts.cpu == "cortex-m4" and 0.97 * counts.instructions < split <= counts.instructions
     widest = measured[info["variants"][0]["name"]]
     work = WorkloadConfig(mcu="cortex-m4", bundle=str(out), policy="per_layer")
     plan = build_plan(work, tx_time_s=0.0, tx_power_w=0.0)
     compute_s = sum(p.duration_s for p in plan if p.kind == "compute")
     clock_hz = MCUS["cortex-m4"].clock_hz
-    assert compute_s == pytest.approx(sum(layer["instructions"] for layer in widest["layers"]) / clock_hz, rel=1e-12)
+    assert compute_s == pytest.approx(sum(layer.instructions for layer in widest.layers) / clock_hz, rel=1e-12)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional as F
 
 from models.datasets import load
 from models.nexume import EnergySampler, TrainConfig, bits_for, dropout_for, train, variant_energy_j
@@ -53,16 +54,52 @@ def test_switching_bits_changes_quantized_weights_not_float_ones() -> None:
     assert not torch.allclose(net.configure(2, 0.0)(x), net.configure(8, 0.0)(x))
 
 
-def test_ordered_dropout_zeroes_the_tail_channels() -> None:
-    net = SwitchableNet(arch_for("basic_motions", (6, 100), 4)).configure(8, 0.5)
-    acts = []
-    net.acts[0]["8"].register_forward_hook(lambda m, i, o: acts.append(o))
-    net(torch.randn(3, 6, 100))
-    # the hook sees the activation before the dropout; run the same slicing the forward does
-    from models.switchable import _ordered_dropout
+@pytest.mark.parametrize(("drop", "kept"), [(0.25, (18, 24, 24)), (0.5, (12, 16, 16))])
+def test_ordered_dropout_forward_equals_the_slim_network(drop: float, kept: tuple[int, ...]) -> None:
+    # basic_motions arch: convs of 24, 32, 32 channels; at level d a layer keeps ceil((1 - d) C), by hand
+    torch.manual_seed(0)
+    net = SwitchableNet(arch_for("basic_motions", (6, 100), 4)).eval()
+    x = torch.randn(3, 6, 100)
+    with torch.no_grad():
+        out = net.configure(32, drop)(x)
+        # the oracle is the network a device runs at level d: each layer is cut to its first kept output
+        # channels and the previous layer's kept inputs, and its activations are rescaled by C / kept
+        h, k_in = x, 6
+        for layer, spec, k in zip(net.convs, net.arch.convs, kept):
+            h = F.conv1d(h, layer.weight[:k, :k_in], layer.bias[:k], stride=spec.stride, padding=spec.padding)
+            h, k_in = F.relu(h) * (spec.out_channels / k), k
+        reference = F.linear(h.mean(dim=2), net.classifier.weight[:, :k_in], net.classifier.bias)
+        full = net.configure(32, 0.0)(x)
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(out, full, atol=1e-3)  # the dropout level changes forward's output
 
-    dropped = _ordered_dropout(acts[0], 0.5)
-    assert torch.count_nonzero(dropped[:, 12:]) == 0 and torch.count_nonzero(dropped[:, :12]) > 0
+
+@pytest.mark.parametrize("bits", [8, 32])
+def test_channels_beyond_the_kept_count_do_not_influence_forward(bits: int) -> None:
+    torch.manual_seed(1)
+    net = SwitchableNet(arch_for("basic_motions", (6, 100), 4)).eval().configure(bits, 0.5)
+    x = torch.randn(3, 6, 100)
+
+    def with_negated(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, cols: slice = slice(None)) -> torch.Tensor:
+        # negating keeps each tensor's largest magnitude, hence its per-tensor quantization scale
+        weight[rows, cols].neg_()
+        if bias is not None:
+            bias[rows].neg_()
+        try:
+            return net(x)
+        finally:
+            weight[rows, cols].neg_()
+            if bias is not None:
+                bias[rows].neg_()
+
+    with torch.no_grad():
+        base = net(x)  # (also sets the activation quantizers' scales from a first batch)
+        for layer, k in zip(net.convs, (12, 16, 16)):
+            assert torch.equal(with_negated(layer.weight, layer.bias, slice(k, None)), base)
+            assert not torch.allclose(with_negated(layer.weight, layer.bias, slice(k - 1, k)), base)
+        classifier = net.classifier.weight
+        assert torch.equal(with_negated(classifier, None, slice(None), slice(16, None)), base)
+        assert not torch.allclose(with_negated(classifier, None, slice(None), slice(15, 16)), base)
 
 
 def test_energy_sampler_from_a_simulated_node() -> None:

@@ -7,29 +7,33 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import numpy as np
 import pytest
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from server.service import free_port
+from tests.conftest import TrainedBundle
 
+T = TypeVar("T")
 needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None,
                                      reason="apt-get install mosquitto mosquitto-clients")
 
 
-def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+def wait_for(condition: Callable[[], T], timeout_s: float = 30.0, what: str = "condition") -> T:
+    """``condition()``'s first truthy value, polled every 50 ms for up to ``timeout_s``."""
+
+    def timed_out(state: RetryCallState) -> T:
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+    poll = Retrying(retry=retry_if_result(lambda value: not value), stop=stop_after_delay(timeout_s), wait=wait_fixed(0.05),
+                    retry_error_callback=timed_out)
+    return poll(condition)
 
 
 @dataclass
@@ -39,40 +43,42 @@ class Bundles:
     v1: Path
     v2: Path
     broken_v3: Path  # signed and well-formed, but its model answers garbage: the self-test must catch it
+    broken_v4_old: Path  # the same without test vectors (as exported before them): caught on the stored samples
     source: Path  # .npz of raw digits samples and labels
 
 
 @pytest.fixture(scope="session")
-def bundles(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
+def bundles(tmp_path_factory: pytest.TempPathFactory, trained_bundle: TrainedBundle) -> Bundles:
     import onnx
     from onnx import numpy_helper
 
     from edge.bundle import generate_keypair, load_private_key, pack, read_bundle, write_bundle
     from export.bundle import export_bundle
-    from models.checkpoint import save_checkpoint
-    from models.datasets import load
-    from models.nexume import TrainConfig, train
 
     root = tmp_path_factory.mktemp("link-bundles")
-    data = load("digits")
-    result = train(TrainConfig(dataset="digits", method="nexume", epochs=3), data)
-    save_checkpoint(result, data, root / "ckpt")
+    trained = trained_bundle("digits", "nexume", epochs=3)
+    data = trained.data
     generate_keypair(root / "k.key", root / "k.pub")
-    ckpt = root / "ckpt" / "checkpoint.pt"
+    ckpt = trained.checkpoint
     v1 = export_bundle(ckpt, root / "v1.tar", formats=("onnx",), key=root / "k.key", as_tar=True, bundle_version=1)
     v2 = export_bundle(ckpt, root / "v2.tar", formats=("onnx",), key=root / "k.key", as_tar=True, bundle_version=2)
     good = read_bundle(v2)
-    files = {}
-    for name, blob in good.files.items():
-        model = onnx.load_from_string(blob)
+    models = {f for v in good.manifest.variants for f in v.formats.values()}
+    files = dict(good.files)  # the test vectors stay: the broken models must fail against them
+    for name in models:
+        model = onnx.load_from_string(files[name])
         for init in model.graph.initializer:  # zero every weight: constant logits
             init.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(init)), init.name))
         files[name] = model.SerializeToString()
-    manifest = {k: v for k, v in good.manifest.items() if k != "files"} | {"bundle_version": 3}
+    manifest = good.manifest.model_copy(update={"bundle_version": 3})
     broken = write_bundle(pack(manifest, files, load_private_key(root / "k.key")), root / "v3-broken.tar")
+    assert good.manifest.test_vectors is not None
+    old_manifest = manifest.model_copy(update={"bundle_version": 4, "test_vectors": None})
+    old_files = {name: blob for name, blob in files.items() if name != good.manifest.test_vectors.file}
+    broken_old = write_bundle(pack(old_manifest, old_files, load_private_key(root / "k.key")), root / "v4-broken-old.tar")
     assert data.raw_test is not None
     np.savez(root / "source.npz", x=data.raw_test, y=data.y_test)
-    return Bundles(root / "k.key", root / "k.pub", v1, v2, broken, root / "source.npz")
+    return Bundles(root / "k.key", root / "k.pub", v1, v2, broken, broken_old, root / "source.npz")
 
 
 @dataclass
@@ -102,8 +108,9 @@ class ServerProc:
 
     def start(self) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "trickle.cli", "serve", "--data", str(self.data), "--port", str(self.port),
-               "--broker", self.broker, "--mqtt-port", str(self.mqtt_port)] + (["--trust", str(self.trust)] if self.trust else [])
+        cmd = [sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(self.data), "--port", str(self.port),
+               "--broker", self.broker] + (["--mqtt-port", str(self.mqtt_port)] if self.broker == "embedded" else [])
+        cmd += ["--trust", str(self.trust)] if self.trust else []
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -188,7 +195,7 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
 def agent_cmd(server: ServerProc, device: str, token: Path, state: Path, bundle: Path, source: Path | None,
               *extra: str) -> list[str]:
     cmd = [sys.executable, "-m", "trickle.cli", "edge", "run", "--device-id", device, "--fleet", "f", "--token-file",
-           str(token), "--server", server.url, "--broker", server.broker_url, "--bundle", str(bundle), "--state", str(state)]
+           str(token), "--server", server.url, "--broker", server.broker_url, "--bundle", str(bundle), "--state-dir", str(state)]
     return cmd + (["--source", str(source)] if source else []) + list(extra)
 
 

@@ -69,7 +69,11 @@ def test_the_bridge_refuses_foreign_forged_malformed_oversized_and_wrong_schema_
         log = server.log.read_text()
         assert "published under 'd2'" in log and "bad signature from 'd2'" in log
         assert httpx.get(server.url + "/healthz").json()["status"] == "ok"
-        assert t2  # d2 exists: the refusals were not for an unknown device
+        # d2 is registered in fleet f, so its two refused messages were counted as foreign_topic and
+        # signature above, not as unknown_device (that one is the wrong-fleet message)
+        listed = httpx.get(server.url + "/v1/devices", headers=server.admin).json()
+        assert {d["device"]: d["fleet"] for d in listed} == {"d1": "f", "d2": "f"}
+        assert t2 != t1
         client.loop_stop()
     finally:
         server.stop()
@@ -155,7 +159,7 @@ def test_ota_applies_a_newer_bundle_rolls_back_a_bad_one_and_refuses_a_downgrade
     agent = start_agent(cmd, tmp_path / "agent.log")
     try:
         wait_for(lambda: len(embedded_server.messages("o1", "result")) == 40, 60, "the first results")
-        for b in (bundles.v1, bundles.v2, bundles.broken_v3):
+        for b in (bundles.v1, bundles.v2, bundles.broken_v3, bundles.broken_v4_old):
             assert httpx.post(url + "/v1/bundles", content=b.read_bytes(), headers=admin).status_code == 201
 
         def assign(version: int) -> None:
@@ -170,6 +174,12 @@ def test_ota_applies_a_newer_bundle_rolls_back_a_bad_one_and_refuses_a_downgrade
         assert json.loads((state / "current.json").read_text())["path"] == "bundles/v2.tar"
         rolled = next(m for m in embedded_server.messages("o1", "event") if m["event"] == "ota_rolled_back")
         assert "self-test failed" in rolled["detail"] and rolled["bundle_version"] == 3
+        assert "test vectors" in rolled["detail"]  # judged on the vectors the bundle carries
+        assign(4)  # broken too, and without test vectors (an older export): judged on the stored samples
+        wait_for(lambda: _events(embedded_server, "o1").count("ota_rolled_back") == 2, 60, "the second ota_rolled_back")
+        rolled = [m for m in embedded_server.messages("o1", "event") if m["event"] == "ota_rolled_back"][-1]
+        assert rolled["bundle_version"] == 4 and "on the stored vectors" in rolled["detail"], rolled["detail"]
+        assert json.loads((state / "current.json").read_text())["path"] == "bundles/v2.tar"
         assign(1)  # a downgrade
         wait_for(lambda: "ota_rejected" in _events(embedded_server, "o1"), 60, "ota_rejected")
         rejected = next(m for m in embedded_server.messages("o1", "event") if m["event"] == "ota_rejected")

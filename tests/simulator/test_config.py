@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import SCENARIO_DIR
-from simulator.config import load_scenario
-from simulator.errors import ConfigError
+from edge.errors import ConfigError
+from simulator.config import SCENARIO_DIR, load_scenario
 
 
 def test_defaults_validate() -> None:

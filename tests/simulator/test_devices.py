@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from edge.errors import ConfigError
 from simulator.devices import (
     LORA_SENSITIVITY_DBM,
     MCUS,
@@ -15,7 +16,6 @@ from simulator.devices import (
     lora_airtime_s,
     packet_energy_j,
 )
-from simulator.errors import ConfigError
 
 # Semtech AN1200.13 §4:
 #   T_sym = 2^SF / BW

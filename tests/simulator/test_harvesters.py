@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from edge.errors import ConfigError, DataError
 from simulator.data import data_root
-from simulator.errors import ConfigError, DataError
 from simulator.harvesters import (
     ConstantHarvester,
     HarvesterConfig,

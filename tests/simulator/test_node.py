@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy.integrate import quad, solve_ivp
 
+from edge.errors import ConfigError
 from simulator.config import Scenario, build_scenario
 from simulator.devices import MCUS
-from simulator.errors import ConfigError
 from simulator.fleet import NodeResult, simulate
 from simulator.node import Mode
 

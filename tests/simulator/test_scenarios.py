@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import SCENARIO_DIR
-from simulator.config import load_scenario
+from simulator.config import SCENARIO_DIR, load_scenario
 from simulator.data import data_root
 from simulator.fleet import simulate
 

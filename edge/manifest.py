@@ -1,0 +1,244 @@
+"""The bundle manifest: the typed contract between training and every device.
+
+    manifest = Manifest.from_json(raw)                   # BundleError naming the field on bad input
+    for v in manifest.variants: v.bits, v.drop, v.formats["onnx-int8"], v.energy_j.get("cortex-m4")
+    raw = manifest.to_json()                             # canonical bytes: what the signature covers
+
+Export writes it, the edge runtime, the simulator, the server and ``trickle flash`` read it;
+nothing else looks inside ``manifest.json``. ``edge/schemas/manifest-v1.json`` is generated
+from these models (``python -m edge.manifest`` rewrites it; a test fails when they disagree),
+for tools in other languages. Schema version 1 reads every bundle written since the format
+began: fields added later (``measured``, ``test_vectors``, a layer's ``outputs``) are optional.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from edge.errors import BundleError
+
+SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).parent / "schemas" / f"manifest-v{SCHEMA_VERSION}.json"
+
+PositiveInt = Annotated[int, Field(ge=1)]
+Count = Annotated[int, Field(ge=0)]
+FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class Tensor(_Model):
+    """A model input or output."""
+
+    name: str
+    shape: list[PositiveInt]
+    dtype: Literal["float32", "int8", "uint8", "int32", "int64"]
+
+
+class RawInput(_Model):
+    """One raw example as the sensor gives it."""
+
+    shape: list[PositiveInt]
+    dtype: Literal["float32"] = "float32"
+
+
+class Mfcc(_Model):
+    """MFCCs of the first ``duration_s`` of a mono waveform (zero-padded), librosa's definition."""
+
+    op: Literal["mfcc"]
+    sample_rate_hz: PositiveInt
+    n_mfcc: PositiveInt
+    n_fft: PositiveInt
+    hop_length: PositiveInt
+    n_mels: PositiveInt
+    duration_s: float = Field(gt=0)
+
+
+class Scale(_Model):
+    """x * factor."""
+
+    op: Literal["scale"]
+    factor: float
+
+
+class Standardize(_Model):
+    """(x - mean) / std; mean and std are numbers or nested lists that broadcast against one example."""
+
+    op: Literal["standardize"]
+    mean: float | list[Any]
+    std: float | list[Any]
+
+    @field_validator("mean", "std")
+    @classmethod
+    def _numbers(cls, value: float | list[Any]) -> float | list[Any]:
+        def check(v: Any) -> None:
+            if isinstance(v, list):
+                for item in v:
+                    check(item)
+            elif isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"must hold numbers only, found {v!r}")
+
+        check(value)
+        return value
+
+
+class Reshape(_Model):
+    """The example reshaped (no batch axis)."""
+
+    op: Literal["reshape"]
+    shape: list[PositiveInt]
+
+
+Step = Annotated[Mfcc | Scale | Standardize | Reshape, Field(discriminator="op")]
+
+
+class Preprocessing(_Model):
+    """Raw input → the model's input, applied by ``edge.preprocess`` the same way on every backend."""
+
+    description: str
+    raw: RawInput | None = None
+    """The raw example's shape; None: variable length (audio)."""
+    steps: list[Step]
+
+
+class Layer(_Model):
+    """One layer's cost, from the training tier's cost model."""
+
+    name: str
+    macs: Count
+    param_bytes: Count
+    outputs: Count | None = None
+    """Elements of the layer's output activation."""
+
+
+class MeasuredLayer(_Model):
+    name: str
+    instructions: Count
+    output_bytes: Count
+
+
+class Measured(_Model):
+    """Instructions counted on a board by ``trickle flash --record`` (total: the median over the test
+    vectors; layers: the first vector, each layer's first tile including what precedes it)."""
+
+    cpu: str
+    """The simulator's MCU profile these counts apply to (e.g. cortex-m4)."""
+    instructions: Count
+    layers: list[MeasuredLayer]
+
+
+class Variant(_Model):
+    """One deployable configuration of the model: a bit-width and a dropout level, in some formats."""
+
+    name: str
+    bits: Literal[2, 4, 8, 32]
+    drop: float = Field(ge=0, lt=1)
+    """Share of channels dropped (structured dropout)."""
+    layers: list[Layer]
+    energy_j: dict[str, Annotated[float, Field(ge=0)]]
+    """One inference per MCU profile, from the shared cost model (empty for float variants)."""
+    accuracy: dict[str, Fraction]
+    """Measured test accuracy per format."""
+    formats: dict[str, FileName]
+    """Format name (onnx, onnx-int8, pte-xnnpack, pte-portable, tflite) → file in the bundle."""
+    measured: dict[str, Measured] | None = None
+    """Board → instructions counted there (``trickle flash --record``)."""
+
+    @property
+    def macs(self) -> int:
+        return sum(layer.macs for layer in self.layers)
+
+
+class TestVectors(_Model):
+    """A few test examples with every variant's expected outputs, so a device can self-test and
+    ``trickle flash`` can check firmware without the training data (see ``edge.vectors``)."""
+
+    __test__ = False  # not a pytest class
+
+    file: FileName
+    count: PositiveInt
+
+
+class Manifest(_Model):
+    """``manifest.json`` of a bundle, schema version 1."""
+
+    schema_version: Literal[1]
+    model: str = Field(min_length=1)
+    """Model name."""
+    task: str = Field(min_length=1)
+    """What it classifies, e.g. fsdd, basic_motions, digits."""
+    labels: list[str] = Field(min_length=1)
+    inputs: list[Tensor] = Field(min_length=1)
+    outputs: list[Tensor] = Field(min_length=1)
+    preprocessing: Preprocessing
+    variants: list[Variant] = Field(min_length=1)
+    files: dict[FileName, Sha256] = Field(min_length=1)
+    """sha256 (hex) of every file of the bundle but manifest.json and its signature."""
+    creator: str
+    """The trickle version that wrote the bundle."""
+    bundle_version: PositiveInt
+    """Monotonic: a device refuses one not newer than what it runs."""
+    test_vectors: TestVectors | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.inputs[0].shape)
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise BundleError(f"variant {name!r}: the bundle has {[v.name for v in self.variants]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def to_json(self) -> bytes:
+        """Canonical JSON (sorted keys, no spaces, UTF-8): the exact bytes the signature covers."""
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: object = "manifest.json") -> Manifest:
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise BundleError(f"{where}: not JSON ({e})") from None
+        return cls.from_dict(doc, where)
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: object = "manifest.json") -> Manifest:
+        if not isinstance(doc, dict):
+            raise BundleError(f"{where}: must be a JSON object")
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as e:
+            err = e.errors()[0]
+            at = "/".join(str(p) for p in err["loc"]) or "(top level)"
+            more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+            raise BundleError(f"{where} fails schema v{SCHEMA_VERSION} at {at}: {err['msg']}{more}") from None
+
+
+def canonical_json(doc: Any) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def json_schema() -> str:
+    """The JSON Schema of ``Manifest``, as committed in ``edge/schemas/``."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": f"trickle/{SCHEMA_FILE.name}",
+              **Manifest.model_json_schema()}
+    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    from edge.files import write_atomic
+
+    write_atomic(SCHEMA_FILE, json_schema())
+    print(f"wrote {SCHEMA_FILE}")

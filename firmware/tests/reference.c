@@ -1,0 +1,122 @@
+#include "reference.h"
+
+#include "check.h"
+
+/* Where tap k of a row sits in the firmware's rows: within each group of four, taps 1 and 2
+ * trade places (the order SXTB16 unpacks). */
+static const uint32_t group_order[4] = {0u, 2u, 1u, 3u};
+
+static uint32_t taps_of(const tn_layer *l) {
+    return (uint32_t)l->kh * l->kw * l->cin;
+}
+
+static uint32_t depth_of(const tn_layer *l) {
+    return (taps_of(l) + 3u) / 4u * 4u;
+}
+
+tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed) {
+    if (l->kind != TN_CONV) {
+        return TN_ERR_MODEL;
+    }
+    const uint32_t n = taps_of(l), depth = depth_of(l);
+    for (uint32_t oc = 0; oc < l->cout; oc++) {
+        for (uint32_t k = 0; k < depth; k++) {
+            const uint32_t slot = k / 4u * 4u + group_order[k % 4u];
+            packed[oc * depth + slot] = k < n ? taps[oc * n + k] : 0;
+        }
+    }
+    return TN_OK;
+}
+
+static int8_t weight_at(const tn_layer *l, uint32_t oc, uint32_t k) {
+    return l->weight[oc * depth_of(l) + k / 4u * 4u + group_order[k % 4u]];
+}
+
+tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
+    const int32_t pad_rows = l->kh > 1 ? l->pad : 0, pad_cols = l->pad;
+    if (l->kind != TN_CONV || l->stride == 0 ||
+        (int32_t)l->hout != ((int32_t)l->hin + 2 * pad_rows - (int32_t)l->kh) / (int32_t)l->stride + 1 ||
+        (int32_t)l->wout != ((int32_t)l->win + 2 * pad_cols - (int32_t)l->kw) / (int32_t)l->stride + 1) {
+        return TN_ERR_MODEL;
+    }
+    for (int32_t oy = 0; oy < (int32_t)l->hout; oy++) {
+        for (int32_t ox = 0; ox < (int32_t)l->wout; ox++) {
+            for (uint32_t oc = 0; oc < l->cout; oc++) {
+                int64_t acc = l->bias[oc];
+                uint32_t k = 0;
+                for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
+                    for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
+                        const int32_t iy = oy * (int32_t)l->stride + ky - pad_rows;
+                        const int32_t ix = ox * (int32_t)l->stride + kx - pad_cols;
+                        for (uint32_t ic = 0; ic < l->cin; ic++, k++) {
+                            if (iy >= 0 && iy < (int32_t)l->hin && ix >= 0 && ix < (int32_t)l->win) {
+                                const int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];
+                                acc += (int64_t)(x + l->in_offset) * weight_at(l, oc, k);
+                            }
+                        }
+                    }
+                }
+                if (acc < INT32_MIN || acc > INT32_MAX) {
+                    return TN_ERR_MODEL; /* the firmware accumulates in int32: such a model is malformed */
+                }
+                int64_t v = (int64_t)gemmlowp_requantize((int32_t)acc, l->multiplier[oc], l->shift[oc]) + l->out_offset;
+                v = v < l->act_min ? l->act_min : v;
+                v = v > l->act_max ? l->act_max : v;
+                out[((uint32_t)oy * l->wout + (uint32_t)ox) * l->cout + oc] = (int8_t)v;
+            }
+        }
+    }
+    return TN_OK;
+}
+
+tn_status ref_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
+    if (l->kind != TN_POOL) {
+        return TN_ERR_MODEL;
+    }
+    for (uint32_t c = 0; c < l->cin; c++) {
+        int64_t sum = 0;
+        for (uint32_t p = 0; p < (uint32_t)l->hin * l->win; p++) {
+            sum += in[p * l->cin + c] + l->in_offset;
+        }
+        out[c] = (int32_t)sum;
+    }
+    return TN_OK;
+}
+
+tn_status ref_dense(const tn_layer *l, const int32_t *in, int32_t *out) {
+    if (l->kind != TN_DENSE) {
+        return TN_ERR_MODEL;
+    }
+    for (uint32_t o = 0; o < l->cout; o++) {
+        int64_t acc = l->bias[o];
+        for (uint32_t i = 0; i < l->cin; i++) {
+            acc += (int64_t)in[i] * l->weight[o * l->cin + i];
+        }
+        if (acc < INT32_MIN || acc > INT32_MAX) {
+            return TN_ERR_MODEL;
+        }
+        out[o] = (int32_t)acc;
+    }
+    return TN_OK;
+}
+
+tn_status ref_forward(const tn_model *m, const int8_t *input, int32_t *logits) {
+    static int8_t act[2][TN_ARENA_BYTES];
+    static int32_t pooled[TN_MAX_CHANNELS];
+    const int8_t *in = input;
+    uint32_t which = 0;
+    tn_status status = TN_OK;
+    for (uint16_t i = 0; i < m->n_layers && status == TN_OK; i++) {
+        const tn_layer *l = &m->layers[i];
+        if (l->kind == TN_CONV) {
+            status = ref_conv(l, in, act[which]);
+            in = act[which];
+            which ^= 1u;
+        } else if (l->kind == TN_POOL) {
+            status = ref_pool(l, in, pooled);
+        } else {
+            status = ref_dense(l, pooled, logits);
+        }
+    }
+    return status;
+}

@@ -1,0 +1,21 @@
+/* Plain reference layers for the unit tests: the layer contract of tn.h written as directly as
+ * possible (one MAC at a time, gemmlowp's requantization in 64-bit arithmetic), sharing no code
+ * with kernels.c, so a kernel agreeing with them is right rather than consistently wrong. */
+#ifndef TN_REFERENCE_H
+#define TN_REFERENCE_H
+
+#include "tn.h"
+
+/* conv: taps in (ky, kx, ic) order, [cout][kh * kw * cin] -> the firmware's rows: depth padded
+ * to a multiple of four with zeros, each group of four stored as w0, w2, w1, w3. `packed` holds
+ * cout * tn_depth(l). TN_ERR_MODEL for a layer that is not a conv. */
+tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed);
+/* The whole conv output [hout][wout][cout]; TN_ERR_MODEL when hout x wout is not what the
+ * geometry (pad on rows only when kh > 1) gives. */
+tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out);
+tn_status ref_pool(const tn_layer *l, const int8_t *in, int32_t *out);
+tn_status ref_dense(const tn_layer *l, const int32_t *in, int32_t *out);
+/* A whole model, layer by layer, into `logits` (n_classes values). */
+tn_status ref_forward(const tn_model *m, const int8_t *input, int32_t *logits);
+
+#endif

@@ -1,0 +1,241 @@
+/* Each kernel of kernels.c against the plain references (reference.c) on seeded random layers:
+ * the fast conv (the host build runs its SXTB16/SMLAD path in C) and the plain conv the
+ * executor uses under TN_REFERENCE_KERNEL, both tile by tile, and the pool, dense and argmax.
+ *
+ * Every buffer a kernel touches ends exactly where a static array ends, so an access past it
+ * lands in ASan's redzone. */
+#include <string.h>
+
+#include "check.h"
+#include "reference.h"
+#include "tn.h"
+
+#define CASES 400
+#define MAX_CIN 6
+#define MAX_COUT 7
+#define MAX_K 5
+#define MAX_HIN 7
+#define MAX_WIN 12
+#define MAX_TAPS (MAX_K * MAX_K * MAX_CIN)
+#define MAX_DEPTH ((MAX_TAPS + 3) / 4 * 4)
+
+static int8_t input_store[MAX_HIN * MAX_WIN * MAX_CIN];
+static int8_t taps[MAX_COUT * MAX_TAPS];
+static int8_t weight_store[MAX_COUT * MAX_DEPTH];
+static int32_t bias[MAX_COUT], multiplier[MAX_COUT], shift[MAX_COUT];
+static int8_t want[MAX_HIN * MAX_WIN * MAX_COUT];
+static int8_t out_store[MAX_HIN * MAX_WIN * MAX_COUT];
+static int16_t column_store[TN_TILE_POSITIONS * MAX_DEPTH];
+
+typedef void (*conv_tile_fn)(const tn_layer *, const int8_t *, int8_t *, uint32_t, int16_t *);
+
+/* A random conv layer: 1-D (one row, kh = 1, padding on columns only, as export.cgen writes
+ * conv1d) or 2-D, padding at most half the kernel as PyTorch allows. */
+static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weight) {
+    memset(l, 0, sizeof *l);
+    const int two_d = check_range(rng, 0, 1) == 1;
+    l->kind = TN_CONV;
+    l->cin = (uint16_t)check_range(rng, 1, MAX_CIN);
+    l->cout = (uint16_t)check_range(rng, 1, MAX_COUT);
+    l->kh = (uint8_t)(two_d ? check_range(rng, 2, MAX_K) : 1);
+    l->kw = (uint8_t)check_range(rng, 1, MAX_K);
+    l->stride = (uint8_t)check_range(rng, 1, 3);
+    l->pad = (uint8_t)check_range(rng, 0, (two_d && l->kh < l->kw ? l->kh : l->kw) / 2);
+    const int32_t pad_rows = two_d ? l->pad : 0;
+    l->hin = (uint16_t)(two_d ? check_range(rng, l->kh - 2 * pad_rows > 1 ? l->kh - 2 * pad_rows : 1, MAX_HIN) : 1);
+    l->win = (uint16_t)check_range(rng, l->kw - 2 * l->pad > 1 ? l->kw - 2 * l->pad : 1, MAX_WIN);
+    l->hout = (uint16_t)((l->hin + 2 * pad_rows - l->kh) / l->stride + 1);
+    l->wout = (uint16_t)((l->win + 2 * l->pad - l->kw) / l->stride + 1);
+    l->in_offset = check_range(rng, -127, 128); /* minus an int8 zero point */
+    l->out_offset = check_range(rng, -128, 127);
+    const int relu = check_range(rng, 0, 1) == 1;
+    l->act_min = relu ? l->out_offset : -128;
+    l->act_max = 127;
+    const uint32_t n_taps = (uint32_t)l->kh * l->kw * l->cin, depth = tn_depth(l);
+    CHECK_EQ(depth, (n_taps + 3u) / 4u * 4u);
+    for (uint32_t i = 0; i < l->cout * n_taps; i++) {
+        taps[i] = (int8_t)check_range(rng, -128, 127);
+    }
+    for (uint32_t oc = 0; oc < l->cout; oc++) {
+        bias[oc] = check_range(rng, -20000, 20000);
+        multiplier[oc] = check_range(rng, 1 << 30, INT32_MAX);
+        shift[oc] = check_range(rng, 2, 11); /* outputs spread over int8, some saturate */
+    }
+    l->bias = bias;
+    l->multiplier = multiplier;
+    l->shift = shift;
+    int8_t *w = weight_store + sizeof weight_store - l->cout * depth;
+    l->weight = w;
+    CHECK_EQ(ref_pack_conv(l, taps, w), TN_OK);
+    *weight = w;
+    return CHECK_OK;
+}
+
+/* Every tile of `tile_fn` over the whole layer equals the reference output; a tile writes only
+ * its own positions, and writing it again changes nothing (the executor's idempotence). */
+static check_status conv_matches(const char *name, conv_tile_fn tile_fn, const tn_layer *l, const int8_t *in,
+                                 unsigned layer_case) {
+    const uint32_t plane = (uint32_t)l->hout * l->wout, tiles = (plane + TN_TILE_POSITIONS - 1u) / TN_TILE_POSITIONS;
+    const uint32_t n_out = plane * l->cout;
+    int8_t *out = out_store + sizeof out_store - n_out;
+    int16_t *column = column_store + sizeof column_store / sizeof column_store[0] - TN_TILE_POSITIONS * tn_depth(l);
+    memset(out, 0x5A, n_out);
+    for (uint32_t t = 0; t < tiles; t++) {
+        memset(column, 0xA5, sizeof(int16_t) * TN_TILE_POSITIONS * tn_depth(l)); /* scratch is garbage after a cut */
+        tile_fn(l, in, out, t, column);
+        for (uint32_t i = 0; i < n_out; i++) {
+            const uint32_t pos = i / l->cout;
+            const int written = pos < (t + 1u) * TN_TILE_POSITIONS;
+            CHECK_MSG(out[i] == (written ? want[i] : 0x5A), "%s, case %u, tile %lu: byte %lu = %d, want %d", name,
+                      layer_case, (unsigned long)t, (unsigned long)i, out[i], written ? want[i] : 0x5A);
+        }
+    }
+    for (uint32_t t = tiles; t-- > 0u;) { /* redone in any order over finished outputs */
+        tile_fn(l, in, out, t, column);
+    }
+    CHECK_MSG(memcmp(out, want, n_out) == 0, "%s, case %u: a redone tile changed the output", name, layer_case);
+    return CHECK_OK;
+}
+
+static check_status test_conv_tiles_match_reference(void) {
+    check_rng rng = {12345u};
+    unsigned lone = 0, padded = 0, one_d = 0, odd_cout = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        const int8_t *weight;
+        if (random_conv(&rng, &l, &weight) != CHECK_OK) {
+            return CHECK_FAIL;
+        }
+        const uint32_t n_in = (uint32_t)l.hin * l.win * l.cin;
+        int8_t *in = input_store + sizeof input_store - n_in;
+        for (uint32_t i = 0; i < n_in; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        CHECK_MSG(ref_conv(&l, in, want) == TN_OK, "case %u: reference rejected the layer", c);
+        if (conv_matches("tn_conv_tile", tn_conv_tile, &l, in, c) != CHECK_OK ||
+            conv_matches("tn_conv_tile_reference", tn_conv_tile_reference, &l, in, c) != CHECK_OK) {
+            return CHECK_FAIL;
+        }
+        lone += ((uint32_t)l.hout * l.wout) % 2u;
+        padded += l.pad > 0 ? 1u : 0u;
+        one_d += l.kh == 1 ? 1u : 0u;
+        odd_cout += l.cout % 2u;
+    }
+    /* the seeded cases do reach the paths a lone last position, padding, conv1d and an odd
+     * channel count take */
+    CHECK(lone > 20u && padded > 20u && one_d > 20u && one_d < CASES - 20u && odd_cout > 20u);
+    return CHECK_OK;
+}
+
+/* Hand-computed: a 1-D conv, one channel, kernel 3, pad 1, stride 1, multiplier 0.5 and no
+ * shift, so each output is half the window sum (half up), plus the zero point, clamped. */
+static check_status test_conv_known_values(void) {
+    static const int8_t in[4] = {10, 20, 30, 41};
+    static int8_t w[4];
+    static const int8_t taps3[3] = {1, 1, 1};
+    static const int32_t b[1] = {0}, m[1] = {1 << 30}, s[1] = {0};
+    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 1, -128, 127, w, b, m, s};
+    CHECK_EQ(ref_pack_conv(&l, taps3, w), TN_OK);
+    static const int8_t expect[4] = {16, 31, 47, 37}; /* (30 / 2 = 15, 60 / 2, 91 / 2 = 45.5 -> 46, 71 / 2 -> 36) + 1 */
+    int8_t out[4];
+    int16_t column[TN_TILE_POSITIONS * 4];
+    for (uint32_t t = 0; t < 2u; t++) {
+        tn_conv_tile(&l, in, out, t, column);
+    }
+    CHECK(memcmp(out, expect, sizeof expect) == 0);
+    memset(out, 0, sizeof out);
+    for (uint32_t t = 0; t < 2u; t++) {
+        tn_conv_tile_reference(&l, in, out, t, column);
+    }
+    CHECK(memcmp(out, expect, sizeof expect) == 0);
+    return CHECK_OK;
+}
+
+static check_status test_pool_matches_reference(void) {
+    static int8_t in_store[MAX_HIN * MAX_WIN * TN_MAX_CHANNELS];
+    static int32_t got[TN_MAX_CHANNELS], expect[TN_MAX_CHANNELS];
+    check_rng rng = {777u};
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = TN_POOL;
+        l.cin = l.cout = (uint16_t)check_range(&rng, 1, TN_MAX_CHANNELS);
+        l.hin = (uint16_t)check_range(&rng, 1, MAX_HIN);
+        l.win = (uint16_t)check_range(&rng, 1, MAX_WIN);
+        l.hout = l.wout = 1;
+        l.in_offset = check_range(&rng, -127, 128);
+        const uint32_t n = (uint32_t)l.hin * l.win * l.cin;
+        int8_t *in = in_store + sizeof in_store - n;
+        for (uint32_t i = 0; i < n; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        CHECK_EQ(ref_pool(&l, in, expect), TN_OK);
+        tn_pool(&l, in, got);
+        CHECK_MSG(memcmp(got, expect, sizeof(int32_t) * l.cin) == 0, "case %u", c);
+    }
+    return CHECK_OK;
+}
+
+static check_status test_dense_matches_reference(void) {
+    static int8_t w_store[TN_MAX_CLASSES * TN_MAX_CHANNELS];
+    static int32_t in[TN_MAX_CHANNELS], b[TN_MAX_CLASSES], got[TN_MAX_CLASSES], expect[TN_MAX_CLASSES];
+    check_rng rng = {4242u};
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = TN_DENSE;
+        l.cin = (uint16_t)check_range(&rng, 1, TN_MAX_CHANNELS);
+        l.cout = (uint16_t)check_range(&rng, 1, TN_MAX_CLASSES);
+        l.hin = l.win = l.hout = l.wout = 1;
+        int8_t *w = w_store + sizeof w_store - (uint32_t)l.cout * l.cin;
+        for (uint32_t i = 0; i < (uint32_t)l.cout * l.cin; i++) {
+            w[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        for (uint32_t i = 0; i < l.cin; i++) {
+            in[i] = check_range(&rng, -30000, 30000); /* a pool's sums: up to positions x 255 */
+        }
+        for (uint32_t o = 0; o < l.cout; o++) {
+            b[o] = check_range(&rng, -100000, 100000);
+        }
+        l.weight = w;
+        l.bias = b;
+        CHECK_EQ(ref_dense(&l, in, expect), TN_OK);
+        tn_dense(&l, in, got);
+        CHECK_MSG(memcmp(got, expect, sizeof(int32_t) * l.cout) == 0, "case %u", c);
+    }
+    return CHECK_OK;
+}
+
+static check_status test_argmax(void) {
+    static const int32_t one[1] = {-5};
+    static const int32_t ties[4] = {3, 7, 7, -1};  /* the first of equal maxima */
+    static const int32_t last[3] = {INT32_MIN, INT32_MIN + 1, INT32_MAX};
+    static const int32_t negative[3] = {-9, -2, -3};
+    CHECK_EQ(tn_argmax(one, 1), 0);
+    CHECK_EQ(tn_argmax(ties, 4), 1);
+    CHECK_EQ(tn_argmax(last, 3), 2);
+    CHECK_EQ(tn_argmax(negative, 3), 1);
+    check_rng rng = {99u};
+    for (unsigned c = 0; c < CASES; c++) {
+        int32_t v[TN_MAX_CLASSES];
+        const uint16_t n = (uint16_t)check_range(&rng, 1, TN_MAX_CLASSES);
+        uint16_t best = 0;
+        for (uint16_t i = 0; i < n; i++) {
+            v[i] = check_range(&rng, -8, 8); /* a narrow range, so ties are common */
+            best = v[i] > v[best] ? i : best;
+        }
+        CHECK_MSG(tn_argmax(v, n) == best, "case %u", c);
+    }
+    return CHECK_OK;
+}
+
+int main(void) {
+    int failures = 0;
+    RUN(failures, test_conv_known_values);
+    RUN(failures, test_conv_tiles_match_reference);
+    RUN(failures, test_pool_matches_reference);
+    RUN(failures, test_dense_matches_reference);
+    RUN(failures, test_argmax);
+    printf("test_kernels: %d failed\n", failures);
+    return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,72 @@
+"""The fleet summary: totals over nodes and the rates a reader looks for first.
+
+``simulate`` stores ``summarize(result)`` as ``result.summary``; ``simulator.report`` writes it
+to results.json and report.md, and the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simulator.workload import InferenceModel
+
+if TYPE_CHECKING:  # simulator.fleet imports this module to fill in SimulationResult.summary
+    from simulator.fleet import NodeResult, SimulationResult
+
+PACKET_OUTCOMES = ("delivered", "delivered_in_time", "collided", "lost", "below_sensitivity")
+
+# rng stream of the test sample each sensing event observes (simulator.fleet's per-node draws use 1 and 2)
+_SAMPLE_STREAM = 3
+
+
+def summarize(result: SimulationResult) -> dict[str, float | int]:
+    """Fleet totals and the rates a reader looks for first."""
+    sc = result.scenario
+    totals: dict[str, float] = {}
+    for r in result.nodes:
+        for k, v in asdict(r.stats).items():
+            if k not in ("v_initial_v", "v_final_v"):
+                totals[k] = totals.get(k, 0) + v
+    n, duration = len(result.nodes), sc.run.duration_s
+    done = totals["completed"] + totals["missed"]
+    summary: dict[str, float | int] = {"nodes": n, "duration_s": duration, **totals}
+    summary["availability"] = totals["on_time_s"] / (n * duration)
+    summary["completed_fraction"] = totals["completed"] / totals["released"] if totals["released"] else 0.0
+    summary["inferences_per_node_hour"] = done / n / (duration / 3600.0)
+    summary["load_energy_per_result_j"] = totals["load_j"] / done if done else math.nan
+    summary["mean_latency_s"] = totals["latency_sum_s"] / done if done else math.nan
+    res = result.resolution
+    for k in PACKET_OUTCOMES:
+        summary[f"packets_{k}"] = int(getattr(res, k).sum())
+    if result.model is not None:
+        summary.update(_accuracy_summary(result, result.model))
+    return summary
+
+
+def sample_indices(seed: int, node: NodeResult, n_test: int) -> np.ndarray:
+    """The test sample each sensing event of ``node`` observes (index by event number)."""
+    rng = np.random.default_rng([seed, node.node_id, _SAMPLE_STREAM])
+    return rng.integers(0, n_test, size=max(node.stats.released, 1))
+
+
+def _accuracy_summary(result: SimulationResult, model: InferenceModel) -> dict[str, float | int]:
+    """Accuracy within deadline: a sensing event counts as right only if its result came in time and
+    was correct; events lost, dropped, late or unfinished count as wrong."""
+    seed = result.scenario.run.seed
+    right, released = 0, 0
+    usage = np.zeros(len(model.variants), dtype=np.int64)
+    for r in result.nodes:
+        released += r.stats.released
+        log = r.task_log if r.task_log is not None else np.zeros((0, 3), dtype=np.int64)
+        samples = sample_indices(seed, r, model.n_test)
+        for event, variant, in_time in log:
+            usage[variant] += 1
+            right += int(in_time and model.variants[variant].correct[samples[event]])
+    out: dict[str, float | int] = {"accuracy_within_deadline": right / released if released else 0.0}
+    for i, v in enumerate(model.variants):
+        out[f"variant_{v.bits}b_d{v.drop:g}_tasks"] = int(usage[i])
+    return out

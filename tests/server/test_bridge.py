@@ -1,0 +1,57 @@
+"""The bridge's commit: a locked disk is tried again, bounded and logged; a bug surfaces at once."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from tenacity import stop_after_attempt
+
+from server.bridge import Bridge
+from server.store import Incoming, Store
+
+
+class FlakyStore(Store):
+    def __init__(self, path: Path, failures: list[BaseException]) -> None:
+        super().__init__(path)
+        self.failures = failures
+        self.calls = 0
+
+    def add_messages(self, batch: list[Incoming]) -> int:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return super().add_messages(batch)
+
+
+def _batch(n: int) -> list[tuple[Incoming, int, int]]:
+    return [(Incoming(f"d:telemetry:{i}", "d", "telemetry", 1.0, 1.0, "{}"), i + 1, 1) for i in range(n)]
+
+
+def test_a_locked_database_is_tried_again_then_stored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = FlakyStore(tmp_path / "db.sqlite", [sqlite3.OperationalError("database is locked")] * 2)
+    bridge = Bridge(store, "mqtt://127.0.0.1:1", "token")
+    bridge._commit(_batch(3))
+    assert store.calls == 3 and len(store.messages("d", "telemetry")) == 3
+    assert "Retrying" in caplog.text  # each retry is logged
+
+
+def test_retries_are_bounded_and_leave_the_batch_unacknowledged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    store = FlakyStore(tmp_path / "db.sqlite", [OSError("disk full")] * 1000)
+    bridge = Bridge(store, "mqtt://127.0.0.1:1", "token")
+    monkeypatch.setattr(Bridge._store.retry, "stop", stop_after_attempt(3))  # type: ignore[attr-defined]  # not 30 s
+    acked: list[int] = []
+    monkeypatch.setattr(bridge._client, "ack", lambda mid, qos: acked.append(mid))
+    bridge._commit(_batch(2))
+    assert store.calls == 3 and acked == [] and not bridge._unacked
+    assert "left unacknowledged for redelivery" in caplog.text
+
+
+def test_a_programming_error_is_not_retried(tmp_path: Path) -> None:
+    store = FlakyStore(tmp_path / "db.sqlite", [TypeError("a bug")])
+    bridge = Bridge(store, "mqtt://127.0.0.1:1", "token")
+    with pytest.raises(TypeError, match="a bug"):
+        bridge._commit(_batch(1))
+    assert store.calls == 1
