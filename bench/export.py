@@ -35,12 +35,12 @@ import torch
 
 from edge.backends import FORMAT_BACKEND, load_backend, quiet
 from edge.bundle import read_bundle
+from edge.files import write_atomic
 from edge.tables import console_table
 from export.bundle import export_bundle
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.datasets import DatasetError, load
 from models.nexume import TrainConfig, train
-from edge.files import write_atomic
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent

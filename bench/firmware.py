@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.bundle import read_bundle
+from edge.files import write_atomic
 from edge.tables import console_table
 from export.bundle import export_bundle
 from export.cgen import generate
@@ -49,7 +50,6 @@ from export.intmodel import PoolLayer
 from models.checkpoint import save_checkpoint
 from models.datasets import load
 from models.nexume import TrainConfig, train
-from edge.files import write_atomic
 
 RESULTS = Path(__file__).parent / "results"
 GOALS = {

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from edge.files import write_atomic
 from edge.tables import markdown_table
 from models.datasets import DATASETS, Dataset, load
 from models.evaluate import inference_model
@@ -34,7 +35,6 @@ from models.switchable import SwitchableNet
 from simulator.config import Scenario, load_scenario, scenario_path
 from simulator.data import data_root
 from simulator.fleet import simulate
-from edge.files import write_atomic
 from simulator.workload import InferenceModel
 
 REPO = Path(__file__).resolve().parent.parent

@@ -121,11 +121,12 @@ def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKe
     return Bundle(manifest, members, signer)
 
 
-def read_trusted(path: str | os.PathLike[str], trust: Sequence[str | os.PathLike[str]] = (),
+def read_trusted(path: str | os.PathLike[str], trust: Sequence[str | os.PathLike[str] | Ed25519PublicKey] = (),
                  newer_than: int | None = None) -> Bundle:
-    """``read_bundle`` as every command takes it: with trusted public key files given (``--trust``),
-    the bundle must be signed by one of them; without, the signature is not checked."""
-    keys = [load_public_key(Path(k)) for k in trust]
+    """``read_bundle`` as every command takes it: with trusted public keys given (key files, as
+    ``--trust`` names them, or loaded keys), the bundle must be signed by one of them; without,
+    the signature is not checked."""
+    keys = [k if isinstance(k, Ed25519PublicKey) else load_public_key(Path(k)) for k in trust]
     return read_bundle(path, keys or None, require_signature=bool(keys), newer_than=newer_than)
 
 

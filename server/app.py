@@ -24,7 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import generate_latest
 from pydantic import BaseModel, Field
 
-from edge.bundle import BundleError, read_bundle
+from edge.bundle import BundleError, read_trusted
 from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand
 from server.bridge import Bridge, Metrics
 from server.store import Device, Store, StoreError
@@ -149,7 +149,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             try:
-                bundle = read_bundle(tmp, state.trusted_keys or None, require_signature=bool(state.trusted_keys))
+                bundle = read_trusted(tmp, state.trusted_keys)
             except BundleError as err:
                 log.warning("refused a bundle upload: %s", err)
                 raise HTTPException(400, str(err).replace(str(tmp), "upload")) from None

@@ -118,7 +118,7 @@ def test_the_dataset_and_method_choices_match_the_models() -> None:
 
     from models import cli, datasets, nexume
 
-    assert cli.DATASETS == datasets.DATASETS and cli.METHODS == get_args(nexume.Method)
+    assert cli.DATASETS == datasets.DATASETS and get_args(nexume.Method) == cli.METHODS
 
 
 def test_simulator_never_imports_torch() -> None:

@@ -20,7 +20,6 @@ from edge.bundle import (
     read_bundle,
     tar_bytes,
     write_bundle,
-
 )
 
 MANIFEST_CORE = {

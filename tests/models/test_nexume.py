@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from edge.errors import ConfigError
 from models.datasets import load
 from models.nexume import EnergySampler, TrainConfig, bits_for, dropout_for, train, variant_energy_j
 from models.switchable import SwitchableNet, arch_for, kept_channels
@@ -110,9 +111,9 @@ def test_energy_sampler_from_a_simulated_node() -> None:
 
 
 def test_config_errors_name_the_field() -> None:
-    with pytest.raises(ValueError, match="mcu = 'z80'"):
+    with pytest.raises(ConfigError, match="mcu = 'z80'"):
         TrainConfig(mcu="z80")
-    with pytest.raises(ValueError, match="q_min = 8: must be <= q_max"):
+    with pytest.raises(ConfigError, match="q_min = 8: must be <= q_max"):
         TrainConfig(q_min=8, q_max=4)
 
 

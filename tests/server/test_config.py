@@ -67,7 +67,8 @@ def test_trickle_serve_refuses_a_bad_config_before_starting(tmp_path: Path, argv
 
 
 def test_trickle_edge_run_refuses_a_missing_token_file_and_a_negative_period(tmp_path: Path) -> None:
-    from edge.cli import add_arguments, run
+    from edge.cli import add_edge_arguments as add_arguments
+    from edge.cli import run_edge as run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
