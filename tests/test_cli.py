@@ -165,7 +165,7 @@ def test_keygen_then_export_a_signed_bundle(tmp_path: Path) -> None:
     from edge.bundle import load_public_key, read_bundle
 
     bundle = read_bundle(tmp_path / "b.tar", [load_public_key(keys / "signing.pub")])
-    assert sorted(bundle.files) == ["fp32-d00.onnx", "int8-d00.onnx"]
+    assert sorted(bundle.files) == ["fp32-d00.onnx", "int8-d00.onnx", "test_vectors.npz"]
     bad = trickle("export", str(ckpt / "checkpoint.pt"), "--out", str(tmp_path / "c"), "--formats", "pte,coreml")
     assert bad.returncode == 1
     assert bad.stderr.strip() == "trickle export: error: --formats = 'pte,coreml': must be among onnx,onnx-int8,pte,tflite"
