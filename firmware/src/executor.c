@@ -68,8 +68,10 @@ tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t 
 }
 
 #ifdef TN_NO_PROGRESS
-/* The same kernels in straight loops, no progress kept: the intermittency overhead's baseline.
- * A power failure restarts the inference from the beginning. */
+/* The same kernels in straight loops, no progress kept: the intermittency overhead's baseline,
+ * for uninterrupted runs only. It is not power-failure safe: the second conv overwrites the
+ * input's buffer, so after a cut the caller must tn_start again (copy the input in) before
+ * tn_resume, or the logits are wrong (firmware/tests/test_executor.c skips cuts in this build). */
 tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
