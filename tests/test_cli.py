@@ -121,6 +121,13 @@ def test_the_dataset_and_method_choices_match_the_models() -> None:
     assert cli.DATASETS == datasets.DATASETS and get_args(nexume.Method) == cli.METHODS
 
 
+def test_flash_needs_neither_the_training_data_nor_torch() -> None:
+    # trickle flash compiles the bundle's own test vectors in: nothing from models/ or torch is loaded
+    code = ("import sys, export.cli, export.flash, export.cgen, edge.runtime; "
+            "assert not {'torch', 'models.datasets', 'sklearn', 'sktime'} & set(sys.modules), sorted(sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
 def test_simulator_never_imports_torch() -> None:
     code = "import sys, simulator.fleet, simulator.report, simulator.cli; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
