@@ -36,3 +36,4 @@ bench: $(PY)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info
+	$(MAKE) -C firmware clean

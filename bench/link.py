@@ -40,6 +40,7 @@ from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 from edge.errors import LinkError
 from edge.files import write_atomic
 from edge.protocol import Message, Telemetry, encode, topic
+from edge.tables import console_table
 from server.service import free_port
 
 RESULTS = Path(__file__).parent / "results"
@@ -222,10 +223,9 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
         "ratio_vs_raw_mosquitto": main_run["messages_per_second_stored"] / raw,
         "runs": runs, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
     }
-    print(f"\n{'broker':10s} {'stored/s':>9s} {'p50 s':>8s} {'p99 s':>8s} {'lost':>5s} {'dup':>4s}")
-    for r in runs:
-        print(f"{r['broker']:10s} {r['messages_per_second_stored']:9.0f} {r['p50_latency_s']:8.4f} {r['p99_latency_s']:8.4f} "
-              f"{r['lost']:5d} {r['duplicated']:4d}")
+    rows = [(r["broker"], f"{r['messages_per_second_stored']:.0f}", f"{r['p50_latency_s']:.4f}", f"{r['p99_latency_s']:.4f}",
+             r["lost"], r["duplicated"]) for r in runs]
+    print("\n" + console_table(rows, headers=["broker", "stored/s", "p50 s", "p99 s", "lost", "dup"], align="lrrrrr"))
     print(f"raw Mosquitto (no server): {raw:.0f} msg/s; stored / raw = {out['ratio_vs_raw_mosquitto']:.3f}")
     for key, (op, goal) in GOALS.items():
         ok = out[key] <= goal if op == "<=" else out[key] >= goal

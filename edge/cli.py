@@ -1,6 +1,7 @@
 """``trickle edge`` (``infer``: one-off inference; ``run``: the device agent) and ``trickle keygen``.
 
-Light at import (no numpy, onnxruntime, paho or httpx until a verb runs), so ``--help`` is instant.
+Light at import (onnxruntime, paho, httpx and the bundle code load only when a verb runs), so
+``--help`` answers at once.
 """
 
 from __future__ import annotations

@@ -108,9 +108,6 @@ def one_line_error(e: ValidationError, source: str, tags: frozenset[str] = froze
     (``harvester.rf.distance_m``) though a user never writes them there.
     """
     err = e.errors()[0]
-    cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, ConfigError):
-        return cause
     loc = [str(p) for i, p in enumerate(err["loc"]) if not (i > 0 and str(p) in tags)]
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     if err["type"] == "union_tag_invalid":  # an unknown kind of a tagged union

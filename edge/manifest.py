@@ -157,11 +157,10 @@ class Variant(_Model):
         return sum(layer.macs for layer in self.layers)
 
 
-class TestVectors(_Model):
-    """A few test examples with every variant's expected outputs, so a device can self-test and
-    ``trickle flash`` can check firmware without the training data (see ``edge.vectors``)."""
-
-    __test__ = False  # not a pytest class
+class TestVectorsInfo(_Model):
+    """Where the bundle keeps a few test examples with every variant's expected outputs, so a
+    device can self-test and ``trickle flash`` can check firmware without the training data
+    (the file's format: ``edge.vectors``)."""
 
     file: FileName
     count: PositiveInt
@@ -186,17 +185,11 @@ class Manifest(_Model):
     """The trickle version that wrote the bundle."""
     bundle_version: PositiveInt
     """Monotonic: a device refuses one not newer than what it runs."""
-    test_vectors: TestVectors | None = None
+    test_vectors: TestVectorsInfo | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.inputs[0].shape)
-
-    def variant(self, name: str) -> Variant:
-        for v in self.variants:
-            if v.name == name:
-                return v
-        raise BundleError(f"variant {name!r}: the bundle has {[v.name for v in self.variants]}")
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -23,9 +23,9 @@ import torch
 from edge.backends import Backend, load_backend, quiet
 from edge.bundle import load_private_key, pack, write_bundle
 from edge.errors import ExportError
-from edge.manifest import SCHEMA_VERSION, Layer, Preprocessing, Tensor, TestVectors, Variant
+from edge.manifest import SCHEMA_VERSION, Layer, Preprocessing, Tensor, TestVectorsInfo, Variant
 from edge.vectors import FILE as VECTORS_FILE
-from edge.vectors import TestVectors as VectorData
+from edge.vectors import TestVectors
 from export.formats import FILE_FORMATS, FLOAT_FORMATS, FORMATS, TEST_VECTORS
 from models.checkpoint import load_checkpoint
 from models.datasets import Dataset, load
@@ -207,19 +207,16 @@ def manifest(payload: dict[str, Any], model: SwitchableNet, data: Dataset, varia
         "outputs": [Tensor(name="logits", shape=[1, len(payload["labels"])], dtype="float32")],
         "preprocessing": Preprocessing.model_validate(payload["preprocessing"]),
         "variants": entries, "creator": creator, "bundle_version": bundle_version,
-        "test_vectors": TestVectors(file=VECTORS_FILE, count=vectors),
+        "test_vectors": TestVectorsInfo(file=VECTORS_FILE, count=vectors),
     }
 
 
-def test_vectors(data: Dataset, variants: list[VariantFiles], count: int) -> VectorData:
+def collect_test_vectors(data: Dataset, variants: list[VariantFiles], count: int) -> TestVectors:
     """The first ``count`` test examples, stratified by nothing but order (the test split is already
     shuffled or split by speaker), with every variant's outputs from its own runtime."""
     n = min(count, len(data.y_test))
     raw = data.raw_test[:n] if data.raw_test is not None else None
-    return VectorData(data.x_test[:n], data.y_test[:n], {v.name: v.logits[:n] for v in variants}, raw)
-
-
-test_vectors.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+    return TestVectors(data.x_test[:n], data.y_test[:n], {v.name: v.logits[:n] for v in variants}, raw)
 
 
 def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS, key: Path | None = None,
@@ -252,7 +249,7 @@ def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS,
             if progress:
                 progress(f"{name} {fmt}")
         variants.append(VariantFiles(name, bits, drop, files, accuracy, outputs[0]))
-    vector_data = test_vectors(data, variants, vectors)
+    vector_data = collect_test_vectors(data, variants, vectors)
     doc = manifest(payload, model, data, variants, bundle_version, f"trickle {__version__}", len(vector_data))
     files_out = {file: blob for v in variants for file, blob in v.files.values()}
     files_out[VECTORS_FILE] = vector_data.to_bytes()

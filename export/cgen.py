@@ -32,7 +32,7 @@ def bundle_inputs(bundle: Bundle) -> np.ndarray:
     info = bundle.manifest.test_vectors
     if info is None:
         raise IntModelError("the bundle carries no test vectors (it predates them): export it again, "
-                            "or pass the inputs to compile in")
+                            "or give model inputs to compile in (trickle flash --inputs X.npy)")
     return TestVectors.from_bytes(bundle.file(info.file), info.file).features
 
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edge.errors import ConfigError
+from edge.errors import ConfigError, DataError
 from export.formats import BOARDS, FORMATS, TEST_VECTORS
 
 
@@ -76,6 +76,9 @@ def add_flash_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", choices=BOARDS, default="mps2-an386", help="target (default mps2-an386)")
     p.add_argument("--out", type=Path, default=Path("build/flash"), help="build folder (default build/flash)")
     p.add_argument("--vectors", type=int, metavar="N", help="run only the first N of the bundle's test vectors")
+    p.add_argument("--inputs", type=Path, metavar="X.npy",
+                   help="model inputs (N, *input shape) to use as test vectors instead of the bundle's own "
+                        "(for a bundle exported before bundles carried them)")
     p.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
                    help="trusted public key file; with one, the bundle must be signed by it (repeatable)")
     p.add_argument("--record", type=Path, metavar="OUT",
@@ -114,13 +117,26 @@ def run_flash(args: argparse.Namespace) -> int:
 
     bundle = read_trusted(args.bundle, args.trust)
     private = load_private_key(args.key) if args.key is not None else None
-    report = flash(bundle, args.board, args.out, args.vectors, profile=args.record is not None)
+    x_test = _inputs(args.inputs, bundle.manifest.input_shape) if args.inputs is not None else None
+    report = flash(bundle, args.board, args.out, args.vectors, profile=args.record is not None, x_test=x_test)
     recorded = record(bundle, report, args.record, private) if args.record is not None and report["mismatches"] == 0 else None
     if args.json:
         print(json.dumps(_flash_json(report, recorded), default=lambda o: o.item() if hasattr(o, "item") else str(o)))
     else:
         _print_flash(bundle.manifest.model, args.board, report, recorded)
     return 0 if report["mismatches"] == 0 else 1
+
+
+def _inputs(path: Path, shape: tuple[int, ...]) -> Any:
+    import numpy as np
+
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise DataError(f"--inputs {path}: not a readable .npy file ({e})") from None
+    if x.ndim != len(shape) or tuple(x.shape[1:]) != shape[1:]:
+        raise DataError(f"--inputs {path}: shape {x.shape}, the model takes (N, {', '.join(map(str, shape[1:]))})")
+    return x.astype(np.float32)
 
 
 def _flash_json(report: dict[str, Any], recorded: Path | None) -> dict[str, Any]:

@@ -127,11 +127,17 @@ def code_size(elf: Path) -> dict[str, int]:
 
 
 def symbol(elf: Path, name: str) -> int:
-    proc = _run([_tool("arm-none-eabi-nm", "binutils-arm-none-eabi"), str(elf)], "nm")
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[2] == name:
-            return int(parts[0], 16)
+    """The address of a symbol of the ELF (read with pyelftools, as code_size is)."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    with open(elf, "rb") as fh:
+        for section in ELFFile(fh).iter_sections():
+            if isinstance(section, SymbolTableSection):
+                for sym in section.get_symbol_by_name(name) or []:
+                    # a Thumb function's value has bit 0 set (the interworking bit); the address
+                    # its first instruction sits at, which the plugin matches, is without it
+                    return int(sym["st_value"]) & ~1 if sym["st_info"]["type"] == "STT_FUNC" else int(sym["st_value"])
     raise FlashError(f"{elf}: no symbol {name}")
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from edge.errors import DataError
 from edge.files import data_root as shared_data_root
 from edge.files import write_atomic
-from edge.preprocess import mfcc, read_wav, standardize
+from edge.preprocess import PreprocessError, mfcc, read_wav, standardize
 from edge.vectors import npz_bytes
 
 DATASETS = ("fsdd", "basic_motions", "digits")
@@ -104,7 +104,7 @@ def fsdd_features(waveform: np.ndarray) -> np.ndarray:
 def _read_wav(path: Path) -> np.ndarray:
     try:
         return read_wav(path, FSDD_SAMPLE_RATE_HZ)
-    except ValueError as e:
+    except PreprocessError as e:
         raise DatasetError(f"fsdd: {e}") from None
 
 

@@ -117,8 +117,9 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     @app.get(ROUTES["health"])
     def health() -> dict[str, Any]:
         connected = state.bridge.connected.is_set() if state.bridge else False
-        return {"status": "ok", "broker_connected": connected, "mqtt": state.broker_url,
-                "messages": state.store.message_counts()}
+        failure = state.bridge.failure if state.bridge else None
+        return {"status": "ok" if failure is None else "failing", "broker_connected": connected, "mqtt": state.broker_url,
+                "messages": state.store.message_counts(), **({"failure": failure} if failure else {})}
 
     @app.get(ROUTES["metrics"], response_class=PlainTextResponse)
     def metrics() -> Response:

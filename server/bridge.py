@@ -97,6 +97,7 @@ class Bridge:
         self._client.on_message = self._on_message
         self._writer = threading.Thread(target=self._write_loop, name="trickle-bridge-writer", daemon=True)
         self.connected = threading.Event()
+        self.failure: str | None = None  # why the writer stopped (a bug), reported at /healthz
         self._received = {kind: self.metrics.received.labels(kind) for kind in DEVICE_KINDS}  # children, looked up once
         self.on_connected: list[Callable[[], None]] = []  # called (in paho's thread) after every (re)connect
         self._last_received = time.monotonic()
@@ -164,6 +165,13 @@ class Bridge:
         self._queue.put((_incoming(where.kind, message, payload, received_s), msg.mid, msg.qos))
 
     def _write_loop(self) -> None:
+        try:
+            self._write_batches()
+        except Exception as err:  # a bug: stop storing, say so loudly and at /healthz, never spin
+            self.failure = f"{type(err).__name__}: {err}"
+            log.exception("the bridge's writer stopped; nothing more is stored until the server restarts")
+
+    def _write_batches(self) -> None:
         """Block for a message, then take whatever else is waiting: batches grow with the load,
         and a lone message is stored at once (brokers cap unacknowledged messages in flight).
         Acks to devices are gathered for up to ``ack_every_s`` so a device gets one ack for many
@@ -200,15 +208,17 @@ class Bridge:
 
     def _commit(self, batch: list[tuple[Incoming, int, int]]) -> None:
         """Store a batch, then acknowledge its messages to the broker. If the disk stays locked or
-        full, the batch is logged and left unacknowledged: the broker delivers it again when the
-        bridge reconnects, and each device publishes again what the server never acknowledged
-        (its outbox keeps it). Any other error is a bug and propagates."""
+        full, the batch is logged and left unacknowledged, and the bridge reconnects: its session
+        is persistent, so the broker delivers every unacknowledged message again (devices also
+        keep them in their outboxes until the server acknowledges them). Any other error is a bug
+        and propagates."""
         try:
             new = self._store([m for m, _, _ in batch])
         except STORE_ERRORS:
-            log.exception("storing %d messages failed for %.0f s; left unacknowledged for redelivery",
+            log.exception("storing %d messages failed for %.0f s; reconnecting so the broker delivers them again",
                           len(batch), STORE_RETRY_S)
             self.metrics.lag.dec(len(batch))
+            self._client.reconnect()
             return
         now = time.time()
         for message, mid, qos in batch:

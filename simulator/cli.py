@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge.errors import ConfigError, DataError
+from edge.errors import ConfigError, DataError, LinkError
 from edge.files import DATA_ENV
 
 if TYPE_CHECKING:
@@ -143,14 +143,14 @@ def _bundle_model(args: argparse.Namespace) -> tuple[Any, Any]:
 def publish_live(result: Any, bundle: Any, server: str, token_file: Path, broker: str | None, state_dir: Path) -> Any:
     import httpx
 
-    from simulator.live import LiveError, publish
+    from simulator.live import publish
 
     try:
         broker = broker or httpx.get(server.rstrip("/") + "/healthz", timeout=10).json()["mqtt"]
         return publish(result, server, broker, token_file.read_text().strip(), result.scenario.name.replace("_", "-"),
                        bundle.manifest.labels, bundle.manifest.bundle_version, state_dir)
-    except (httpx.HTTPError, OSError, KeyError, LiveError) as err:
-        raise ConfigError("--live", server, f"publishing failed: {err}") from None
+    except (httpx.HTTPError, OSError, KeyError, ValueError) as err:  # ValueError: /healthz did not answer JSON
+        raise LinkError(f"--live {server}: publishing failed: {err}") from None
 
 
 def _progress(scenario: Scenario, disable: bool) -> Any:

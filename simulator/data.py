@@ -32,5 +32,5 @@ def _resolve(path: str | os.PathLike[str], field: str, what: str, exists: Callab
             return c
     looked = ", ".join(str(c) for c in candidates)
     raise DataError(
-        f"{field}: data {what} {str(path)!r} not found (looked in {looked}; set TRICKLE_DATA to the shared data folder)"
+        f"{field}: data {what} {str(path)!r} not found (looked in {looked}; give the data folder with --data or TRICKLE_DATA)"
     )

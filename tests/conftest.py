@@ -33,7 +33,7 @@ def tiny_overrides() -> dict[str, dict[str, object]]:
 
 @pytest.fixture
 def shared_data() -> str:
-    from simulator.data import data_root
+    from edge.files import data_root
 
     root = data_root()
     if not (root / "harvest" / "nrel").is_dir():

@@ -54,7 +54,7 @@ def test_overrides_from_flags(tmp_path: Path) -> None:
         3, 9, "jit", 0.0047)
 
 
-def test_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
+def test_bad_config_is_one_line_exit_1(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("[storage]\ncapacitance_f = -1\n")
     proc = trickle("simulate", "--scenario", str(tmp_path / "bad.toml"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 1  # a TrickleError; argparse keeps 2 for usage errors

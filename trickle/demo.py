@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     from edge.bundle import read_trusted
     from edge.runtime import Runtime
+    from edge.vectors import npz_bytes
     from models.datasets import load
     from server.service import ServeConfig, Service, free_port
     from simulator.bundle_model import inference_model
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     data = load("digits")
     assert data.raw_test is not None
     samples = out / "samples.npz"
-    np.savez(samples, x=data.raw_test, y=data.y_test)
+    write_atomic(samples, npz_bytes({"x": data.raw_test, "y": data.y_test}))
 
     config = ServeConfig(state_dir=out / "server", port=free_port(), mqtt_port=free_port(), trusted_keys=[pub])
     service = Service(config)

@@ -43,10 +43,13 @@ def test_retries_are_bounded_and_leave_the_batch_unacknowledged(tmp_path: Path, 
     bridge = Bridge(store, "mqtt://127.0.0.1:1", "token")
     monkeypatch.setattr(Bridge._store.retry, "stop", stop_after_attempt(3))  # type: ignore[attr-defined]  # not 30 s
     acked: list[int] = []
+    reconnects: list[bool] = []
     monkeypatch.setattr(bridge._client, "ack", lambda mid, qos: acked.append(mid))
+    monkeypatch.setattr(bridge._client, "reconnect", lambda: reconnects.append(True))
     bridge._commit(_batch(2))
     assert store.calls == 3 and acked == [] and not bridge._unacked
-    assert "left unacknowledged for redelivery" in caplog.text
+    assert reconnects == [True]  # the persistent session makes the broker deliver the batch again
+    assert "reconnecting so the broker delivers them again" in caplog.text
 
 
 def test_a_programming_error_is_not_retried(tmp_path: Path) -> None:
@@ -55,3 +58,12 @@ def test_a_programming_error_is_not_retried(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="a bug"):
         bridge._commit(_batch(1))
     assert store.calls == 1
+
+
+def test_a_bug_in_the_writer_stops_it_and_shows_at_healthz(tmp_path: Path) -> None:
+    store = FlakyStore(tmp_path / "db.sqlite", [TypeError("a bug")])
+    bridge = Bridge(store, "mqtt://127.0.0.1:1", "token")
+    for item in _batch(1):
+        bridge._queue.put(item)
+    bridge._write_loop()  # returns instead of spinning
+    assert bridge.failure == "TypeError: a bug" and store.calls == 1

@@ -15,7 +15,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from edge.errors import ConfigError, DataError
-from simulator.data import data_root
+from edge.files import data_root
 from simulator.harvesters import (
     ConstantHarvester,
     HarvesterConfig,

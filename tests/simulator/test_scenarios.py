@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from edge.files import data_root
 from simulator.config import SCENARIO_DIR, load_scenario
-from simulator.data import data_root
 from simulator.fleet import simulate
 
 
@@ -15,7 +15,7 @@ from simulator.fleet import simulate
 def test_bundled_scenario_runs(path: Path) -> None:
     uses_shared_data = any(f'kind = "{k}"' in path.read_text() for k in ("nrel", "iv_curve"))
     if uses_shared_data and not (data_root() / "harvest").is_dir():
-        pytest.skip("needs ../shared/data (TRICKLE_DATA)")
+        pytest.skip("needs the data folder (TRICKLE_DATA)")
     sc = load_scenario(path, run={"duration_s": 600.0, "workers": 1}, nodes={"count": 2})
     s = simulate(sc).summary
     assert s["released"] == s["lost_off"] + s["dropped"] + s["completed"] + s["missed"] + s["unfinished"]
