@@ -23,7 +23,7 @@ from edge.dyninfer import Variant as Option
 from edge.dyninfer import choose_variant, usable_energy_j
 from edge.errors import BundleError, ConfigError, DataError
 from edge.manifest import Variant
-from edge.vectors import SelfTest, TestVectors, check_outputs
+from edge.vectors import PREPROCESS_MAX_ABS_DIFF, SelfTest, TestVectors, check_outputs
 
 
 class Runtime:
@@ -101,16 +101,26 @@ class Runtime:
 
     def self_test(self) -> SelfTest | None:
         """Every variant of this backend on the bundle's test vectors, judged against the outputs
-        export recorded (``edge.vectors``); None when the bundle carries no test vectors."""
+        export recorded (``edge.vectors``); where the vectors hold raw inputs, they go through this
+        device's pre-processing first, which must give the recorded inputs. None when the bundle
+        carries no test vectors."""
         vectors = self.test_vectors()
         if vectors is None:
             return None
         report = SelfTest()
+        features = vectors.features
+        if vectors.raw is not None:  # the device's own pre-processing, from the raw inputs
+            features = np.stack([self.preprocess(raw) for raw in vectors.raw])
+            diff = float(np.abs(features - vectors.features).max())
+            report.preprocessing_max_abs_diff = diff
+            if diff > PREPROCESS_MAX_ABS_DIFF:
+                report.failures.append(f"pre-processing: the raw test vectors become inputs {diff:.2e} away from "
+                                       f"the recorded ones (> {PREPROCESS_MAX_ABS_DIFF:g})")
         for v in self.variants:
             if v.name not in vectors.expected:
                 report.failures.append(f"{v.name}: no expected outputs in the bundle's test vectors")
                 continue
             backend = self.load(v)
-            got = np.concatenate([backend.run(vectors.features[i : i + 1]) for i in range(len(vectors))])
+            got = np.concatenate([backend.run(features[i : i + 1]) for i in range(len(vectors))])
             check_outputs(v.name, v.bits, got, vectors.expected[v.name], report)
         return report

@@ -45,6 +45,7 @@ def test_fp32_bundle_is_signed_reproducible_and_matches_pytorch(checkpoint: Path
     assert np.array_equal(vectors.expected["fp32-d00"], logits[: info.count])
     report = Runtime(bundle).self_test()
     assert report is not None and report.passed and report.agreement == {"fp32-d00": 1.0}
+    assert report.preprocessing_max_abs_diff is not None and report.preprocessing_max_abs_diff <= 1e-6
 
 
 def test_self_test_catches_a_model_that_does_not_match_its_vectors(checkpoint: Path, tmp_path: Path) -> None:
@@ -52,11 +53,13 @@ def test_self_test_catches_a_model_that_does_not_match_its_vectors(checkpoint: P
 
     bundle = read_bundle(export_bundle(checkpoint, tmp_path / "a", formats=("onnx",), vectors=8))
     vectors = TestVectors.from_bytes(bundle.file("test_vectors.npz"))
-    wrong = TestVectors(vectors.features, vectors.labels, {"fp32-d00": np.roll(vectors.expected["fp32-d00"], 1, axis=1)})
+    wrong = TestVectors(vectors.features, vectors.labels, {"fp32-d00": np.roll(vectors.expected["fp32-d00"], 1, axis=1)},
+                        vectors.raw * 2)  # type: ignore[operator]
     files = {**bundle.files, "test_vectors.npz": wrong.to_bytes()}
     report = Runtime(read_bundle(write_bundle(pack(bundle.manifest, files), tmp_path / "b"))).self_test()
     assert report is not None and not report.passed
-    assert report.failures[0].startswith("fp32-d00: top-1 agrees with the bundle's expected outputs on ")
+    assert report.failures[0].startswith("pre-processing: the raw test vectors become inputs ")
+    assert report.failures[1].startswith("fp32-d00: top-1 agrees with the bundle's expected outputs on ")
 
 
 def test_parity_failure_is_loud(checkpoint: Path) -> None:
