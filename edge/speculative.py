@@ -1,0 +1,80 @@
+"""Speculative decoding's acceptance rule, written once, in numpy (a torch-free device drafts too).
+
+    probs = distribution(logits, temperature=0.8, top_p=0.95)      # (..., V), rows sum to 1
+    n, token = accept_greedy(draft_tokens, target_argmax)          # greedy: lossless by equality
+    n, token = accept_sampling(draft_tokens, q, p, rng)            # sampling: lossless in distribution
+
+A draft proposes K tokens ``x_1..x_K`` with its distributions ``q_i``; one target forward gives
+``p_1..p_{K+1}`` (``p_i`` conditioned on the prefix and ``x_1..x_{i-1}``). The rule returns how
+many draft tokens are kept (``n``) and the token that follows them: the target's correction at
+the first rejection, or its bonus token after ``x_K`` when all are kept. Every call therefore
+adds ``n + 1`` tokens.
+
+Sampling: Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023 (Algorithm 2): keep ``x_i``
+with probability ``min(1, p_i(x_i) / q_i(x_i))``; on rejection, sample from
+``norm(max(0, p_i - q_i))``. The emitted tokens are then distributed exactly as sampling the
+target alone (Leviathan et al., Theorem 3.5); ``tests/edge/test_speculative.py`` checks it with a
+chi-square test against the enumerated target distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def distribution(logits: np.ndarray, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
+    """Softmax of ``logits / temperature`` over the last axis, restricted to the nucleus: the
+    smallest set of most probable tokens whose mass reaches ``top_p`` (Holtzman et al. 2020),
+    renormalised. ``temperature`` 0 is greedy (all mass on the argmax)."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature = {temperature}, top_p = {top_p}: need temperature >= 0 and 0 < top_p <= 1")
+    z = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        out = np.zeros_like(z)
+        np.put_along_axis(out, z.argmax(-1)[..., None], 1.0, axis=-1)
+        return out
+    z = z / temperature
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if top_p < 1:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass of the more probable tokens
+        keep_sorted = before < top_p  # always keeps the most probable token
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    return p
+
+
+def accept_greedy(draft_tokens: np.ndarray, target_argmax: np.ndarray) -> tuple[int, int]:
+    """(kept, next token): keep draft tokens while each equals the target's argmax at its position;
+    the next token is the target's argmax after the kept ones. ``target_argmax`` has K + 1 entries."""
+    draft = np.asarray(draft_tokens)
+    target = np.asarray(target_argmax)
+    if target.shape != (len(draft) + 1,):
+        raise ValueError(f"target_argmax has shape {target.shape}; need ({len(draft) + 1},) for {len(draft)} draft tokens")
+    mismatch = np.flatnonzero(draft != target[: len(draft)])
+    n = int(mismatch[0]) if len(mismatch) else len(draft)
+    return n, int(target[n])
+
+
+def accept_sampling(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
+    """(kept, next token) by speculative sampling. ``q``: (K, V) the draft's distributions the draft
+    tokens were sampled from; ``p``: (K + 1, V) the target's, the last one after all K tokens."""
+    draft = np.asarray(draft_tokens)
+    k = len(draft)
+    if q.shape[0] != k or p.shape[0] != k + 1 or q.shape[1:] != p.shape[1:]:
+        raise ValueError(f"q {q.shape} and p {p.shape}: need (K, V) and (K + 1, V) for K = {k} draft tokens")
+    for i, token in enumerate(draft):
+        q_x, p_x = float(q[i, token]), float(p[i, token])
+        if q_x <= 0:
+            raise ValueError(f"draft token {token} at position {i} has probability 0 under the draft's own q")
+        if rng.random() < min(1.0, p_x / q_x):
+            continue
+        residual = np.maximum(p[i] - q[i], 0.0)
+        total = residual.sum()
+        # total is 0 only if p == q, where rejection has probability 0; guard rounding anyway
+        return i, int(rng.choice(len(residual), p=residual / total if total > 0 else p[i]))
+    return k, int(rng.choice(p.shape[1], p=p[k]))

@@ -1,0 +1,102 @@
+"""The acceptance rule: greedy by hand, and speculative sampling lossless in distribution (a
+chi-square test against the target's enumerated distribution, which a broken rule fails)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from edge.speculative import accept_greedy, accept_sampling, distribution
+
+V = 8  # a tiny vocabulary, so the target's distribution over a few tokens can be enumerated
+TOKENS = 3  # generated tokens whose joint distribution is tested
+SAMPLES = 20_000
+
+
+def test_greedy_keeps_the_matching_prefix_and_adds_the_targets_token() -> None:
+    assert accept_greedy(np.array([5, 6, 7]), np.array([5, 6, 7, 1])) == (3, 1)  # all kept, then the bonus
+    assert accept_greedy(np.array([5, 6, 7]), np.array([5, 2, 7, 1])) == (1, 2)  # the correction at the first miss
+    assert accept_greedy(np.array([5, 6, 7]), np.array([4, 6, 7, 1])) == (0, 4)
+    assert accept_greedy(np.array([], dtype=int), np.array([3])) == (0, 3)
+    with pytest.raises(ValueError, match="need \\(3,\\)"):
+        accept_greedy(np.array([1, 2]), np.array([1, 2]))
+
+
+def test_distribution_temperature_and_nucleus() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    assert np.allclose(distribution(logits), [0.5, 0.3, 0.15, 0.05])
+    assert np.allclose(distribution(logits, top_p=0.79), [0.5 / 0.8, 0.3 / 0.8, 0, 0])  # 0.5 + 0.3 reaches 0.79
+    assert np.allclose(distribution(logits, top_p=0.81), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
+    assert np.allclose(distribution(logits, top_p=0.1), [1, 0, 0, 0])  # the most probable token always stays
+    assert np.array_equal(distribution(logits, temperature=0), [1, 0, 0, 0])
+    sharp = distribution(logits, temperature=0.5)
+    assert np.allclose(sharp, np.array([0.5, 0.3, 0.15, 0.05]) ** 2 / np.sum(np.array([0.5, 0.3, 0.15, 0.05]) ** 2))
+
+
+def _chain(seed: int, concentration: float) -> np.ndarray:
+    """A first-order 'language model': row t is the distribution of the next token after token t."""
+    return np.random.default_rng(seed).dirichlet(np.full(V, concentration), size=V)
+
+
+TARGET = _chain(1, 0.7)
+DRAFT = _chain(2, 0.7)  # deliberately mismatched: another random chain
+
+
+def _speculative(rule: Callable[..., tuple[int, int]], k: int, seed: int) -> np.ndarray:
+    """SAMPLES sequences of TOKENS tokens after token 0, drafted K at a time by DRAFT, checked by rule."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((SAMPLES, TOKENS), dtype=np.int64)
+    for s in range(SAMPLES):
+        seq = [0]
+        while len(seq) <= TOKENS:
+            draft, q = [], []
+            last = seq[-1]
+            for _ in range(k):
+                q.append(DRAFT[last])
+                last = int(rng.choice(V, p=DRAFT[last]))
+                draft.append(last)
+            p = TARGET[[seq[-1], *draft]]  # the target after the prefix, then after each draft token
+            n, nxt = rule(np.array(draft), np.array(q), p, rng)
+            seq += [*draft[:n], nxt]
+        out[s] = seq[1 : TOKENS + 1]
+    return out
+
+
+def _chi_square_p(samples: np.ndarray) -> float:
+    """p-value of the samples' joint distribution against the target's exact one (cells with a
+    small expected count pooled, as the test requires)."""
+    cells = list(itertools.product(range(V), repeat=TOKENS))
+    exact = np.array([TARGET[0, a] * TARGET[a, b] * TARGET[b, c] for a, b, c in cells])
+    index = samples @ (V ** np.arange(TOKENS)[::-1])
+    observed = np.bincount(index, minlength=V**TOKENS).astype(float)
+    expected = exact * SAMPLES
+    small = expected < 5
+    observed = np.append(observed[~small], observed[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+    return float(chisquare(observed, expected).pvalue)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_sampling_draws_from_the_target_exactly(k: int) -> None:
+    assert _chi_square_p(_speculative(accept_sampling, k, seed=k)) > 1e-3
+
+
+def test_a_broken_rule_fails_the_same_test() -> None:
+    def resample_from_p(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
+        # a classic mistake: on rejection, sample from the target's p instead of norm(max(0, p - q))
+        for i, token in enumerate(draft):
+            if rng.random() >= min(1.0, p[i, token] / q[i, token]):
+                return i, int(rng.choice(V, p=p[i]))
+        return len(draft), int(rng.choice(V, p=p[-1]))
+
+    assert _chi_square_p(_speculative(resample_from_p, 3, seed=3)) < 1e-6
+
+
+def test_a_perfect_draft_is_always_kept() -> None:
+    rng = np.random.default_rng(0)
+    p = TARGET[[0, 3, 5, 1]]
+    assert accept_sampling(np.array([3, 5, 1]), p[:3], p, rng)[0] == 3
