@@ -19,6 +19,7 @@ negative count in transformers 5).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,9 +123,12 @@ class IndependentDrafter:
 @torch.inference_mode()
 def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_new_tokens: int, k: int = 4,
                          temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                         eos_token_id: int | None = None) -> tuple[list[int], DecodeStats]:
+                         eos_token_id: int | None = None,
+                         on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], DecodeStats]:
     """The prompt's continuation by speculative decoding, and what it cost. ``temperature`` 0 is
-    greedy (lossless token for token); otherwise speculative sampling (lossless in distribution)."""
+    greedy (lossless token for token); otherwise speculative sampling (lossless in distribution).
+    ``on_tokens`` is called with each block of tokens as it is verified (for streaming); the
+    blocks concatenate to the returned tokens."""
     if k < 1 or max_new_tokens < 0 or not prompt:
         raise ValueError(f"k = {k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: need k >= 1, "
                          "max_new_tokens >= 0 and a non-empty prompt")
@@ -132,6 +136,9 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
     lm = _CachedLM(target)
     lm.reset()
     drafter.reset(prompt)
+    attach = getattr(drafter, "attach_target", None)
+    if attach is not None:  # a draft that reads the target's states (MoA, EAGLE-style)
+        attach(lm)
     seq = list(prompt)
     stats = DecodeStats()
     started = time.perf_counter()
@@ -151,11 +158,15 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
             n, nxt = accept_sampling(np.array(draft, dtype=np.int64), q if q is not None else p[:0], p, rng)
         stats.kept += n
         stats.kept_per_call.append(n)
-        added = [*draft[:n], nxt]
-        if eos_token_id is not None and eos_token_id in added:
-            seq += added[: added.index(eos_token_id) + 1]
-            break
+        added = [*draft[:n], nxt][: end - len(seq)]
+        stop = eos_token_id is not None and eos_token_id in added
+        if eos_token_id is not None and stop:
+            added = added[: added.index(eos_token_id) + 1]
         seq += added
+        if on_tokens is not None:
+            on_tokens(added)
+        if stop:
+            break
         lm.crop(len(seq) - 1)
         drafter.accepted(seq)
     stats.seconds = time.perf_counter() - started

@@ -1,6 +1,7 @@
 """The HTTP API (FastAPI): devices, bundles and OTA, queries, health and metrics.
 
-Every route but /healthz and /metrics takes a bearer token: the admin token, or a device's
+Every route but /healthz, /metrics and /v1/completions (there only with ``trickle serve --llm``,
+see ``server.llm``) takes a bearer token: the admin token, or a device's
 own token (a device reads only its own messages and downloads bundles). The OpenAPI spec is at
 /openapi.json. Routes are ``edge.protocol.ROUTES``.
 """
@@ -27,6 +28,7 @@ from pydantic import BaseModel, Field
 from edge.bundle import BundleError, read_trusted
 from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand
 from server.bridge import Bridge, Metrics
+from server.llm import LlmService, llm_router
 from server.store import Device, Store, StoreError
 
 log = logging.getLogger("trickle.server.http")
@@ -76,6 +78,7 @@ class ServerState:
     metrics: Metrics
     bridge: Bridge | None = None
     broker_url: str = ""  # what devices connect to (reported at /healthz)
+    llm: LlmService | None = None  # a language model served at /v1/completions (trickle serve --llm)
 
 
 def ota_command(bundle: dict[str, Any]) -> OtaCommand:
@@ -211,4 +214,6 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
             raise HTTPException(403, "a device reads only its own messages")
         return state.store.messages(device, kind, since_s, until_s, limit)
 
+    if state.llm is not None:
+        app.include_router(llm_router(state.llm, state.metrics.registry))
     return app

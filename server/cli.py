@@ -4,10 +4,11 @@
     trickle serve --broker mqtt://127.0.0.1:1883    # an external broker (e.g. Mosquitto)
     trickle serve --state-dir runs/server --trust keys/signing.pub --port 8443 --tls-cert c.pem --tls-key k.pem
     trickle serve --config serve.toml --set port=8443 --json
+    trickle serve --llm runs/lm/base --draft runs/lm/draft     # + POST /v1/completions (OpenAI-compatible)
 
 Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
 state_dir, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
-tls_key) < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
+tls_key, llm, llm_draft, llm_concurrency, llm_queue) < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
 
 The admin token is in STATE_DIR/admin.token (created on first start, mode 0600): register devices
 with it (POST /v1/devices {"device": ID, "fleet": NAME} returns the device's token), upload
@@ -45,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accept only bundles signed by this Ed25519 public key (repeatable)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate: serve HTTPS (with --tls-key)")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument("--llm", type=Path, metavar="DIR",
+                   help="serve this Hugging Face causal LM folder (save_pretrained) at POST /v1/completions")
+    p.add_argument("--draft", type=Path, metavar="DIR",
+                   help="a smaller causal LM with the same tokenizer: speculative decoding inside (with --llm)")
+    p.add_argument("--llm-concurrency", type=int, metavar="N", help="generations run at once (default 1)")
+    p.add_argument("--llm-queue", type=int, metavar="N",
+                   help="requests waiting for a generation slot; beyond, 503 (default 16)")
     p.add_argument("--json", action="store_true", help="print the start-up line as one JSON object")
 
 
@@ -54,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     flags = {"state_dir": args.state_dir, "host": args.host, "port": args.port, "broker": args.broker,
              "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
-             "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+             "tls_cert": args.tls_cert, "tls_key": args.tls_key, "llm": args.llm, "llm_draft": args.draft,
+             "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue}
     config = load_config(ServeConfig, args.config, args.set, flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("amqtt").setLevel(logging.WARNING)
@@ -64,10 +73,12 @@ def run(args: argparse.Namespace) -> int:
     embedded = config.broker == "embedded"
     if args.json:
         print(json.dumps({"url": config.url, "broker": config.broker_url, "embedded_broker": embedded,
-                          "state_dir": str(config.state_dir), "admin_token_file": str(token_file) if token_file else None}),
+                          "state_dir": str(config.state_dir), "admin_token_file": str(token_file) if token_file else None,
+                          "llm": str(config.llm) if config.llm else None}),
               flush=True)
     else:
         print(f"trickle server on {config.url} (admin token in {token_file or 'the config'}), "
-              f"MQTT {config.broker_url}{' (embedded)' if embedded else ''}", flush=True)
+              f"MQTT {config.broker_url}{' (embedded)' if embedded else ''}"
+              + (f", {config.llm} at {config.url}/v1/completions" if config.llm else ""), flush=True)
     service.run()
     return 0

@@ -58,6 +58,14 @@ class ServeConfig(Config):
     """PEM certificate: serve HTTPS (with tls_key)."""
     tls_key: Path | None = None
     """PEM private key of tls_cert."""
+    llm: Path | None = None
+    """A Hugging Face causal LM folder (save_pretrained): serve it at /v1/completions."""
+    llm_draft: Path | None = None
+    """A smaller causal LM with the same tokenizer: speculative decoding inside (needs llm)."""
+    llm_concurrency: int = Field(1, ge=1, le=64)
+    """Generations run at once."""
+    llm_queue: int = Field(16, ge=0, le=10_000)
+    """Requests waiting for a generation slot; beyond, 503."""
 
     @field_validator("broker")
     @classmethod
@@ -74,6 +82,12 @@ class ServeConfig(Config):
         if (self.tls_cert is None) != (self.tls_key is None):
             given, other = ("tls_cert", "tls_key") if self.tls_cert is not None else ("tls_key", "tls_cert")
             raise ConfigError(given, str(self.tls_cert or self.tls_key), f"needs {other} too (HTTPS takes both)")
+        return self
+
+    @model_validator(mode="after")
+    def _draft(self) -> Self:
+        if self.llm_draft is not None and self.llm is None:
+            raise ConfigError("llm_draft", str(self.llm_draft), "needs llm too (the target it drafts for)")
         return self
 
     @property
@@ -110,9 +124,14 @@ class Service:
         metrics = Metrics()
         self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics)
         self.bridge.on_connected.append(self._announce_assignments)
+        llm = None
+        if config.llm is not None:
+            from server.llm import LlmService
+
+            llm = LlmService.load(config.llm, config.llm_draft, config.llm_concurrency, config.llm_queue)
         self.state = ServerState(self.store, self.admin_token, state_dir / "bundles",
                                  [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge,
-                                 config.broker_url)
+                                 config.broker_url, llm)
         self.broker = None
         if config.broker == "embedded":
             from server.broker import EmbeddedBroker
