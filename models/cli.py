@@ -1,11 +1,18 @@
-"""Train a model for intermittent power.
+"""Train a model: for intermittent power (nexume) or the target language model of speculative decoding (lm).
 
     trickle train nexume --dataset fsdd --epochs 30 --out runs/train/fsdd
     trickle train nexume --dataset digits --method qat8          # the fixed 8-bit QAT baseline
+    trickle train lm --size base --out runs/lm/base               # 40 min, plays from DATA/shakespeare/plays
+    trickle train lm --size small --steps 2000 --out runs/lm/small --resume
 
-Writes OUT/checkpoint.pt (weights, architecture, config, labels, pre-processing) and
+nexume writes OUT/checkpoint.pt (weights, architecture, config, labels, pre-processing) and
 OUT/summary.json + OUT/summary.md: accuracy, MACs, weight bytes and energy on the chosen
 MCU of every variant (bit-width x dropout level) on the test split.
+
+lm writes a Llama (transformers' save_pretrained: config.json, model.safetensors, tokenizer.json)
+that AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT) load, OUT/train.json (validation
+loss on the four held-out plays, perplexity, an example generation) and OUT/checkpoint/ (every
+few minutes; --resume continues from it). See models/lm.py.
 """
 
 from __future__ import annotations
@@ -16,26 +23,52 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ALGORITHMS = ("nexume",)
+ALGORITHMS = ("nexume", "lm")
 DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a test keeps them equal)
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
+LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
+ONLY = {"nexume": ("dataset", "method", "epochs"), "lm": ("corpus", "size", "minutes", "steps", "resume")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("algorithm", choices=ALGORITHMS, help="training algorithm")
-    p.add_argument("--dataset", choices=DATASETS, help="which task (default digits)")
+    p.add_argument("algorithm", choices=ALGORITHMS,
+                   help="nexume (a switchable CNN for intermittent power) or lm (the target LM of speculative decoding)")
+    p.add_argument("--dataset", choices=DATASETS, help="nexume only: which task (default digits)")
     p.add_argument("--method", choices=METHODS,
-                   help="nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) or fp32")
-    p.add_argument("--epochs", type=int, help="passes over the training split (default 30)")
-    p.add_argument("--seed", type=int, help="seeds initialisation, batching and the energy draws (default 0)")
-    p.add_argument("--config", type=Path, metavar="FILE", help="TOML file of TrainConfig fields (models/nexume.py)")
+                   help="nexume only: nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) "
+                        "or fp32")
+    p.add_argument("--epochs", type=int, help="nexume only: passes over the training split (default 30)")
+    p.add_argument("--corpus", type=Path, metavar="DIR",
+                   help="lm only: folder of plain-text plays (*.txt; the last four by name are held out; "
+                        "default DATA/shakespeare/plays)")
+    p.add_argument("--size", choices=LM_SIZES,
+                   help="lm only: tiny (~0.2 M parameters, tests), small (~3.7 M) or base (~12 M; the default)")
+    p.add_argument("--minutes", type=float,
+                   help="lm only: budget in minutes of training (default 40 for base, 15 small, 1 tiny; none with --steps)")
+    p.add_argument("--steps", type=int, help="lm only: budget in optimizer steps (deterministic: same seed, same weights)")
+    p.add_argument("--resume", action="store_true",
+                   help="lm only: continue from OUT/checkpoint/ (same config; --minutes and --steps may change)")
+    p.add_argument("--seed", type=int, help="seeds initialisation, batching and (nexume) the energy draws (default 0)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="TOML file of TrainConfig fields (nexume, models/nexume.py) or LMConfig fields (lm, models/lm.py)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="any TrainConfig field, value in TOML syntax (repeatable), e.g. --set d_max=0.4 "
-                        "--set harvest_scenario='\"indoor_office\"'")
+                   help="any TrainConfig (nexume) or LMConfig (lm) field, value in TOML syntax (repeatable), e.g. "
+                        "--set d_max=0.4 --set harvest_scenario='\"indoor_office\"' or --set lr=2e-3")
     p.add_argument("--data", type=Path, help="shared data folder (default $TRICKLE_DATA, else shared/data beside the checkout)")
-    p.add_argument("--out", type=Path, help="output folder (default runs/train/<dataset>-<method>)")
+    p.add_argument("--out", type=Path,
+                   help="output folder (default runs/train/<dataset>-<method> for nexume, runs/lm/<size> for lm)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def check_applies(args: argparse.Namespace) -> None:
+    """An option of the other algorithm is a mistake, not something to ignore."""
+    from edge.errors import ConfigError
+
+    for algorithm, names in ONLY.items():
+        given = [n for n in names if getattr(args, n) not in (None, False)]
+        if algorithm != args.algorithm and given:
+            raise ConfigError(f"--{given[0]}", getattr(args, given[0]), f"applies to trickle train {algorithm} only")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -47,6 +80,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_applies(args)
+    return run_lm(args) if args.algorithm == "lm" else run_nexume(args)
+
+
+def run_nexume(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from models.checkpoint import save_checkpoint
@@ -71,4 +109,33 @@ def run(args: argparse.Namespace) -> int:
     print(f"trained {cfg.method} on {cfg.dataset} in {result.train_time_s:.1f} s; "
           f"best variant {best['bits']}-bit drop {best['drop']}: accuracy {best['accuracy']:.3f}")
     print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def run_lm(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from edge.config import load_config
+    from models.lm import LMConfig, default_corpus, train_lm
+
+    flags = {k: getattr(args, k) for k in ("size", "minutes", "steps", "seed")}
+    cfg = load_config(LMConfig, args.config, args.set, flags, source="lm config")
+    out = args.out or Path("runs") / "lm" / cfg.size
+    corpus = args.corpus or default_corpus(args.data)
+    seconds = None if cfg.minutes is None else round(60 * cfg.minutes)  # a time budget: the bar counts its seconds
+    with tqdm(total=seconds or cfg.steps, unit="s" if seconds else "step", desc=f"lm {cfg.size}", file=sys.stderr,
+              disable=args.no_progress or None, leave=False) as bar:
+        def progress(step: int, fraction: float, loss: float) -> None:
+            bar.n = round(fraction * seconds) if seconds else step
+            bar.set_postfix(step=step, loss=f"{loss:.3f}")
+
+        summary = train_lm(cfg, corpus, out, resume=args.resume, progress=progress)
+    if args.json:
+        print(json.dumps({**summary, "out": str(out)}))
+        return 0
+    print(f"trained lm {cfg.size} ({summary['parameters'] / 1e6:.2f} M parameters) for {summary['steps']} steps "
+          f"in {summary['train_time_s']:.0f} s; validation loss {summary['val_loss']:.3f} "
+          f"(perplexity {summary['val_perplexity']:.1f}) on {', '.join(summary['held_out_plays'])}")
+    print(f"example: {summary['example']['prompt'][-80:]!r} -> {summary['example']['greedy_continuation'][:160]!r}")
+    print(f"wrote {out} (train.json, model.safetensors, tokenizer.json; checkpoint/)")
     return 0
