@@ -23,16 +23,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ALGORITHMS = ("nexume", "lm")
+ALGORITHMS = ("nexume", "lm", "draft")
 DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a test keeps them equal)
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
-ONLY = {"nexume": ("dataset", "method", "epochs"), "lm": ("corpus", "size", "minutes", "steps", "resume")}
+DRAFT_KINDS = ("moa", "independent")  # models.draft.KINDS
+ONLY = {"nexume": ("dataset", "method", "epochs"), "lm": ("size", "resume"), "draft": ("target", "kind")}
+SHARED = {"lm": ("corpus", "minutes", "steps"), "draft": ("corpus", "minutes", "steps")}  # lm and draft only
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("algorithm", choices=ALGORITHMS,
-                   help="nexume (a switchable CNN for intermittent power) or lm (the target LM of speculative decoding)")
+                   help="nexume (a switchable CNN for intermittent power), lm (the target LM of speculative decoding) "
+                        "or draft (a draft model for a trained target)")
+    p.add_argument("--target", type=Path, metavar="DIR", help="draft only: the target LM folder (trickle train lm's --out)")
+    p.add_argument("--kind", choices=DRAFT_KINDS,
+                   help="draft only: moa (Mixture of Attentions, the default) or independent (a small Llama distilled "
+                        "from the target)")
     p.add_argument("--dataset", choices=DATASETS, help="nexume only: which task (default digits)")
     p.add_argument("--method", choices=METHODS,
                    help="nexume only: nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) "
@@ -69,6 +76,9 @@ def check_applies(args: argparse.Namespace) -> None:
         given = [n for n in names if getattr(args, n) not in (None, False)]
         if algorithm != args.algorithm and given:
             raise ConfigError(f"--{given[0]}", getattr(args, given[0]), f"applies to trickle train {algorithm} only")
+    shared = [n for n in SHARED["lm"] if getattr(args, n) not in (None, False)]
+    if args.algorithm == "nexume" and shared:
+        raise ConfigError(f"--{shared[0]}", getattr(args, shared[0]), "applies to trickle train lm and draft only")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -81,7 +91,36 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     check_applies(args)
-    return run_lm(args) if args.algorithm == "lm" else run_nexume(args)
+    return {"lm": run_lm, "draft": run_draft, "nexume": run_nexume}[args.algorithm](args)
+
+
+def run_draft(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from edge.errors import ConfigError
+    from models.draft import Kind, train_draft
+    from models.lm import default_corpus
+
+    if args.target is None:
+        raise ConfigError("--target", None, "trickle train draft needs the target LM folder")
+    kind: Kind = args.kind or "moa"
+    out = args.out or Path("runs") / "lm" / f"draft-{kind}"
+    steps = args.steps or (1_000_000 if args.minutes else 1000)
+    with tqdm(total=None if args.minutes else steps, unit="step", desc=f"draft {kind}", file=sys.stderr,
+              disable=args.no_progress or None, leave=False) as bar:
+        def progress(step: int, loss: float) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+        summary = train_draft(args.target, kind, args.corpus or default_corpus(args.data), out, steps=steps,
+                              minutes=args.minutes, seed=args.seed or 0, progress=progress)
+    if args.json:
+        print(json.dumps({**summary, "out": str(out)}))
+        return 0
+    print(f"trained a {kind} draft ({summary['trainable_parameters'] / 1e6:.2f} M trained parameters) for "
+          f"{summary['steps']} steps in {summary['train_seconds']:.0f} s; validation loss {summary['val_loss']:.3f}")
+    print(f"wrote {out} (draft.json)")
+    return 0
 
 
 def run_nexume(args: argparse.Namespace) -> int:

@@ -134,12 +134,23 @@ def _load_lm(path: Path, field: str) -> Any:
         raise ConfigError(field, str(path), f"not a loadable causal LM ({first})") from None
 
 
+def _draft_kind(folder: Path) -> str:
+    """The kind a draft folder written by ``trickle train draft`` records; any other LM folder is independent."""
+    manifest = folder / "draft.json"
+    try:
+        return str(json.loads(manifest.read_text())["kind"]) if manifest.is_file() else "independent"
+    except (ValueError, KeyError) as err:
+        raise ConfigError("llm_draft", str(folder), f"draft.json is unreadable ({err})") from None
+
+
 class LlmService:
     """A target model, an optional draft, their tokenizer, and the admission limits."""
 
     def __init__(self, target: Any, tokenizer: Any, draft: Any | None = None, name: str = "trickle-lm",
-                 concurrency: int = 1, queue: int = 16) -> None:
+                 concurrency: int = 1, queue: int = 16, drafter: Callable[[], Any] | None = None) -> None:
         self.target, self.tokenizer, self.draft, self.name = target, tokenizer, draft, name
+        # a fresh Drafter per request (drafters keep per-sequence state); by default around the draft LM
+        self.make_drafter = drafter
         self.concurrency, self.queue = concurrency, queue
         limits = [getattr(m.config, "max_position_embeddings", None) for m in (target, draft) if m is not None]
         self.context = min((int(n) for n in limits if n), default=None)
@@ -158,6 +169,13 @@ class LlmService:
             tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError("llm", str(target_dir), f"has no loadable tokenizer ({type(err).__name__})") from None
+        if draft_dir is not None and _draft_kind(draft_dir) == "moa":  # trickle train draft --kind moa
+            from models.draft import load_drafter
+            from models.moa import MoADrafter
+
+            moa = load_drafter(draft_dir, target)
+            assert isinstance(moa, MoADrafter)
+            return cls(target, tokenizer, None, target_dir.name, concurrency, queue, drafter=lambda: MoADrafter(moa.draft))
         draft = _load_lm(draft_dir, "llm_draft") if draft_dir is not None else None
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError("llm_draft", str(draft_dir), f"vocabulary of {draft.config.vocab_size} tokens; the target's "
@@ -182,13 +200,20 @@ class LlmService:
         from models.speculative import IndependentDrafter, speculative_generate
 
         ids = self.encode(prompt, max_tokens) if isinstance(prompt, str) else prompt
-        drafter = IndependentDrafter(self.draft) if self.draft is not None else _NoDrafter()
+        if self.make_drafter is not None:
+            drafter = self.make_drafter()
+        else:
+            drafter = IndependentDrafter(self.draft) if self.draft is not None else _NoDrafter()
         eos = self.tokenizer.eos_token_id
         tokens, stats = speculative_generate(self.target, drafter, ids, max_tokens, k=DRAFT_K, temperature=temperature,
                                              top_p=top_p, seed=seed, eos_token_id=eos, on_tokens=on_tokens)
         stopped = eos is not None and bool(tokens) and tokens[-1] == eos
         return Completion(self.decode(tokens), len(ids), len(tokens), "stop" if stopped else "length",
-                          stats.tokens_per_second, stats.accept_length, stats.target_calls, self.draft is not None)
+                          stats.tokens_per_second, stats.accept_length, stats.target_calls, self.speculative)
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft is not None or self.make_drafter is not None
 
     # admission: at most `concurrency` running, `queue` waiting, the rest refused (event loop only)
     def admit(self) -> None:

@@ -1,0 +1,165 @@
+"""Draft models for a target LM, trained on the target's own corpus and outputs: ``trickle train draft``.
+
+    summary = train_draft(Path("runs/lm/base"), "moa", corpus_dir, Path("runs/lm/moa"), steps=2000)
+    drafter = load_drafter(Path("runs/lm/moa"), target)        # a models.speculative.Drafter
+
+Kinds, same data and budget:
+
+- ``moa``: the Mixture-of-Attentions draft (``models.moa``), trained with the paper's loss.
+- ``independent``: a small Llama with the target's tokenizer (the classic draft model; usable
+  with transformers' assisted generation), of about the MoA draft's trained parameter count,
+  distilled from the target (forward KL to its next-token distribution).
+
+A draft folder holds ``draft.json`` (kind, target, parameter count, validation figures). An
+independent draft is a ``save_pretrained`` folder; a MoA draft keeps its own weights in
+``moa.safetensors`` (the embedding and LM head are the target's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from edge.errors import ConfigError, DataError
+from edge.files import write_atomic
+from models.lm import find_plays, read_texts, token_stream, windows
+from models.moa import MoADraft, MoADrafter
+from models.speculative import Drafter, IndependentDrafter
+
+Kind = Literal["moa", "independent"]
+KINDS: tuple[Kind, ...] = ("moa", "independent")
+MANIFEST = "draft.json"
+
+
+def load_target(folder: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of a target folder, frozen; a missing or broken folder is a ConfigError."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (folder / "config.json").is_file():
+        raise ConfigError("--target", str(folder), "not a model folder (no config.json; train one with trickle train lm)")
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def trainable_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def independent_for(target: Any, budget: int, seed: int) -> Any:
+    """A small Llama with the target's vocabulary, about ``budget`` parameters outside its
+    (tied) embedding: one or two layers of a width that fits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = target.config
+    hidden = cfg.hidden_size
+    while hidden > 32 and 12 * hidden * hidden * 2 > budget:  # ~12 d² per layer (attention 4 d², MLP 8 d²)
+        hidden //= 2
+    heads = max(1, hidden // 64)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=hidden, intermediate_size=int(8 * hidden / 3) // 8 * 8,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id))
+
+
+def _kl_to_target(target: Any, draft: Any, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        p = target(input_ids=x).logits.softmax(-1)
+    return -(p * draft(input_ids=x).logits.log_softmax(-1)).sum(-1).mean()
+
+
+def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps: int = 1000, minutes: float | None = None,
+                batch: int = 8, context: int | None = None, lr: float = 1e-3, seed: int = 0,
+                progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+    """Train a draft of ``kind`` for the target in ``target_dir``; write it to ``out``; return the summary."""
+    if kind not in KINDS:
+        raise ConfigError("--kind", kind, f"must be one of {list(KINDS)}")
+    if steps < 1 or batch < 1:
+        raise ConfigError("--steps/--batch", (steps, batch), "must be >= 1")
+    torch.set_num_threads(1)
+    target, tok = load_target(target_dir)
+    context = min(context or target.config.max_position_embeddings, target.config.max_position_embeddings) - 1
+    corpus = find_plays(corpus_dir)
+    train_ids = token_stream(tok.backend_tokenizer, read_texts(corpus.train))
+    val_ids = token_stream(tok.backend_tokenizer, read_texts(corpus.held_out))
+    if len(train_ids) <= context + 1 or len(val_ids) <= context + 1:
+        raise DataError(f"corpus {corpus_dir}: fewer tokens than one context window ({context + 1})")
+    gen = torch.Generator().manual_seed(seed)
+    moa = MoADraft.for_target(target) if kind == "moa" else None
+    torch.manual_seed(seed)
+    model = moa if moa is not None else independent_for(target, trainable_parameters(MoADraft.for_target(target)), seed)
+
+    def loss_of(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        if moa is not None:
+            return moa.loss(target, x, gen)
+        kl = _kl_to_target(target, model, x)
+        return kl, {"forward_kl": float(kl)}
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    started, step = time.perf_counter(), 0
+    model.train()
+    while step < steps and (minutes is None or time.perf_counter() - started < 60 * minutes):
+        for group in opt.param_groups:  # linear warm-up, then constant (short budgets)
+            group["lr"] = lr * min(1.0, (step + 1) / 50)
+        loss, _ = loss_of(windows(train_ids, batch, context, gen)[:, :-1])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if progress is not None:
+            progress(step, float(loss))
+    model.eval()
+    with torch.no_grad():
+        val_windows = torch.stack([val_ids[i : i + context] for i in range(0, len(val_ids) - context, context)][:16])
+        val_loss, val_stats = loss_of(val_windows)
+    summary = {"kind": kind, "target": str(target_dir), "trainable_parameters": trainable_parameters(model),
+               "steps": step, "train_seconds": time.perf_counter() - started, "seed": seed, "context": context + 1,
+               "val_loss": float(val_loss), "val": val_stats}
+    _save(model, kind, tok, out, summary)
+    return summary
+
+
+def _save(model: Any, kind: Kind, tok: Any, out: Path, summary: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if kind == "moa":
+        from safetensors.torch import save
+
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        write_atomic(out / "moa.safetensors", save(state))
+        shape = {"hidden": model.project.out_features, "kv_dim": model.kv_dim, "n_layers": model.n_layers,
+                 "heads": model.self_attention.heads}
+        summary = {**summary, "shape": shape}
+    else:
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+    write_atomic(out / MANIFEST, json.dumps(summary, indent=1, sort_keys=True) + "\n")
+
+
+def load_drafter(folder: Path, target: Any) -> Drafter:
+    """The drafter of a draft folder written by ``train_draft`` (or any causal LM folder with the
+    target's tokenizer, used as an independent draft)."""
+    manifest = folder / MANIFEST
+    doc: dict[str, Any] = json.loads(manifest.read_text()) if manifest.is_file() else {"kind": "independent"}
+    if doc["kind"] == "moa":
+        from safetensors.torch import load
+
+        shape: dict[str, int] = doc["shape"]
+        draft = MoADraft(shape["hidden"], shape["kv_dim"], shape["n_layers"], shape["heads"])
+        draft.load_state_dict(load((folder / "moa.safetensors").read_bytes()))
+        draft.attach(target)
+        return MoADrafter(draft.to(target.dtype))
+    from transformers import AutoModelForCausalLM
+
+    if not (folder / "config.json").is_file():
+        raise ConfigError("--draft", str(folder), "not a draft folder (no draft.json or config.json)")
+    return IndependentDrafter(AutoModelForCausalLM.from_pretrained(folder, local_files_only=True))
