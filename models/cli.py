@@ -27,7 +27,7 @@ ALGORITHMS = ("nexume", "lm", "draft")
 DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a test keeps them equal)
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
-DRAFT_KINDS = ("moa", "independent")  # models.draft.KINDS
+DRAFT_KINDS = ("moa", "eagle", "independent")  # models.draft.KINDS
 ONLY = {"nexume": ("dataset", "method", "epochs"), "lm": ("size", "resume"), "draft": ("target", "kind")}
 SHARED = {"lm": ("corpus", "minutes", "steps"), "draft": ("corpus", "minutes", "steps")}  # lm and draft only
 
@@ -38,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or draft (a draft model for a trained target)")
     p.add_argument("--target", type=Path, metavar="DIR", help="draft only: the target LM folder (trickle train lm's --out)")
     p.add_argument("--kind", choices=DRAFT_KINDS,
-                   help="draft only: moa (Mixture of Attentions, the default) or independent (a small Llama distilled "
-                        "from the target)")
+                   help="draft only: moa (Mixture of Attentions, the default), eagle (EAGLE-style: one layer on the "
+                        "target's last hidden state) or independent (a small Llama distilled from the target)")
     p.add_argument("--dataset", choices=DATASETS, help="nexume only: which task (default digits)")
     p.add_argument("--method", choices=METHODS,
                    help="nexume only: nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) "

@@ -6,6 +6,8 @@
 Kinds, same data and budget:
 
 - ``moa``: the Mixture-of-Attentions draft (``models.moa``), trained with the paper's loss.
+- ``eagle``: an EAGLE-style draft (``models.eagle``): one layer on the target's last hidden
+  state and the next token's embedding, the paper's main baseline.
 - ``independent``: a small Llama with the target's tokenizer (the classic draft model; usable
   with transformers' assisted generation), of about the MoA draft's trained parameter count,
   distilled from the target (forward KL to its next-token distribution).
@@ -27,12 +29,13 @@ import torch
 
 from edge.errors import ConfigError, DataError
 from edge.files import write_atomic
+from models.eagle import EagleDraft, EagleDrafter
 from models.lm import find_plays, read_texts, token_stream, windows
 from models.moa import MoADraft, MoADrafter
 from models.speculative import Drafter, IndependentDrafter
 
-Kind = Literal["moa", "independent"]
-KINDS: tuple[Kind, ...] = ("moa", "independent")
+Kind = Literal["moa", "eagle", "independent"]
+KINDS: tuple[Kind, ...] = ("moa", "eagle", "independent")
 MANIFEST = "draft.json"
 
 
@@ -93,13 +96,14 @@ def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps
     if len(train_ids) <= context + 1 or len(val_ids) <= context + 1:
         raise DataError(f"corpus {corpus_dir}: fewer tokens than one context window ({context + 1})")
     gen = torch.Generator().manual_seed(seed)
-    moa = MoADraft.for_target(target) if kind == "moa" else None
     torch.manual_seed(seed)
-    model = moa if moa is not None else independent_for(target, trainable_parameters(MoADraft.for_target(target)), seed)
+    own: MoADraft | EagleDraft | None = (MoADraft.for_target(target) if kind == "moa" else
+                                         EagleDraft.for_target(target) if kind == "eagle" else None)
+    model = own if own is not None else independent_for(target, trainable_parameters(MoADraft.for_target(target)), seed)
 
     def loss_of(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        if moa is not None:
-            return moa.loss(target, x, gen)
+        if own is not None:
+            return own.loss(target, x, gen)
         kl = _kl_to_target(target, model, x)
         return kl, {"forward_kl": float(kl)}
 
@@ -131,13 +135,16 @@ def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps
 
 def _save(model: Any, kind: Kind, tok: Any, out: Path, summary: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    if kind == "moa":
+    if kind in ("moa", "eagle"):
         from safetensors.torch import save
 
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        write_atomic(out / "moa.safetensors", save(state))
-        shape = {"hidden": model.project.out_features, "kv_dim": model.kv_dim, "n_layers": model.n_layers,
-                 "heads": model.self_attention.heads}
+        write_atomic(out / f"{kind}.safetensors", save(state))
+        if kind == "moa":
+            shape = {"hidden": model.project.out_features, "kv_dim": model.kv_dim, "n_layers": model.n_layers,
+                     "heads": model.self_attention.heads}
+        else:
+            shape = {"hidden": model.fuse.out_features, "heads": model.layer.heads}
         summary = {**summary, "shape": shape}
     else:
         model.save_pretrained(out)
@@ -158,6 +165,14 @@ def load_drafter(folder: Path, target: Any) -> Drafter:
         draft.load_state_dict(load((folder / "moa.safetensors").read_bytes()))
         draft.attach(target)
         return MoADrafter(draft.to(target.dtype))
+    if doc["kind"] == "eagle":
+        from safetensors.torch import load
+
+        shape = doc["shape"]
+        eagle = EagleDraft(shape["hidden"], shape["heads"])
+        eagle.load_state_dict(load((folder / "eagle.safetensors").read_bytes()))
+        eagle.attach(target)
+        return EagleDrafter(eagle.to(target.dtype))
     from transformers import AutoModelForCausalLM
 
     if not (folder / "config.json").is_file():

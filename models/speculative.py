@@ -65,14 +65,17 @@ class Drafter(Protocol):
 class _CachedLM:
     """A causal LM with a KV cache over a growing token sequence; it feeds only what is new."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, keep_hidden: bool = False) -> None:
         self.model = model.eval()
         self.cache: Any = None
+        self.keep_hidden = keep_hidden  # EAGLE-style drafts read the target's last hidden states
+        self.hidden: torch.Tensor | None = None  # (cached, H) last-layer states of the cached tokens
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
+        self.hidden = None
 
     @property
     def cached(self) -> int:
@@ -82,8 +85,12 @@ class _CachedLM:
     def logits(self, seq: list[int], upto: int | None = None) -> torch.Tensor:
         """Logits (n, V) after each of the tokens seq[cached:upto] fed now (float64 on the CPU)."""
         new = seq[self.cached : upto]
-        out = self.model(input_ids=torch.tensor([new]), past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=torch.tensor([new]), past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=self.keep_hidden)
         self.cache = out.past_key_values
+        if self.keep_hidden:
+            last = out.hidden_states[-1][0]
+            self.hidden = last if self.hidden is None else torch.cat([self.hidden, last])
         return out.logits[0].double()
 
     def crop(self, length: int) -> None:
@@ -91,6 +98,8 @@ class _CachedLM:
         extra = self.cached - length
         if extra > 0:
             self.cache.crop(-extra)
+        if self.hidden is not None:
+            self.hidden = self.hidden[:length]
 
 
 class IndependentDrafter:
@@ -133,7 +142,7 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
         raise ValueError(f"k = {k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: need k >= 1, "
                          "max_new_tokens >= 0 and a non-empty prompt")
     rng = np.random.default_rng(seed)
-    lm = _CachedLM(target)
+    lm = _CachedLM(target, keep_hidden=getattr(drafter, "needs_hidden", False))
     lm.reset()
     drafter.reset(prompt)
     attach = getattr(drafter, "attach_target", None)

@@ -23,7 +23,7 @@ def target_dir(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("kind", ["moa", "independent"])
+@pytest.mark.parametrize("kind", ["moa", "eagle", "independent"])
 def test_a_trained_draft_is_lossless_and_accepted_more_than_untrained(kind: str, target_dir: Path, corpus: Path,
                                                                      tmp_path: Path) -> None:
     target, tok = load_target(target_dir)
@@ -48,8 +48,8 @@ def test_a_trained_draft_is_lossless_and_accepted_more_than_untrained(kind: str,
 def test_a_bad_target_or_kind_is_one_config_error(tmp_path: Path, corpus: Path) -> None:
     with pytest.raises(ConfigError, match="not a model folder"):
         train_draft(tmp_path / "nothing", "moa", corpus, tmp_path / "out")
-    with pytest.raises(ConfigError, match="--kind = 'eagle': must be one of"):
-        train_draft(tmp_path / "nothing", "eagle", corpus, tmp_path / "out")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--kind = 'medusa': must be one of"):
+        train_draft(tmp_path / "nothing", "medusa", corpus, tmp_path / "out")  # type: ignore[arg-type]
 
 
 def test_the_cli_kinds_are_the_trainers() -> None:
