@@ -1,7 +1,7 @@
 """Run a benchmark from bench/ and write bench/results/NAME.json.
 
 Benchmarks print a table of measured figures and ratios against their goals; they are
-never part of the test pass/fail. Available: simulator, nexume, export, firmware, link.
+never part of the test pass/fail. Available: simulator, nexume, export, firmware, link, speculative.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ("simulator", "nexume", "export", "firmware", "link")
+BENCHMARKS = ("simulator", "nexume", "export", "firmware", "link", "speculative")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -102,6 +102,21 @@ class _CachedLM:
             self.hidden = self.hidden[:length]
 
 
+class NoDrafter:
+    """Proposes nothing: the verify loop then decodes plainly, one target call per token (the
+    baseline, with the very same sampling)."""
+
+    def reset(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
+                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
+        return [], None
+
+    def accepted(self, seq: list[int]) -> None:
+        pass
+
+
 class IndependentDrafter:
     """A small causal LM with the target's tokenizer: the classic draft model."""
 

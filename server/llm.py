@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-import numpy as np
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -108,20 +107,6 @@ class Completion:
     speculative: bool
 
 
-class _NoDrafter:
-    """Proposes nothing: the verify loop then decodes plainly, one target call per token."""
-
-    def reset(self, prompt: list[int]) -> None:
-        pass
-
-    def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
-        return [], None
-
-    def accepted(self, seq: list[int]) -> None:
-        pass
-
-
 def _load_lm(path: Path, field: str) -> Any:
     if not (path / "config.json").is_file():
         raise ConfigError(field, str(path), "needs a folder with a causal LM saved by save_pretrained (config.json, weights)")
@@ -197,13 +182,13 @@ class LlmService:
     def complete(self, prompt: str | list[int], max_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,
                  seed: int = 0, on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
         """Generate (blocking): speculative decoding when a draft is loaded, else plain."""
-        from models.speculative import IndependentDrafter, speculative_generate
+        from models.speculative import IndependentDrafter, NoDrafter, speculative_generate
 
         ids = self.encode(prompt, max_tokens) if isinstance(prompt, str) else prompt
         if self.make_drafter is not None:
             drafter = self.make_drafter()
         else:
-            drafter = IndependentDrafter(self.draft) if self.draft is not None else _NoDrafter()
+            drafter = IndependentDrafter(self.draft) if self.draft is not None else NoDrafter()
         eos = self.tokenizer.eos_token_id
         tokens, stats = speculative_generate(self.target, drafter, ids, max_tokens, k=DRAFT_K, temperature=temperature,
                                              top_p=top_p, seed=seed, eos_token_id=eos, on_tokens=on_tokens)

@@ -1,0 +1,20 @@
+"""The speculative-decoding benchmark runs end to end in its quick form (tiny target and drafts):
+every key the issue names, and every greedy method's output equal to the target's own greedy generate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import speculative
+
+
+def test_quick_benchmark_writes_all_keys_and_is_lossless(tmp_path: Path, shared_data: str) -> None:
+    out = speculative.main(quick=True, results_dir=tmp_path, docs_dir=tmp_path,
+                           corpus=Path(shared_data) / "shakespeare" / "plays")
+    doc = json.loads((tmp_path / "speculative-quick.json").read_text())
+    for key in speculative.GOALS:
+        assert isinstance(doc[key], float) and doc[key] > 0, key
+    assert set(doc["draft_val_loss"]) == set(speculative.KINDS)
+    assert all(out["greedy_outputs_equal_target_generate"].values()), out["greedy_outputs_equal_target_generate"]
+    assert "| moa " in (tmp_path / "speculative-quick.md").read_text()
