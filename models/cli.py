@@ -103,6 +103,8 @@ def run_draft(args: argparse.Namespace) -> int:
 
     if args.target is None:
         raise ConfigError("--target", None, "trickle train draft needs the target LM folder")
+    if args.config is not None or args.set:
+        raise ConfigError("--config/--set", args.config or args.set, "trickle train draft takes its options as flags")
     kind: Kind = args.kind or "moa"
     out = args.out or Path("runs") / "lm" / f"draft-{kind}"
     steps = args.steps or (1_000_000 if args.minutes else 1000)
