@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edge.speculative import distribution
 from models.moa import KL_WEIGHT, _Block
+from models.speculative import TargetReader, draft_tokens
 
 
 class EagleDraft(nn.Module):
@@ -66,20 +66,14 @@ class EagleDraft(nn.Module):
                                                   "top1_agreement": agree}
 
 
-class EagleDrafter:
+class EagleDrafter(TargetReader):
     """``EagleDraft`` as a ``models.speculative.Drafter``: reads the target's features of the verified prefix."""
 
     needs_hidden = True
 
     def __init__(self, draft: EagleDraft) -> None:
+        super().__init__()
         self.draft = draft.eval()
-        self.target_lm: Any = None
-
-    def reset(self, prompt: list[int]) -> None:
-        pass
-
-    def attach_target(self, target_lm: Any) -> None:
-        self.target_lm = target_lm
 
     @torch.inference_mode()
     def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
@@ -88,22 +82,14 @@ class EagleDrafter:
         if verified == 0:
             return [], None  # nothing to stand on yet: the target decodes the first token alone
         assert self.target_lm.hidden is not None and self.draft.head is not None
-        features = self.target_lm.hidden[:verified][None]  # (1, n-1, H): f_1..f_{n-1}
-        tokens: list[int] = []
-        dists = []
-        for _ in range(k):
-            nxt = torch.tensor([seq[1:] + tokens])  # x_2..x_n, then the drafted ones
-            predicted = self.draft(features, nxt)[:, -1:]  # the feature after the last token
-            logits = self.draft.head(predicted[0, -1]).double().numpy()
-            if temperature == 0:
-                token = int(logits.argmax())
-            else:
-                q = distribution(logits, temperature, top_p)
-                dists.append(q)
-                token = int(rng.choice(len(q), p=q))
-            tokens.append(token)
-            features = torch.cat([features, predicted], 1)
-        return tokens, (np.stack(dists) if dists else None)
+        head = self.draft.head
+        features = [self.target_lm.hidden[:verified][None]]  # (1, n-1, H): f_1..f_{n-1}, then the predicted ones
 
-    def accepted(self, seq: list[int]) -> None:
-        pass
+        def next_logits(drafted: list[int]) -> np.ndarray:
+            nxt = torch.tensor([seq[1:] + drafted])  # x_2..x_n, then the drafted ones
+            predicted = self.draft(features[0], nxt)[:, -1:]  # the feature after the last token
+            features[0] = torch.cat([features[0], predicted], 1)
+            return head(predicted[0, -1]).double().numpy()
+
+        return draft_tokens(next_logits, k, temperature, top_p, rng)
+

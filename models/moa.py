@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edge.speculative import distribution
+from models.speculative import TargetReader, draft_tokens
 
 SEGMENT_MIN, SEGMENT_MAX = 6, 15  # T-step bounded masking: segment lengths drawn from [6, 15)
 KL_WEIGHT = 0.1
@@ -144,21 +144,13 @@ def bounded_segments(shape: torch.Size | tuple[int, ...], generator: torch.Gener
     return sees
 
 
-class MoADrafter:
+class MoADrafter(TargetReader):
     """``MoADraft`` as a ``models.speculative.Drafter``: reads the target's cache of the verified
     prefix (every token but the last) and drafts K tokens from it."""
 
-    needs_target = True
-
     def __init__(self, draft: MoADraft) -> None:
+        super().__init__()
         self.draft = draft.eval()
-        self.target_lm: Any = None
-
-    def reset(self, prompt: list[int]) -> None:
-        pass
-
-    def attach_target(self, target_lm: Any) -> None:
-        self.target_lm = target_lm
 
     @torch.inference_mode()
     def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
@@ -168,22 +160,14 @@ class MoADrafter:
             states = torch.zeros(1, 1, self.draft.project.out_features, dtype=self.draft.project.weight.dtype)
         else:
             states = self.draft.target_states(self.target_lm.cache, verified)
-        tokens: list[int] = []
-        dists = []
-        for _ in range(k):
-            ids = torch.tensor([seq + tokens])
+        assert self.draft.head is not None
+        head = self.draft.head
+
+        def next_logits(drafted: list[int]) -> np.ndarray:
+            ids = torch.tensor([seq + drafted])
             # only the last position's view matters (the cross-attention is per position): it sees
             # every verified state, as the bonus token and the drafted ones after it did in training
             sees = torch.full(ids.shape, max(verified - 1, 0), dtype=torch.long)
-            assert self.draft.head is not None
-            logits = self.draft.head(self.draft(ids, states, sees)[0, -1]).double().numpy()
-            if temperature == 0:
-                tokens.append(int(logits.argmax()))
-            else:
-                q = distribution(logits, temperature, top_p)
-                dists.append(q)
-                tokens.append(int(rng.choice(len(q), p=q)))
-        return tokens, (np.stack(dists) if dists else None)
+            return head(self.draft(ids, states, sees)[0, -1]).double().numpy()
 
-    def accepted(self, seq: list[int]) -> None:
-        pass
+        return draft_tokens(next_logits, k, temperature, top_p, rng)

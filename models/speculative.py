@@ -102,6 +102,40 @@ class _CachedLM:
             self.hidden = self.hidden[:length]
 
 
+def draft_tokens(next_logits: Callable[[list[int]], np.ndarray], k: int, temperature: float, top_p: float,
+                 rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
+    """K tokens from a draft's ``next_logits(drafted so far)``: the argmax when greedy, else sampled,
+    with the (K, V) distributions they were drawn from (what the acceptance rule needs)."""
+    tokens: list[int] = []
+    dists = []
+    for _ in range(k):
+        logits = next_logits(tokens)
+        if temperature == 0:
+            tokens.append(int(logits.argmax()))
+        else:
+            q = distribution(logits, temperature, top_p)
+            dists.append(q)
+            tokens.append(int(rng.choice(len(q), p=q)))
+    return tokens, (np.stack(dists) if dists else None)
+
+
+class TargetReader:
+    """Base of drafts that read the target's states of the verified prefix (MoA, EAGLE-style): the
+    verify loop hands them its cached target (``attach_target``); they keep nothing per sequence."""
+
+    def __init__(self) -> None:
+        self.target_lm: Any = None
+
+    def attach_target(self, target_lm: Any) -> None:
+        self.target_lm = target_lm
+
+    def reset(self, prompt: list[int]) -> None:
+        pass
+
+    def accepted(self, seq: list[int]) -> None:
+        pass
+
+
 class NoDrafter:
     """Proposes nothing: the verify loop then decodes plainly, one target call per token (the
     baseline, with the very same sampling)."""
@@ -128,17 +162,7 @@ class IndependentDrafter:
 
     def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
                 rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
-        tokens: list[int] = []
-        dists = []
-        for _ in range(k):
-            logits = self.lm.logits(seq + tokens)[-1].numpy()
-            if temperature == 0:
-                tokens.append(int(logits.argmax()))
-            else:
-                q = distribution(logits, temperature, top_p)
-                dists.append(q)
-                tokens.append(int(rng.choice(len(q), p=q)))
-        return tokens, (np.stack(dists) if dists else None)
+        return draft_tokens(lambda drafted: self.lm.logits(seq + drafted)[-1].numpy(), k, temperature, top_p, rng)
 
     def accepted(self, seq: list[int]) -> None:
         self.lm.crop(len(seq) - 1)
