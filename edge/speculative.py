@@ -3,6 +3,8 @@
     probs = distribution(logits, temperature=0.8, top_p=0.95)      # (..., V), rows sum to 1
     n, token = accept_greedy(draft_tokens, target_argmax)          # greedy: lossless by equality
     n, token = accept_sampling(draft_tokens, q, p, rng)            # sampling: lossless in distribution
+    path, token = accept_tree_greedy(parents, tokens, target_argmax)           # a drafted token tree
+    path, token = accept_tree_sampling(parents, tokens, candidates, q, p, rng)
 
 A draft proposes K tokens ``x_1..x_K`` with its distributions ``q_i``; one target forward gives
 ``p_1..p_{K+1}`` (``p_i`` conditioned on the prefix and ``x_1..x_{i-1}``). The rule returns how
@@ -15,6 +17,15 @@ with probability ``min(1, p_i(x_i) / q_i(x_i))``; on rejection, sample from
 ``norm(max(0, p_i - q_i))``. The emitted tokens are then distributed exactly as sampling the
 target alone (Leviathan et al., Theorem 3.5); ``tests/edge/test_speculative.py`` checks it with a
 chi-square test against the enumerated target distribution.
+
+Trees (EAGLE-2, MoA): node 0 is the last verified token, node ``i > 0`` holds ``tokens[i]`` after
+its ``parents[i]``; one target forward gives ``p`` at every node. Greedy walks down while the
+target's argmax at a node is one of its children. Sampling needs each expanded node's children
+to be ``candidates[i]``, draws i.i.d. from ``q[i]`` in draw order (repeats allowed): each is tried
+in turn with probability ``min(1, p(x) / q(x))``, and after each rejection ``p`` becomes
+``norm(max(0, p - q))`` (SpecInfer's multi-round speculative sampling, Miao et al. 2024, Thm 4.2);
+when all are rejected, or the node has none, the next token is drawn from what ``p`` has become.
+A chain is the tree whose nodes each have one candidate, and then both rules draw the same.
 """
 
 from __future__ import annotations
@@ -78,3 +89,59 @@ def accept_sampling(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray, rng:
         # total is 0 only if p == q, where rejection has probability 0; guard rounding anyway
         return i, int(rng.choice(len(residual), p=residual / total if total > 0 else p[i]))
     return k, int(rng.choice(p.shape[1], p=p[k]))
+
+
+def _children(parents: np.ndarray, tokens: np.ndarray) -> list[dict[int, int]]:
+    """Per node, its children by token (the first child holding a token)."""
+    children: list[dict[int, int]] = [{} for _ in range(len(parents))]
+    for i in range(1, len(parents)):
+        if not 0 <= parents[i] < i:
+            raise ValueError(f"node {i} has parent {parents[i]}: parents must come before their children")
+        children[int(parents[i])].setdefault(int(tokens[i]), i)
+    return children
+
+
+def accept_tree_greedy(parents: np.ndarray, tokens: np.ndarray, target_argmax: np.ndarray) -> tuple[list[int], int]:
+    """(kept nodes from the root down, next token): follow the child equal to the target's argmax at
+    each node; the next token is the argmax at the last node kept. ``parents[0]`` (the root) is ignored."""
+    parents, tokens, target = np.asarray(parents), np.asarray(tokens), np.asarray(target_argmax)
+    if not len(parents) == len(tokens) == len(target):
+        raise ValueError(f"parents {parents.shape}, tokens {tokens.shape}, target_argmax {target.shape}: one entry per node")
+    children = _children(parents, tokens)
+    path, node = [], 0
+    while (child := children[node].get(int(target[node]))) is not None:
+        path.append(child)
+        node = child
+    return path, int(target[node])
+
+
+def accept_tree_sampling(parents: np.ndarray, tokens: np.ndarray, candidates: list[list[int]], q: dict[int, np.ndarray],
+                         p: np.ndarray, rng: np.random.Generator) -> tuple[list[int], int]:
+    """(kept nodes from the root down, next token) by multi-round speculative sampling over the tree.
+    ``candidates[i]``: node i's draws from ``q[i]`` in draw order (each a child's token); ``p``:
+    (nodes, V) the target's distribution at each node."""
+    parents, tokens = np.asarray(parents), np.asarray(tokens)
+    if not len(parents) == len(tokens) == len(candidates) == p.shape[0]:
+        raise ValueError(f"parents {parents.shape}, tokens {tokens.shape}, {len(candidates)} candidate lists, p {p.shape}: "
+                         "one entry per node")
+    children = _children(parents, tokens)
+    path, node = [], 0
+    while True:
+        dist = p[node]
+        moved = False
+        for token in candidates[node]:
+            if token not in children[node]:
+                raise ValueError(f"node {node}: candidate {token} is not one of its children")
+            q_x = float(q[node][token])
+            if q_x <= 0:
+                raise ValueError(f"node {node}: candidate {token} has probability 0 under the draft's own q")
+            if rng.random() < min(1.0, float(dist[token]) / q_x):
+                node = children[node][token]
+                path.append(node)
+                moved = True
+                break
+            residual = np.maximum(dist - q[node], 0.0)
+            total = residual.sum()
+            dist = residual / total if total > 0 else dist  # 0 only where p == q (rejection impossible): rounding
+        if not moved:
+            return path, int(rng.choice(len(dist), p=dist))

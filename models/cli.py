@@ -28,8 +28,8 @@ DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a te
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
 DRAFT_KINDS = ("moa", "eagle", "independent")  # models.draft.KINDS
-ONLY = {"nexume": ("dataset", "method", "epochs"), "lm": ("size", "resume"), "draft": ("target", "kind")}
-SHARED = {"lm": ("corpus", "minutes", "steps"), "draft": ("corpus", "minutes", "steps")}  # lm and draft only
+ONLY = {"nexume": ("dataset", "method", "epochs"), "lm": ("size",), "draft": ("target", "kind")}
+SHARED = {"lm": ("corpus", "minutes", "steps", "resume"), "draft": ("corpus", "minutes", "steps", "resume")}  # lm and draft
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,15 +46,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or fp32")
     p.add_argument("--epochs", type=int, help="nexume only: passes over the training split (default 30)")
     p.add_argument("--corpus", type=Path, metavar="DIR",
-                   help="lm only: folder of plain-text plays (*.txt; the last four by name are held out; "
+                   help="lm and draft: folder of plain-text plays (*.txt; the last four by name are held out; "
                         "default DATA/shakespeare/plays)")
     p.add_argument("--size", choices=LM_SIZES,
                    help="lm only: tiny (~0.2 M parameters, tests), small (~3.7 M) or base (~12 M; the default)")
     p.add_argument("--minutes", type=float,
-                   help="lm only: budget in minutes of training (default 40 for base, 15 small, 1 tiny; none with --steps)")
-    p.add_argument("--steps", type=int, help="lm only: budget in optimizer steps (deterministic: same seed, same weights)")
+                   help="lm and draft: budget in minutes of training (lm: default 40 for base, 15 small, 1 tiny; "
+                        "none with --steps)")
+    p.add_argument("--steps", type=int, help="lm and draft: budget in optimizer steps (deterministic: same seed, same weights)")
     p.add_argument("--resume", action="store_true",
-                   help="lm only: continue from OUT/checkpoint/ (same config; --minutes and --steps may change)")
+                   help="lm and draft: continue from OUT/checkpoint/ (same config; --minutes and --steps may change)")
     p.add_argument("--seed", type=int, help="seeds initialisation, batching and (nexume) the energy draws (default 0)")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="TOML file of TrainConfig fields (nexume, models/nexume.py) or LMConfig fields (lm, models/lm.py)")
@@ -115,7 +116,7 @@ def run_draft(args: argparse.Namespace) -> int:
             bar.set_postfix(loss=f"{loss:.3f}")
 
         summary = train_draft(args.target, kind, args.corpus or default_corpus(args.data), out, steps=steps,
-                              minutes=args.minutes, seed=args.seed or 0, progress=progress)
+                              minutes=args.minutes, seed=args.seed or 0, resume=args.resume, progress=progress)
     if args.json:
         print(json.dumps({**summary, "out": str(out)}))
         return 0

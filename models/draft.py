@@ -19,7 +19,9 @@ independent draft is a ``save_pretrained`` folder; a MoA draft keeps its own wei
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,14 +58,14 @@ def trainable_parameters(model: torch.nn.Module) -> int:
 
 
 def independent_for(target: Any, budget: int, seed: int) -> Any:
-    """A small Llama with the target's vocabulary, about ``budget`` parameters outside its
-    (tied) embedding: one or two layers of a width that fits."""
+    """A two-layer Llama with the target's vocabulary and about ``budget`` trainable parameters in
+    all (its tied embedding included): the widest multiple of 32 that fits."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = target.config
-    hidden = cfg.hidden_size
-    while hidden > 32 and 12 * hidden * hidden * 2 > budget:  # ~12 d² per layer (attention 4 d², MLP 8 d²)
-        hidden //= 2
+    hidden = 32
+    while 24 * (hidden + 32) ** 2 + cfg.vocab_size * (hidden + 32) <= budget:  # ~12 d² per layer, and the embedding
+        hidden += 32
     heads = max(1, hidden // 64)
     torch.manual_seed(seed)
     return LlamaForCausalLM(LlamaConfig(
@@ -79,10 +81,27 @@ def _kl_to_target(target: Any, draft: Any, x: torch.Tensor) -> torch.Tensor:
     return -(p * draft(input_ids=x).logits.log_softmax(-1)).sum(-1).mean()
 
 
+CHECKPOINT = "checkpoint"
+
+
+def lr_at(lr: float, step: int, progress: float, warmup: int = 50) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to a tenth of ``lr`` as the budget's
+    ``progress`` (0 → 1) runs out."""
+    warm = min(1.0, (step + 1) / warmup)
+    return lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
 def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps: int = 1000, minutes: float | None = None,
-                batch: int = 8, context: int | None = None, lr: float = 1e-3, seed: int = 0,
-                progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
-    """Train a draft of ``kind`` for the target in ``target_dir``; write it to ``out``; return the summary."""
+                batch: int = 8, context: int | None = None, lr: float = 1e-3, seed: int = 0, resume: bool = False,
+                checkpoint_minutes: float = 5.0, progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+    """Train a draft of ``kind`` for the target in ``target_dir``; write it to ``out``; return the summary.
+
+    The budget is ``steps`` or ``minutes`` of training, whichever runs out first; the learning rate
+    warms up, then decays (cosine) over it. ``out/checkpoint/state.pt`` is written every
+    ``checkpoint_minutes`` and at the end; ``resume`` continues from it (same kind, target, batch,
+    context, lr and seed; ``steps`` and ``minutes`` may grow) bit for bit as if never stopped
+    (with a steps budget).
+    """
     if kind not in KINDS:
         raise ConfigError("--kind", kind, f"must be one of {list(KINDS)}")
     if steps < 1 or batch < 1:
@@ -105,32 +124,70 @@ def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps
         if own is not None:
             return own.loss(target, x, gen)
         kl = _kl_to_target(target, model, x)
-        return kl, {"forward_kl": float(kl)}
+        return kl, {"forward_kl": kl.item()}
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    started, step = time.perf_counter(), 0
+    fixed = {"kind": kind, "target": str(target_dir), "batch": batch, "context": context, "lr": lr, "seed": seed}
+    step, train_time, resumed_from = 0, 0.0, None
+    folder = out / CHECKPOINT
+    if resume:
+        step, train_time = _load_checkpoint(folder, fixed, model, opt, gen)
+        resumed_from = step
+
+    def save() -> None:
+        buf = io.BytesIO()
+        torch.save({"fixed": fixed, "step": step, "train_time_s": train_time, "model": model.state_dict(),
+                    "optimizer": opt.state_dict(), "gen": gen.get_state(), "torch_rng": torch.get_rng_state()}, buf)
+        write_atomic(folder / "state.pt", buf.getvalue())
+
+    def spent() -> float:
+        return max(step / steps, train_time / (60 * minutes) if minutes else 0.0)
+
+    last_save = time.perf_counter()
     model.train()
-    while step < steps and (minutes is None or time.perf_counter() - started < 60 * minutes):
-        for group in opt.param_groups:  # linear warm-up, then constant (short budgets)
-            group["lr"] = lr * min(1.0, (step + 1) / 50)
+    while spent() < 1:
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(lr, step, spent())
         loss, _ = loss_of(windows(train_ids, batch, context, gen)[:, :-1])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
+        train_time += time.perf_counter() - t0
+        if time.perf_counter() - last_save >= 60 * checkpoint_minutes:  # 0: every step
+            save()
+            last_save = time.perf_counter()
         if progress is not None:
             progress(step, float(loss))
+    save()
     model.eval()
     with torch.no_grad():
         val_windows = torch.stack([val_ids[i : i + context] for i in range(0, len(val_ids) - context, context)][:16])
         val_loss, val_stats = loss_of(val_windows)
     summary = {"kind": kind, "target": str(target_dir), "trainable_parameters": trainable_parameters(model),
-               "steps": step, "train_seconds": time.perf_counter() - started, "seed": seed, "context": context + 1,
-               "val_loss": float(val_loss), "val": val_stats}
+               "steps": step, "resumed_from_step": resumed_from, "train_seconds": round(train_time, 3), "seed": seed,
+               "context": context + 1, "batch": batch, "lr": lr, "val_loss": float(val_loss), "val": val_stats}
     _save(model, kind, tok, out, summary)
     return summary
+
+
+def _load_checkpoint(folder: Path, fixed: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer,
+                     gen: torch.Generator) -> tuple[int, float]:
+    """Restore a draft's training state; one error naming what differs from the checkpoint."""
+    if not (folder / "state.pt").is_file():
+        raise DataError(f"--resume: no checkpoint in {folder}")
+    payload = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    for name, then in payload["fixed"].items():
+        if fixed.get(name) != then:
+            raise ConfigError(name, fixed.get(name), f"the checkpoint in {folder} was trained with {then!r}")
+    model.load_state_dict(payload["model"])
+    opt.load_state_dict(payload["optimizer"])
+    gen.set_state(payload["gen"])
+    torch.set_rng_state(payload["torch_rng"])
+    return int(payload["step"]), float(payload["train_time_s"])
 
 
 def _save(model: Any, kind: Kind, tok: Any, out: Path, summary: dict[str, Any]) -> None:
@@ -140,11 +197,7 @@ def _save(model: Any, kind: Kind, tok: Any, out: Path, summary: dict[str, Any]) 
 
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         write_atomic(out / f"{kind}.safetensors", save(state))
-        if kind == "moa":
-            shape = {"hidden": model.project.out_features, "kv_dim": model.kv_dim, "n_layers": model.n_layers,
-                     "heads": model.self_attention.heads}
-        else:
-            shape = {"hidden": model.fuse.out_features, "heads": model.layer.heads}
+        shape = model.shape()
         summary = {**summary, "shape": shape}
     else:
         model.save_pretrained(out)
@@ -160,16 +213,14 @@ def load_drafter(folder: Path, target: Any) -> Drafter:
     if doc["kind"] == "moa":
         from safetensors.torch import load
 
-        shape: dict[str, int] = doc["shape"]
-        draft = MoADraft(shape["hidden"], shape["kv_dim"], shape["n_layers"], shape["heads"])
+        draft = MoADraft(**doc["shape"])
         draft.load_state_dict(load((folder / "moa.safetensors").read_bytes()))
         draft.attach(target)
         return MoADrafter(draft.to(target.dtype))
     if doc["kind"] == "eagle":
         from safetensors.torch import load
 
-        shape = doc["shape"]
-        eagle = EagleDraft(shape["hidden"], shape["heads"])
+        eagle = EagleDraft(**doc["shape"])
         eagle.load_state_dict(load((folder / "eagle.safetensors").read_bytes()))
         eagle.attach(target)
         return EagleDrafter(eagle.to(target.dtype))

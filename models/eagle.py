@@ -13,6 +13,7 @@ the verified prefix feeds the draft's own predicted features back in.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,35 +22,42 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.moa import KL_WEIGHT, _Block
-from models.speculative import TargetReader, draft_tokens
+from models.speculative import TargetReader
 
 
 class EagleDraft(nn.Module):
-    def __init__(self, hidden: int, heads: int = 4) -> None:
+    def __init__(self, hidden: int, heads: int = 4, positions: int = 4096) -> None:
         super().__init__()
         self.fuse = nn.Linear(2 * hidden, hidden)
         self.layer = _Block(hidden, heads)
-        self.position = nn.Embedding(4096, hidden)
+        self.position = nn.Embedding(positions, hidden)
         self.embed: nn.Embedding | None = None  # the target's (set by attach)
         self.head: nn.Linear | None = None
 
     @classmethod
     def for_target(cls, target: Any, heads: int = 4) -> EagleDraft:
-        draft = cls(target.config.hidden_size, heads)
+        draft = cls(target.config.hidden_size, heads, positions=target.config.max_position_embeddings)
         draft.attach(target)
         return draft.to(target.dtype)
+
+    def shape(self) -> dict[str, int]:
+        return {"hidden": self.fuse.out_features, "heads": self.layer.heads, "positions": self.position.num_embeddings}
 
     def attach(self, target: Any) -> None:
         object.__setattr__(self, "embed", target.get_input_embeddings())
         object.__setattr__(self, "head", target.get_output_embeddings())
 
+    def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """The layer's inputs (B, T, H) at positions start.. from features and the tokens that followed."""
+        assert self.embed is not None
+        positions = torch.arange(start, start + features.shape[1], device=features.device)
+        return self.fuse(torch.cat([features, self.embed(next_tokens)], -1)) + \
+            self.position(positions.clamp(max=self.position.num_embeddings - 1))
+
     def forward(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Predicted features (B, T, H) from features f_1..f_T (B, T, H) and tokens x_2..x_{T+1} (B, T)."""
-        assert self.embed is not None
-        t = features.shape[1]
-        positions = torch.arange(t, device=features.device)
-        x = self.fuse(torch.cat([features, self.embed(next_tokens)], -1)) + self.position(positions)
-        return self.layer(x, mask=positions[None, :] <= positions[:, None])
+        positions = torch.arange(features.shape[1], device=features.device)
+        return self.layer(self.inputs(features, next_tokens, 0), mask=positions[None, :] <= positions[:, None])
 
     def loss(self, target: Any, tokens: torch.Tensor, generator: torch.Generator | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -62,34 +70,62 @@ class EagleDraft(nn.Module):
         forward_kl = -(p[:, 1:] * log_q).sum(-1).mean()
         feature = F.smooth_l1_loss(predicted, features[:, 1:])
         agree = float((log_q.argmax(-1) == p[:, 1:].argmax(-1)).float().mean())
-        return KL_WEIGHT * forward_kl + feature, {"forward_kl": float(forward_kl), "feature": float(feature),
+        return KL_WEIGHT * forward_kl + feature, {"forward_kl": forward_kl.item(), "feature": feature.item(),
                                                   "top1_agreement": agree}
 
 
 class EagleDrafter(TargetReader):
-    """``EagleDraft`` as a ``models.speculative.Drafter``: reads the target's features of the verified prefix."""
+    """``EagleDraft`` as a ``models.speculative.Drafter``. Positions 0..n-2 of a verified sequence
+    of n tokens take the target's own features, so their keys/values are cached once; a drafted
+    path takes the draft's predicted features, kept per path while one tree or chain is drafted."""
 
     needs_hidden = True
+    cost = 0.05
 
     def __init__(self, draft: EagleDraft) -> None:
         super().__init__()
         self.draft = draft.eval()
+        self.reset([])
+
+    def reset(self, prompt: list[int]) -> None:
+        self.exact = 0  # positions whose keys/values (from the target's features) are cached
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.predicted: dict[tuple[int, ...], torch.Tensor] = {}  # a path's predicted feature after it, (H,)
 
     @torch.inference_mode()
-    def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
+    def prepare(self, seq: list[int]) -> bool:
         verified = len(seq) - 1  # the target's features exist for these tokens
         if verified == 0:
-            return [], None  # nothing to stand on yet: the target decodes the first token alone
-        assert self.target_lm.hidden is not None and self.draft.head is not None
-        head = self.draft.head
-        features = [self.target_lm.hidden[:verified][None]]  # (1, n-1, H): f_1..f_{n-1}, then the predicted ones
+            return False  # nothing to stand on yet: the target decodes the first token alone
+        assert self.target_lm.hidden is not None
+        if verified == self.exact:  # asked again about the same sequence
+            self.predicted = {(): self.predicted[()]}
+            return True
+        draft = self.draft
+        x = draft.inputs(self.target_lm.hidden[self.exact : verified][None], torch.tensor([seq[self.exact + 1 :]]), self.exact)
+        k, v = draft.layer.memory(x)
+        if self.kv is not None:
+            k, v = torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2)
+        # the last position (the feature before the bonus token, then the bonus token) predicts the
+        # feature after the bonus token: the root of every drafted path
+        self.predicted = {(): draft.layer.attend(x[:, -1:], k, v)[0, 0]}
+        self.kv, self.exact = (k, v), verified
+        return True
 
-        def next_logits(drafted: list[int]) -> np.ndarray:
-            nxt = torch.tensor([seq[1:] + drafted])  # x_2..x_n, then the drafted ones
-            predicted = self.draft(features[0], nxt)[:, -1:]  # the feature after the last token
-            features[0] = torch.cat([features[0], predicted], 1)
-            return head(predicted[0, -1]).double().numpy()
-
-        return draft_tokens(next_logits, k, temperature, top_p, rng)
-
+    @torch.inference_mode()
+    def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
+        draft = self.draft
+        assert draft.head is not None and self.kv is not None
+        w, d = len(paths), len(paths[0])
+        if d == 0:
+            return draft.head(self.predicted[()])[None].expand(w, -1).double().numpy()
+        # position n - 1 + i takes the feature predicted after path[:i] and the token path[i]
+        features = torch.stack([torch.stack([self.predicted[tuple(path[:i])] for i in range(d)]) for path in paths])
+        x = draft.inputs(features, torch.tensor([list(path) for path in paths]), len(seq) - 1)  # (w, d, H)
+        k, v = draft.layer.memory(x)
+        k = torch.cat([self.kv[0].expand(w, -1, -1, -1), k], 2)
+        v = torch.cat([self.kv[1].expand(w, -1, -1, -1), v], 2)
+        out = draft.layer.attend(x[:, -1:], k, v)[:, 0]  # (w, H): the feature after each path
+        for path, feature in zip(paths, out):
+            self.predicted[tuple(path)] = feature
+        return draft.head(out).double().numpy()

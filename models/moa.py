@@ -8,8 +8,9 @@
 Three attentions, as in the paper's Figure 2:
 
 1. **Layer Self-Attention** over the target's per-layer keys and values of each token (a
-   sequence of ``n_layers`` vectors of size ``2·kv_heads·head_dim``, attention across layers,
-   mean-pooled), projected to the hidden size: what the target knows about each verified token.
+   sequence of ``n_layers`` vectors of size ``2·kv_heads·head_dim``, each first projected to a
+   narrower ``layer_dim``; attention across layers, mean-pooled), projected to the hidden size:
+   what the target knows about each verified token.
 2. **Self-Attention**, causal, over the token embeddings (the target's own embedding table).
 3. **Cross-Attention**: queries from (2), keys and values from (1) — but a token may only see
    target states up to the last *verified* token before it. Training enforces this with the
@@ -24,6 +25,7 @@ The output is a hidden state read out by the target's LM head. The loss (§3.3) 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.speculative import TargetReader, draft_tokens
+from models.speculative import TargetReader
 
 SEGMENT_MIN, SEGMENT_MAX = 6, 15  # T-step bounded masking: segment lengths drawn from [6, 15)
 KL_WEIGHT = 0.1
@@ -49,25 +51,34 @@ class _Block(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim, bias=False), nn.SiLU(), nn.Linear(2 * dim, dim, bias=False))
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, h, S, d/h) of a memory (B, S, D): what an incremental draft caches."""
+        b, t, _ = memory.shape
+        k, v = self.kv(self.norm_kv(memory)).chunk(2, -1)
+        return k.view(b, t, self.heads, -1).transpose(1, 2), v.view(b, t, self.heads, -1).transpose(1, 2)
+
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
-        mem = self.norm_kv(memory if memory is not None else x)
         q = self.q(self.norm_q(x)).view(b, t, self.heads, -1).transpose(1, 2)  # (B, h, T, d/h)
-        k, v = (z.view(b, mem.shape[1], self.heads, -1).transpose(1, 2) for z in self.kv(mem).chunk(2, -1))
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask: True = may attend
         x = x + self.out(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.norm_mlp(x))
 
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.attend(x, *self.memory(memory if memory is not None else x), mask=mask)
+
 
 class MoADraft(nn.Module):
-    def __init__(self, hidden: int, kv_dim: int, n_layers: int, heads: int, layer_heads: int = 2) -> None:
+    def __init__(self, hidden: int, kv_dim: int, n_layers: int, heads: int, layer_dim: int = 128, layer_heads: int = 2,
+                 positions: int = 4096) -> None:
         super().__init__()
-        self.kv_dim, self.n_layers = kv_dim, n_layers
-        self.layer_position = nn.Parameter(torch.zeros(n_layers, kv_dim))
-        self.layer_attention = _Block(kv_dim, layer_heads)
-        self.project = nn.Linear(kv_dim, hidden)
+        self.kv_dim, self.n_layers, self.layer_dim = kv_dim, n_layers, layer_dim
+        self.layer_in = nn.Linear(kv_dim, layer_dim)  # each layer's K/V of a token, to the Layer Self-Attention's width
+        self.layer_position = nn.Parameter(torch.zeros(n_layers, layer_dim))
+        self.layer_attention = _Block(layer_dim, layer_heads)
+        self.project = nn.Linear(layer_dim, hidden)
         self.self_attention = _Block(hidden, heads)
-        self.position = nn.Embedding(4096, hidden)  # absolute positions of the token stream
+        self.position = nn.Embedding(positions, hidden)  # absolute positions of the token stream
         self.cross_attention = _Block(hidden, heads)
         self.embed: nn.Embedding | None = None  # the target's, not trained (set by for_target)
         self.head: nn.Linear | None = None
@@ -76,32 +87,42 @@ class MoADraft(nn.Module):
     def for_target(cls, target: Any, heads: int = 4) -> MoADraft:
         cfg = target.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        draft = cls(cfg.hidden_size, 2 * cfg.num_key_value_heads * head_dim, cfg.num_hidden_layers, heads)
+        draft = cls(cfg.hidden_size, 2 * cfg.num_key_value_heads * head_dim, cfg.num_hidden_layers, heads,
+                    positions=cfg.max_position_embeddings)
         draft.attach(target)
         return draft.to(target.dtype)
+
+    def shape(self) -> dict[str, int]:
+        """The constructor's arguments (what ``draft.json`` records to rebuild it)."""
+        return {"hidden": self.project.out_features, "kv_dim": self.kv_dim, "n_layers": self.n_layers,
+                "heads": self.self_attention.heads, "layer_dim": self.layer_dim, "layer_heads": self.layer_attention.heads,
+                "positions": self.position.num_embeddings}
 
     def attach(self, target: Any) -> None:
         """Share the target's token embedding and LM head (frozen; kept out of this module's state)."""
         object.__setattr__(self, "embed", target.get_input_embeddings())
         object.__setattr__(self, "head", target.get_output_embeddings())
 
-    def target_states(self, cache: Any, upto: int) -> torch.Tensor:
-        """(B, upto, hidden): the projected Layer Self-Attention summary of each token's per-layer K/V."""
-        per_layer = [torch.cat([layer.keys[:, :, :upto], layer.values[:, :, :upto]], -1) for layer in cache.layers]
+    def target_states(self, cache: Any, upto: int, start: int = 0) -> torch.Tensor:
+        """(B, upto - start, hidden): the projected Layer Self-Attention summary of the per-layer K/V
+        of tokens start..upto - 1."""
+        per_layer = [torch.cat([layer.keys[:, :, start:upto], layer.values[:, :, start:upto]], -1) for layer in cache.layers]
         kv = torch.stack([z.permute(0, 2, 1, 3).flatten(2) for z in per_layer], 2)  # (B, T, L, kv_dim)
         b, t = kv.shape[:2]
-        states = self.layer_attention(kv.reshape(b * t, self.n_layers, self.kv_dim) + self.layer_position)
-        return self.project(states.mean(1).view(b, t, self.kv_dim))
+        states = self.layer_attention(self.layer_in(kv.reshape(b * t, self.n_layers, self.kv_dim)) + self.layer_position)
+        return self.project(states.mean(1).view(b, t, self.layer_dim))
+
+    def embed_at(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Token embeddings plus absolute positions from ``start``: (B, T, hidden)."""
+        assert self.embed is not None
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device).clamp(max=self.position.num_embeddings - 1)
+        return self.embed(tokens) + self.position(positions)
 
     def forward(self, tokens: torch.Tensor, states: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, T, hidden) predicting each token's successor. ``sees`` (B, T): the last
         target state index each token may attend to."""
-        assert self.embed is not None
-        t = tokens.shape[1]
-        positions = torch.arange(t, device=tokens.device)
-        x = self.embed(tokens) + self.position(positions)
-        causal = positions[None, :] <= positions[:, None]
-        x = self.self_attention(x, mask=causal)
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.self_attention(self.embed_at(tokens, 0), mask=positions[None, :] <= positions[:, None])
         j = torch.arange(states.shape[1], device=tokens.device)
         cross = (j[None, None, :] <= sees.clamp(min=0)[:, :, None])[:, None]  # (B, 1, T, S)
         return self.cross_attention(x, memory=states, mask=cross)
@@ -113,7 +134,7 @@ class MoADraft(nn.Module):
             out = target(input_ids=tokens, use_cache=True, output_hidden_states=True)
             p = out.logits.softmax(-1)
             last_hidden = out.hidden_states[-1]
-        states = self.target_states(out.past_key_values, tokens.shape[1])
+        states = self.target_states(out.cache, tokens.shape[1])
         sees = bounded_segments(tokens.shape, generator)
         hidden = self(tokens, states, sees)
         assert self.head is not None
@@ -124,7 +145,7 @@ class MoADraft(nn.Module):
         feature = F.smooth_l1_loss(hidden[counted], last_hidden[counted])
         loss = KL_WEIGHT * forward_kl + feature
         agree = float((log_q.argmax(-1) == p.argmax(-1))[counted].float().mean())
-        return loss, {"forward_kl": float(forward_kl), "feature": float(feature), "top1_agreement": agree}
+        return loss, {"forward_kl": forward_kl.item(), "feature": feature.item(), "top1_agreement": agree}
 
 
 def bounded_segments(shape: torch.Size | tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
@@ -145,29 +166,65 @@ def bounded_segments(shape: torch.Size | tuple[int, ...], generator: torch.Gener
 
 
 class MoADrafter(TargetReader):
-    """``MoADraft`` as a ``models.speculative.Drafter``: reads the target's cache of the verified
-    prefix (every token but the last) and drafts K tokens from it."""
+    """``MoADraft`` as a ``models.speculative.Drafter``. It caches, per sequence, the projected
+    target states of the verified tokens and the Cross-Attention's keys/values of them (they never
+    change once verified), and the Self-Attention's keys/values of the verified tokens; a drafted
+    path costs its own tokens only."""
+
+    cost = 0.1
 
     def __init__(self, draft: MoADraft) -> None:
         super().__init__()
         self.draft = draft.eval()
+        self.reset([])
+
+    def reset(self, prompt: list[int]) -> None:
+        self.states = 0  # verified tokens whose target states are cached
+        self.cross: tuple[torch.Tensor, torch.Tensor] | None = None  # (1, h, states, d/h) keys, values
+        self.fed: list[int] = []  # tokens in the self-attention cache
+        self.self_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.last: torch.Tensor | None = None  # (1, 1, hidden) the embedded last verified token
 
     @torch.inference_mode()
-    def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
+    def prepare(self, seq: list[int]) -> bool:
+        draft = self.draft
         verified = len(seq) - 1  # the target's cache holds these tokens
-        if verified == 0:  # a one-token prompt: no target state yet; a zero state stands in
-            states = torch.zeros(1, 1, self.draft.project.out_features, dtype=self.draft.project.weight.dtype)
+        if verified > self.states:
+            new = draft.cross_attention.memory(draft.target_states(self.target_lm.cache, verified, self.states))
+            self.cross = new if self.cross is None else (torch.cat([self.cross[0], new[0]], 2),
+                                                         torch.cat([self.cross[1], new[1]], 2))
+            self.states = verified
+        common = 0
+        for a, b in zip(self.fed, seq[:-1]):
+            if a != b:
+                break
+            common += 1
+        if self.self_kv is not None:
+            self.self_kv = (self.self_kv[0][:, :, :common], self.self_kv[1][:, :, :common])
+        if verified > common:  # the self-attention's keys/values of seq[common:-1]
+            new = draft.self_attention.memory(draft.embed_at(torch.tensor([seq[common:-1]]), common))
+            self.self_kv = new if self.self_kv is None else (torch.cat([self.self_kv[0], new[0]], 2),
+                                                               torch.cat([self.self_kv[1], new[1]], 2))
+        self.fed = seq[:-1]
+        return True
+
+    @torch.inference_mode()
+    def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
+        draft = self.draft
+        assert draft.head is not None
+        w, n = len(paths), len(seq)
+        tokens = torch.tensor([[seq[-1], *path] for path in paths])  # (w, 1 + d): the last verified token, then the path
+        x = draft.embed_at(tokens, n - 1)
+        k, v = draft.self_attention.memory(x)
+        if self.self_kv is not None:
+            k = torch.cat([self.self_kv[0].expand(w, -1, -1, -1), k], 2)
+            v = torch.cat([self.self_kv[1].expand(w, -1, -1, -1), v], 2)
+        h = draft.self_attention.attend(x[:, -1:], k, v)  # (w, 1, hidden): only the path's end is read out
+        if self.cross is None:  # a one-token prompt: no target state yet; a zero state stands in
+            ck, cv = draft.cross_attention.memory(torch.zeros(1, 1, draft.project.out_features, dtype=x.dtype))
         else:
-            states = self.draft.target_states(self.target_lm.cache, verified)
-        assert self.draft.head is not None
-        head = self.draft.head
-
-        def next_logits(drafted: list[int]) -> np.ndarray:
-            ids = torch.tensor([seq + drafted])
-            # only the last position's view matters (the cross-attention is per position): it sees
-            # every verified state, as the bonus token and the drafted ones after it did in training
-            sees = torch.full(ids.shape, max(verified - 1, 0), dtype=torch.long)
-            return head(self.draft(ids, states, sees)[0, -1]).double().numpy()
-
-        return draft_tokens(next_logits, k, temperature, top_p, rng)
+            ck, cv = self.cross
+        # the path's end sees every verified state, as the bonus token and the drafted ones after it
+        # did in training (T-step bounded masking)
+        out = draft.cross_attention.attend(h, ck.expand(w, -1, -1, -1), cv.expand(w, -1, -1, -1))
+        return draft.head(out[:, 0]).double().numpy()

@@ -1,32 +1,44 @@
-"""Speculative decoding on Hugging Face causal LMs: draft K tokens, verify them with one target
-forward, keep the longest valid prefix plus the target's own next token, roll the caches back.
+"""Speculative decoding on Hugging Face causal LMs: draft K tokens (a chain) or a token tree,
+verify them with one target forward, keep the longest valid path plus the target's own next
+token, roll the caches back.
 
     target = AutoModelForCausalLM.from_pretrained("runs/lm/base")
     drafter = IndependentDrafter(AutoModelForCausalLM.from_pretrained("runs/lm/draft"))
     tokens, stats = speculative_generate(target, drafter, prompt_ids, max_new_tokens=128, k=4)
+    tokens, stats = speculative_generate(target, drafter, prompt_ids, 128, tree=Tree(depth=5, branch=2, width=3))
+    tokens, stats = speculative_generate(target, drafter, prompt_ids, 128, k=8, adaptive=True)
 
 The verify loop never knows which draft it holds (transformers' ``CandidateGenerator`` is the
-model): a ``Drafter`` proposes tokens (and, for sampling, the distributions it drew them from)
-and is told how many were kept. The acceptance rule is ``edge.speculative`` — the same numpy
-function a torch-free device runs — so greedy output is the target's own greedy output token for
-token, and sampled output is distributed exactly as the target's (Leviathan et al. 2023).
+model): a ``Drafter`` gives its next-token logits after the verified sequence followed by any
+drafted path (``path_logits``, several paths in one batched call), and the loop grows a chain or
+a tree from them. The acceptance rules are ``edge.speculative`` — the same numpy functions a
+torch-free device runs — so greedy output is the target's own greedy output token for token, and
+sampled output is distributed exactly as the target's (Leviathan et al. 2023; SpecInfer for trees).
 
-Caches: the target's ``DynamicCache`` always holds every token but the last one; one verify call
-feeds ``[last, x_1..x_K]`` and is then cropped back to the verified prefix (``crop`` takes a
-negative count in transformers 5).
+Caches: the target's ``DynamicCache`` always holds every token but the last one. A chain is
+verified by feeding ``[last, x_1..x_K]`` and cropping back (``crop`` takes a negative count in
+transformers 5); a tree by feeding ``[last, nodes...]`` with a tree attention mask (each node sees
+the prefix, its ancestors and itself) and keeping the accepted path's entries only.
+
+Draft length: fixed ``k``, or ``adaptive``: before each call, the K in 1..k that maximises the
+expected tokens per unit of time, ``(1 - a^(K+1)) / ((1 - a)(1 + c K))``, for the running
+per-token acceptance rate ``a`` (kept over tried draft tokens, decayed sums, a prior of 0.6) and the draft's cost
+per token relative to a target call ``c`` (the drafter's ``cost`` attribute, else 0.1). It
+depends on accepted counts only, never on timings, so a seed still fixes the output.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from edge.speculative import accept_greedy, accept_sampling, distribution
+from edge.speculative import accept_greedy, accept_sampling, accept_tree_greedy, accept_tree_sampling, distribution
 
 
 @dataclass
@@ -39,6 +51,7 @@ class DecodeStats:
     kept: int = 0
     seconds: float = 0.0
     kept_per_call: list[int] = field(default_factory=list)
+    k_per_call: list[int] = field(default_factory=list)
 
     @property
     def accept_length(self) -> float:
@@ -50,16 +63,64 @@ class DecodeStats:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
 
+@dataclass(frozen=True)
+class Tree:
+    """Tree drafting's shape (EAGLE-2 style): ``depth`` levels; at each, the ``width`` nodes of
+    highest cumulative draft log-probability are expanded, each by ``branch`` children (greedy:
+    the draft's top ``branch`` tokens; sampling: ``branch`` i.i.d. draws, repeats merged)."""
+
+    depth: int = 5
+    branch: int = 2
+    width: int = 3
+
+    def __post_init__(self) -> None:
+        if min(self.depth, self.branch, self.width) < 1:
+            raise ValueError(f"tree {self}: depth, branch and width must be >= 1")
+
+
+@dataclass
+class DraftTree:
+    """A drafted token tree. Node 0 is the last verified token; node i > 0 holds ``tokens[i]``
+    after ``parents[i]``; ``candidates[i]`` are node i's draws (its children's tokens, in draw
+    order) and, when sampling, ``q[i]`` the distribution they were drawn from."""
+
+    parents: list[int]
+    tokens: list[int]
+    candidates: list[list[int]]
+    q: dict[int, np.ndarray]
+
+    @classmethod
+    def root(cls, token: int) -> DraftTree:
+        return cls([-1], [token], [[]], {})
+
+    def path(self, node: int) -> list[int]:
+        """The tokens from below the root down to ``node``."""
+        out = []
+        while node > 0:
+            out.append(self.tokens[node])
+            node = self.parents[node]
+        return out[::-1]
+
+    def depths(self) -> list[int]:
+        depth = [0] * len(self.parents)
+        for i in range(1, len(self.parents)):
+            depth[i] = depth[self.parents[i]] + 1
+        return depth
+
+
 class Drafter(Protocol):
+    """What the verify loop needs of a draft."""
+
     def reset(self, prompt: list[int]) -> None:
         """Start a new sequence."""
 
-    def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
-        """K draft tokens after ``seq`` and, when sampling, the (K, V) distributions they were drawn from."""
+    def prepare(self, seq: list[int]) -> bool:
+        """``seq`` is the verified sequence (its last token the target's own): bring the draft's
+        caches up to it. False: the draft cannot propose yet (the loop decodes one token plainly)."""
 
-    def accepted(self, seq: list[int]) -> None:
-        """``seq`` is the sequence now verified (the last token is the target's own): drop the rest."""
+    def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
+        """(len(paths), V) float64: the draft's next-token logits after ``seq`` + each path (all
+        paths of one length). Called after ``prepare(seq)``."""
 
 
 class _CachedLM:
@@ -81,59 +142,114 @@ class _CachedLM:
     def cached(self) -> int:
         return int(self.cache.get_seq_length()) if self.cache is not None else 0
 
-    @torch.inference_mode()
-    def logits(self, seq: list[int], upto: int | None = None) -> torch.Tensor:
-        """Logits (n, V) after each of the tokens seq[cached:upto] fed now (float64 on the CPU)."""
-        new = seq[self.cached : upto]
-        out = self.model(input_ids=torch.tensor([new]), past_key_values=self.cache, use_cache=True,
-                         output_hidden_states=self.keep_hidden)
-        self.cache = out.past_key_values
+    def _forward(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, output_hidden_states=self.keep_hidden, **kwargs)
+        self.cache = out.cache
         if self.keep_hidden:
             last = out.hidden_states[-1][0]
             self.hidden = last if self.hidden is None else torch.cat([self.hidden, last])
         return out.logits[0].double()
 
+    @torch.inference_mode()
+    def logits(self, seq: Sequence[int], upto: int | None = None) -> torch.Tensor:
+        """Logits (n, V) after each of the tokens seq[cached:upto] fed now (float64 on the CPU)."""
+        return self._forward(torch.tensor([list(seq[self.cached : upto])]))
+
+    @torch.inference_mode()
+    def tree_logits(self, last: int, tree: DraftTree) -> torch.Tensor:
+        """Logits (nodes, V) at the tree's root (``last``, the token after the cache) and each node,
+        in one forward with a tree attention mask; the cache then holds the prefix and every node."""
+        past, n = self.cached, len(tree.parents)
+        depth = torch.tensor(tree.depths())
+        sees = torch.eye(n, dtype=torch.bool)  # sees[i, j]: j is i or one of its ancestors
+        for i in range(1, n):
+            sees[i] |= sees[tree.parents[i]]
+        mask = torch.cat([torch.ones(n, past, dtype=torch.bool), sees], 1)[None, None]  # (1, 1, n, past + n)
+        return self._forward(torch.tensor([[last, *tree.tokens[1:]]]), attention_mask=mask,
+                             position_ids=(past + depth)[None])
+
+    def keep(self, length: int, nodes: Sequence[int] = ()) -> None:
+        """Keep the cache of the first ``length`` tokens followed by the entries at ``length - 1 + node``
+        for each node of a verified tree (whose root sat at ``length - 1``)."""
+        if nodes:
+            index = torch.cat([torch.arange(length), length - 1 + torch.tensor(list(nodes), dtype=torch.long)])
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, index], layer.values[:, :, index]
+            if self.hidden is not None:
+                self.hidden = self.hidden[index]
+        elif self.cached > length:
+            self.cache.crop(length - self.cached)
+            if self.hidden is not None:
+                self.hidden = self.hidden[:length]
+
     def crop(self, length: int) -> None:
         """Keep the cache of the first ``length`` tokens only."""
-        extra = self.cached - length
-        if extra > 0:
-            self.cache.crop(-extra)
-        if self.hidden is not None:
-            self.hidden = self.hidden[:length]
+        self.keep(length)
 
 
-def draft_tokens(next_logits: Callable[[list[int]], np.ndarray], k: int, temperature: float, top_p: float,
-                 rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
-    """K tokens from a draft's ``next_logits(drafted so far)``: the argmax when greedy, else sampled,
-    with the (K, V) distributions they were drawn from (what the acceptance rule needs)."""
+def _greedy_or_sampled(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator
+                       ) -> tuple[int, np.ndarray | None]:
+    if temperature == 0:
+        return int(logits.argmax()), None
+    q = distribution(logits, temperature, top_p)
+    return int(rng.choice(len(q), p=q)), q
+
+
+def draft_chain(drafter: Drafter, seq: list[int], k: int, temperature: float, top_p: float, rng: np.random.Generator
+                ) -> tuple[list[int], np.ndarray | None]:
+    """K tokens drafted one after another (argmax when greedy, else sampled) and, when sampling,
+    the (K, V) distributions they were drawn from (what the acceptance rule needs)."""
     tokens: list[int] = []
     dists = []
     for _ in range(k):
-        logits = next_logits(tokens)
-        if temperature == 0:
-            tokens.append(int(logits.argmax()))
-        else:
-            q = distribution(logits, temperature, top_p)
+        token, q = _greedy_or_sampled(drafter.path_logits(seq, [tokens])[0], temperature, top_p, rng)
+        tokens.append(token)
+        if q is not None:
             dists.append(q)
-            tokens.append(int(rng.choice(len(q), p=q)))
     return tokens, (np.stack(dists) if dists else None)
+
+
+def draft_tree(drafter: Drafter, seq: list[int], shape: Tree, depth: int, temperature: float, top_p: float,
+               rng: np.random.Generator) -> DraftTree:
+    """A token tree of up to ``depth`` levels grown by ``shape`` (see ``Tree``). Which nodes are
+    expanded depends on draft probabilities already drawn only, never on a node's own draws, so
+    each expanded node's candidates stay i.i.d. from its q (what lossless tree sampling needs)."""
+    tree = DraftTree.root(seq[-1])
+    score = [0.0]  # cumulative draft log-probability of each node
+    frontier = [0]
+    for _ in range(depth):
+        logits = drafter.path_logits(seq, [tree.path(node) for node in frontier])  # (w, V)
+        grown: list[int] = []
+        for row, node in enumerate(frontier):
+            if temperature == 0:
+                probs = distribution(logits[row])
+                draws = [int(t) for t in np.argsort(-probs, kind="stable")[: shape.branch]]
+            else:
+                probs = distribution(logits[row], temperature, top_p)
+                draws = [int(t) for t in rng.choice(len(probs), size=shape.branch, p=probs)]
+                tree.q[node] = probs
+            tree.candidates[node] = draws
+            for token in dict.fromkeys(draws):
+                tree.parents.append(node)
+                tree.tokens.append(token)
+                tree.candidates.append([])
+                score.append(score[node] + math.log(max(float(probs[token]), 1e-300)))
+                grown.append(len(tree.tokens) - 1)
+        frontier = sorted(grown, key=lambda i: -score[i])[: shape.width]  # stable: ties keep draw order
+    return tree
 
 
 class TargetReader:
     """Base of drafts that read the target's states of the verified prefix (MoA, EAGLE-style): the
-    verify loop hands them its cached target (``attach_target``); they keep nothing per sequence."""
+    verify loop hands them its cached target (``attach_target``)."""
+
+    needs_hidden = False  # whether the target must keep its last hidden states
 
     def __init__(self) -> None:
         self.target_lm: Any = None
 
     def attach_target(self, target_lm: Any) -> None:
         self.target_lm = target_lm
-
-    def reset(self, prompt: list[int]) -> None:
-        pass
-
-    def accepted(self, seq: list[int]) -> None:
-        pass
 
 
 class NoDrafter:
@@ -143,38 +259,81 @@ class NoDrafter:
     def reset(self, prompt: list[int]) -> None:
         pass
 
-    def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
-        return [], None
+    def prepare(self, seq: list[int]) -> bool:
+        return False
 
-    def accepted(self, seq: list[int]) -> None:
-        pass
+    def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
+        raise NotImplementedError("NoDrafter drafts nothing")
 
 
 class IndependentDrafter:
-    """A small causal LM with the target's tokenizer: the classic draft model."""
+    """A small causal LM with the target's tokenizer: the classic draft model. Its cache follows
+    the longest sequence it has seen that is still a prefix of what it is asked about; paths of a
+    tree are run as one batch on copies of the cached prefix."""
+
+    cost = 0.1
 
     def __init__(self, model: Any) -> None:
         self.lm = _CachedLM(model)
+        self.fed: list[int] = []  # the tokens the cache holds
 
     def reset(self, prompt: list[int]) -> None:
         self.lm.reset()
+        self.fed = []
 
-    def propose(self, seq: list[int], k: int, temperature: float, top_p: float,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
-        return draft_tokens(lambda drafted: self.lm.logits(seq + drafted)[-1].numpy(), k, temperature, top_p, rng)
+    def prepare(self, seq: list[int]) -> bool:
+        return True
 
-    def accepted(self, seq: list[int]) -> None:
-        self.lm.crop(len(seq) - 1)
+    def _follow(self, tokens: list[int]) -> None:
+        """Make the cache hold ``tokens[:-1]``: crop to the common prefix, feed the rest but the last."""
+        common = 0
+        for a, b in zip(self.fed, tokens[:-1]):
+            if a != b:
+                break
+            common += 1
+        self.lm.crop(common)
+        self.fed = self.fed[:common]
+        if len(tokens) - 1 > common:
+            self.lm.logits(tokens, upto=len(tokens) - 1)
+            self.fed = tokens[:-1]
+
+    @torch.inference_mode()
+    def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
+        if len(paths) == 1:  # a chain: extend the cache itself
+            tokens = [*seq, *paths[0]]
+            self._follow(tokens)
+            logits = self.lm.logits(tokens)
+            self.fed = tokens
+            return logits[-1:].numpy()
+        self._follow(list(seq))
+        ids = torch.tensor([[seq[-1], *path] for path in paths])  # (w, 1 + d)
+        cache = self.lm.cache
+        past = self.lm.cached
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.expand(len(paths), -1, -1, -1), layer.values.expand(len(paths), -1, -1, -1)
+        try:
+            out = self.lm.model(input_ids=ids, cache=cache, use_cache=True)
+        finally:
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys[:1, :, :past].contiguous(), layer.values[:1, :, :past].contiguous()
+        return out.logits[:, -1].double().numpy()
+
+
+def _adaptive_k(rate: float, k_max: int, cost: float) -> int:
+    """The draft length in 1..k_max of most expected tokens per unit of time (see the module doc)."""
+    rate = min(max(rate, 0.0), 0.99)
+    gain = [(1 - rate ** (k + 1)) / ((1 - rate) * (1 + cost * k)) for k in range(1, k_max + 1)]
+    return int(np.argmax(gain)) + 1
 
 
 @torch.inference_mode()
 def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_new_tokens: int, k: int = 4,
                          temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                         eos_token_id: int | None = None,
-                         on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], DecodeStats]:
+                         eos_token_id: int | None = None, on_tokens: Callable[[list[int]], None] | None = None,
+                         tree: Tree | None = None, adaptive: bool = False) -> tuple[list[int], DecodeStats]:
     """The prompt's continuation by speculative decoding, and what it cost. ``temperature`` 0 is
     greedy (lossless token for token); otherwise speculative sampling (lossless in distribution).
+    A chain of ``k`` tokens per target call (at most ``k`` when ``adaptive``), or a ``tree``.
     ``on_tokens`` is called with each block of tokens as it is verified (for streaming); the
     blocks concatenate to the returned tokens."""
     if k < 1 or max_new_tokens < 0 or not prompt:
@@ -187,6 +346,8 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
     attach = getattr(drafter, "attach_target", None)
     if attach is not None:  # a draft that reads the target's states (MoA, EAGLE-style)
         attach(lm)
+    cost = float(getattr(drafter, "cost", 0.1))
+    kept_sum, tried_sum = 1.8, 3.0  # acceptance rate's running sums (decayed), a prior of 0.6
     seq = list(prompt)
     stats = DecodeStats()
     started = time.perf_counter()
@@ -194,19 +355,39 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
         lm.logits(seq, upto=len(seq) - 1)  # the cache holds every token but the last
     end = len(prompt) + max_new_tokens
     while len(seq) < end:
-        room = end - len(seq)
-        draft, q = drafter.propose(seq, min(k, room - 1), temperature, top_p, rng) if room > 1 else ([], None)
-        logits = lm.logits(seq + draft)  # (len(draft) + 1, V): after the last verified token, then each draft token
-        stats.target_calls += 1
-        stats.drafted += len(draft)
-        if temperature == 0:
-            n, nxt = accept_greedy(np.array(draft, dtype=np.int64), logits.argmax(-1).numpy())
+        room = end - len(seq) - 1  # draft tokens that can still be used
+        can = room > 0 and drafter.prepare(seq)
+        verified = len(seq)
+        if tree is not None:
+            drafted = draft_tree(drafter, seq, tree, min(tree.depth, room), temperature, top_p, rng) if can \
+                else DraftTree.root(seq[-1])
+            logits = lm.tree_logits(seq[-1], drafted)  # (nodes, V): at the root, then each node
+            if temperature == 0:
+                path, nxt = accept_tree_greedy(np.array(drafted.parents), np.array(drafted.tokens), logits.argmax(-1).numpy())
+            else:
+                p = distribution(logits.numpy(), temperature, top_p)
+                path, nxt = accept_tree_sampling(np.array(drafted.parents), np.array(drafted.tokens), drafted.candidates,
+                                                 drafted.q, p, rng)
+            lm.keep(verified, path)
+            kept, n_drafted = [drafted.tokens[i] for i in path], len(drafted.tokens) - 1
         else:
-            p = distribution(logits.numpy(), temperature, top_p)
-            n, nxt = accept_sampling(np.array(draft, dtype=np.int64), q if q is not None else p[:0], p, rng)
-        stats.kept += n
-        stats.kept_per_call.append(n)
-        added = [*draft[:n], nxt][: end - len(seq)]
+            want = _adaptive_k(kept_sum / tried_sum, k, cost) if adaptive else k
+            draft, q = draft_chain(drafter, seq, min(want, room), temperature, top_p, rng) if can else ([], None)
+            logits = lm.logits(seq + draft)  # (len(draft) + 1, V): after the last verified token, then each draft token
+            if temperature == 0:
+                n, nxt = accept_greedy(np.array(draft, dtype=np.int64), logits.argmax(-1).numpy())
+            else:
+                p = distribution(logits.numpy(), temperature, top_p)
+                n, nxt = accept_sampling(np.array(draft, dtype=np.int64), q if q is not None else p[:0], p, rng)
+            if draft:  # n kept of K: n successes in n trials, + 1 failed trial unless all were kept
+                kept_sum, tried_sum = 0.7 * kept_sum + n, 0.7 * tried_sum + n + (n < len(draft))
+            kept, n_drafted = draft[:n], len(draft)
+            stats.k_per_call.append(len(draft))
+        stats.target_calls += 1
+        stats.drafted += n_drafted
+        stats.kept += len(kept)
+        stats.kept_per_call.append(len(kept))
+        added = [*kept, nxt][: end - len(seq)]
         stop = eos_token_id is not None and eos_token_id in added
         if eos_token_id is not None and stop:
             added = added[: added.index(eos_token_id) + 1]
@@ -216,7 +397,6 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
         if stop:
             break
         lm.crop(len(seq) - 1)
-        drafter.accepted(seq)
     stats.seconds = time.perf_counter() - started
     out = seq[len(prompt) : end]
     stats.new_tokens = len(out)

@@ -8,7 +8,8 @@
 
 Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
 state_dir, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
-tls_key, llm, llm_draft, llm_concurrency, llm_queue) < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
+tls_key, llm, llm_draft, llm_draft_k, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue)
+< the flags given < --set FIELD=VALUE items (the value in TOML syntax).
 
 The admin token is in STATE_DIR/admin.token (created on first start, mode 0600): register devices
 with it (POST /v1/devices {"device": ID, "fleet": NAME} returns the device's token), upload
@@ -50,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve this Hugging Face causal LM folder (save_pretrained) at POST /v1/completions")
     p.add_argument("--draft", type=Path, metavar="DIR",
                    help="a smaller causal LM with the same tokenizer: speculative decoding inside (with --llm)")
+    p.add_argument("--draft-k", type=int, metavar="K",
+                   help="draft tokens per target call (default 4; the most with --adaptive-k)")
+    p.add_argument("--adaptive-k", action="store_true", default=None,
+                   help="choose each call's draft length from the running acceptance rate")
+    p.add_argument("--tree", metavar="DxBxW",
+                   help="tree drafting: D levels, B children per expanded node, W nodes expanded per level (e.g. 5x2x3)")
     p.add_argument("--llm-concurrency", type=int, metavar="N", help="generations run at once (default 1)")
     p.add_argument("--llm-queue", type=int, metavar="N",
                    help="requests waiting for a generation slot; beyond, 503 (default 16)")
@@ -63,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     flags = {"state_dir": args.state_dir, "host": args.host, "port": args.port, "broker": args.broker,
              "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "llm": args.llm, "llm_draft": args.draft,
+             "llm_draft_k": args.draft_k, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,
              "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue}
     config = load_config(ServeConfig, args.config, args.set, flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -39,7 +39,6 @@ from edge.errors import ConfigError, TrickleError
 COMPLETIONS = "/v1/completions"
 MAX_TOKENS = 4096  # per request, whatever the context allows
 MAX_PROMPT_CHARS = 1 << 20
-DRAFT_K = 4  # draft tokens per target call
 
 
 class PromptError(TrickleError):
@@ -132,8 +131,13 @@ class LlmService:
     """A target model, an optional draft, their tokenizer, and the admission limits."""
 
     def __init__(self, target: Any, tokenizer: Any, draft: Any | None = None, name: str = "trickle-lm",
-                 concurrency: int = 1, queue: int = 16, drafter: Callable[[], Any] | None = None) -> None:
+                 concurrency: int = 1, queue: int = 16, drafter: Callable[[], Any] | None = None, k: int = 4,
+                 adaptive: bool = False, tree: str | None = None) -> None:
+        from models.speculative import Tree
+
         self.target, self.tokenizer, self.draft, self.name = target, tokenizer, draft, name
+        self.k, self.adaptive = k, adaptive
+        self.tree = Tree(*(int(n) for n in tree.split("x"))) if tree else None  # DEPTHxBRANCHxWIDTH
         # a fresh Drafter per request (drafters keep per-sequence state); by default around the draft LM
         self.make_drafter = drafter
         self.concurrency, self.queue = concurrency, queue
@@ -143,7 +147,8 @@ class LlmService:
         self._slots: asyncio.Semaphore | None = None
 
     @classmethod
-    def load(cls, target_dir: Path, draft_dir: Path | None = None, concurrency: int = 1, queue: int = 16) -> LlmService:
+    def load(cls, target_dir: Path, draft_dir: Path | None = None, concurrency: int = 1, queue: int = 16, k: int = 4,
+             adaptive: bool = False, tree: str | None = None) -> LlmService:
         import torch
 
         torch.set_num_threads(1)  # batch 1 on CPU: one thread per generation is faster under contention
@@ -154,18 +159,19 @@ class LlmService:
             tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError("llm", str(target_dir), f"has no loadable tokenizer ({type(err).__name__})") from None
-        if draft_dir is not None and _draft_kind(draft_dir) == "moa":  # trickle train draft --kind moa
+        decoding: dict[str, Any] = {"k": k, "adaptive": adaptive, "tree": tree}
+        if draft_dir is not None and _draft_kind(draft_dir) in ("moa", "eagle"):  # trickle train draft --kind moa|eagle
             from models.draft import load_drafter
-            from models.moa import MoADrafter
 
-            moa = load_drafter(draft_dir, target)
-            assert isinstance(moa, MoADrafter)
-            return cls(target, tokenizer, None, target_dir.name, concurrency, queue, drafter=lambda: MoADrafter(moa.draft))
+            reader: Any = load_drafter(draft_dir, target)
+            # a fresh drafter per request around the same weights (drafters keep per-sequence caches)
+            return cls(target, tokenizer, None, target_dir.name, concurrency, queue,
+                       drafter=lambda: type(reader)(reader.draft), **decoding)
         draft = _load_lm(draft_dir, "llm_draft") if draft_dir is not None else None
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError("llm_draft", str(draft_dir), f"vocabulary of {draft.config.vocab_size} tokens; the target's "
                               f"has {target.config.vocab_size} (a draft must share the target's tokenizer)")
-        return cls(target, tokenizer, draft, target_dir.name, concurrency, queue)
+        return cls(target, tokenizer, draft, target_dir.name, concurrency, queue, **decoding)
 
     def encode(self, prompt: str, max_tokens: int) -> list[int]:
         ids: list[int] = self.tokenizer(prompt)["input_ids"]
@@ -190,8 +196,9 @@ class LlmService:
         else:
             drafter = IndependentDrafter(self.draft) if self.draft is not None else NoDrafter()
         eos = self.tokenizer.eos_token_id
-        tokens, stats = speculative_generate(self.target, drafter, ids, max_tokens, k=DRAFT_K, temperature=temperature,
-                                             top_p=top_p, seed=seed, eos_token_id=eos, on_tokens=on_tokens)
+        tokens, stats = speculative_generate(self.target, drafter, ids, max_tokens, k=self.k, temperature=temperature,
+                                             top_p=top_p, seed=seed, eos_token_id=eos, on_tokens=on_tokens,
+                                             tree=self.tree if self.speculative else None, adaptive=self.adaptive)
         stopped = eos is not None and bool(tokens) and tokens[-1] == eos
         return Completion(self.decode(tokens), len(ids), len(tokens), "stop" if stopped else "length",
                           stats.tokens_per_second, stats.accept_length, stats.target_calls, self.speculative)

@@ -62,6 +62,13 @@ class ServeConfig(Config):
     """A Hugging Face causal LM folder (save_pretrained): serve it at /v1/completions."""
     llm_draft: Path | None = None
     """A smaller causal LM with the same tokenizer: speculative decoding inside (needs llm)."""
+    llm_draft_k: int = Field(4, ge=1, le=32)
+    """Draft tokens per target call (the most, with llm_adaptive_k)."""
+    llm_adaptive_k: bool = False
+    """Choose each call's draft length from the running acceptance rate (at most llm_draft_k)."""
+    llm_tree: str | None = Field(None, pattern=r"^[1-9][0-9]?x[1-9][0-9]?x[1-9][0-9]?$")
+    """Tree drafting, DEPTHxBRANCHxWIDTH (e.g. 5x2x3: 5 levels, 2 children per expanded node, 3 nodes
+    expanded per level); default: chain drafting."""
     llm_concurrency: int = Field(1, ge=1, le=64)
     """Generations run at once."""
     llm_queue: int = Field(16, ge=0, le=10_000)
@@ -128,7 +135,8 @@ class Service:
         if config.llm is not None:
             from server.llm import LlmService
 
-            llm = LlmService.load(config.llm, config.llm_draft, config.llm_concurrency, config.llm_queue)
+            llm = LlmService.load(config.llm, config.llm_draft, config.llm_concurrency, config.llm_queue,
+                                  k=config.llm_draft_k, adaptive=config.llm_adaptive_k, tree=config.llm_tree)
         self.state = ServerState(self.store, self.admin_token, state_dir / "bundles",
                                  [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge,
                                  config.broker_url, llm)

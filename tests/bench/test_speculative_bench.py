@@ -18,3 +18,6 @@ def test_quick_benchmark_writes_all_keys_and_is_lossless(tmp_path: Path, shared_
     assert set(doc["draft_val_loss"]) == set(speculative.KINDS)
     assert all(out["greedy_outputs_equal_target_generate"].values()), out["greedy_outputs_equal_target_generate"]
     assert "| moa " in (tmp_path / "speculative-quick.md").read_text()
+    measured = {(r["method"], r["mode"], r["temperature"]) for r in doc["rows"]}
+    for kind in speculative.KINDS:  # every draft in every mode, greedy and sampling
+        assert {(kind, mode, t) for mode in speculative.MODES for t in (0.0, speculative.SAMPLING_T)} <= measured

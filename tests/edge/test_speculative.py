@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edge.speculative import accept_greedy, accept_sampling, distribution
+from edge.speculative import accept_greedy, accept_sampling, accept_tree_greedy, accept_tree_sampling, distribution
 
 V = 8  # a tiny vocabulary, so the target's distribution over a few tokens can be enumerated
 TOKENS = 3  # generated tokens whose joint distribution is tested
@@ -100,3 +100,83 @@ def test_a_perfect_draft_is_always_kept() -> None:
     rng = np.random.default_rng(0)
     p = TARGET[[0, 3, 5, 1]]
     assert accept_sampling(np.array([3, 5, 1]), p[:3], p, rng)[0] == 3
+
+
+def test_greedy_tree_follows_the_targets_argmax() -> None:
+    #        0
+    #      /   \
+    #   1:5     2:6
+    #   |  \     |
+    #  3:7 4:8  5:9
+    parents, tokens = np.array([-1, 0, 0, 1, 1, 2]), np.array([0, 5, 6, 7, 8, 9])
+    assert accept_tree_greedy(parents, tokens, np.array([6, 0, 9, 0, 0, 4])) == ([2, 5], 4)
+    assert accept_tree_greedy(parents, tokens, np.array([5, 8, 0, 0, 3, 0])) == ([1, 4], 3)
+    assert accept_tree_greedy(parents, tokens, np.array([1, 0, 0, 0, 0, 0])) == ([], 1)
+    with pytest.raises(ValueError, match="parents must come before"):
+        accept_tree_greedy(np.array([-1, 2, 0]), np.array([0, 1, 2]), np.array([1, 1, 1]))
+
+
+def _tree_rule(rule: Callable[..., tuple[list[int], int]], branch: int, depth: int, seed: int) -> np.ndarray:
+    """SAMPLES sequences of TOKENS tokens after token 0, drafted as trees (``branch`` i.i.d. draws
+    from DRAFT per expanded node, only each node's first child expanded further)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((SAMPLES, TOKENS), dtype=np.int64)
+    for s in range(SAMPLES):
+        seq = [0]
+        while len(seq) <= TOKENS:
+            parents, tokens, candidates, q = [-1], [seq[-1]], [[]], {}
+            node = 0
+            for _ in range(depth):
+                draws = [int(x) for x in rng.choice(V, size=branch, p=DRAFT[tokens[node]])]
+                candidates[node], q[node] = draws, DRAFT[tokens[node]]
+                first = None
+                for token in dict.fromkeys(draws):
+                    parents.append(node)
+                    tokens.append(token)
+                    candidates.append([])
+                    first = first or len(tokens) - 1
+                node = first
+            path, nxt = rule(np.array(parents), np.array(tokens), candidates, q, TARGET[tokens], rng)
+            seq += [*(tokens[i] for i in path), nxt]
+        out[s] = seq[1 : TOKENS + 1]
+    return out
+
+
+def test_tree_sampling_draws_from_the_target_exactly() -> None:
+    assert _chi_square_p(_tree_rule(accept_tree_sampling, branch=3, depth=2, seed=11)) > 1e-3
+
+
+def test_a_tree_rule_without_the_residual_update_fails_the_same_test() -> None:
+    def no_update(parents: np.ndarray, tokens: np.ndarray, candidates: list[list[int]], q: dict[int, np.ndarray],
+                  p: np.ndarray, rng: np.random.Generator) -> tuple[list[int], int]:
+        # a plausible mistake: try every candidate against the unchanged p, then sample the residual once
+        path, node = [], 0
+        while True:
+            kids = {int(tokens[i]): i for i in range(len(parents)) if parents[i] == node and i}
+            for token in candidates[node]:
+                if rng.random() < min(1.0, p[node, token] / q[node][token]):
+                    node = kids[token]
+                    path.append(node)
+                    break
+            else:
+                residual = np.maximum(p[node] - q[node], 0) if candidates[node] else p[node]
+                return path, int(rng.choice(V, p=residual / residual.sum()))
+
+    assert _chi_square_p(_tree_rule(no_update, branch=3, depth=2, seed=12)) < 1e-6
+
+
+def test_a_chain_tree_draws_what_chain_sampling_draws() -> None:
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        k = int(rng.integers(0, 5))
+        draft = rng.integers(0, V, k)
+        q = _chain(100 + trial, 0.5)[:k]
+        q[np.arange(k), draft] += 0.05
+        q /= q.sum(-1, keepdims=True)
+        p = _chain(200 + trial, 0.5)[: k + 1]
+        parents, tokens = np.arange(-1, k), np.array([0, *draft])
+        candidates = [[int(t)] for t in draft] + [[]]
+        seed = int(rng.integers(1 << 30))
+        n, token = accept_sampling(draft, q, p, np.random.default_rng(seed))
+        path, tree_token = accept_tree_sampling(parents, tokens, candidates, dict(enumerate(q)), p, np.random.default_rng(seed))
+        assert (path, tree_token) == (list(range(1, n + 1)), token)

@@ -11,7 +11,7 @@ import torch
 from edge.errors import ConfigError
 from models.draft import load_drafter, load_target, train_draft
 from models.lm import train_lm
-from models.speculative import speculative_generate
+from models.speculative import Tree, speculative_generate
 from tests.models.test_lm import config
 from tests.models.test_lm import corpus as corpus
 
@@ -42,6 +42,10 @@ def test_a_trained_draft_is_lossless_and_accepted_more_than_untrained(kind: str,
             got, stats = speculative_generate(target, drafter, prompt, 24, k=4, eos_token_id=tok.eos_token_id)
             assert got == expected[: len(got)] and (len(got) == 24 or got[-1] == tok.eos_token_id), (name, kind)
             lengths[name] += stats.accept_length / len(prompts)
+            for how in (dict(tree=Tree(depth=4, branch=2, width=2)), dict(k=6, adaptive=True)):
+                again, _ = speculative_generate(target, drafter, prompt, 24, eos_token_id=tok.eos_token_id,
+                                                **how)  # type: ignore[arg-type]
+                assert again == got, (name, kind, how)
     assert lengths["draft"] > lengths["untrained"] + 0.5, lengths
 
 
@@ -58,12 +62,34 @@ def test_the_cli_kinds_are_the_trainers() -> None:
     assert cli.DRAFT_KINDS == draft.KINDS
 
 
-def test_the_server_decodes_with_a_moa_draft(target_dir: Path, corpus: Path, tmp_path: Path) -> None:
+def test_the_server_decodes_with_moa_and_eagle_drafts_chain_tree_and_adaptive(target_dir: Path, corpus: Path,
+                                                                            tmp_path: Path) -> None:
     from server.llm import LlmService
 
-    train_draft(target_dir, "moa", corpus, tmp_path / "moa", steps=60)
+    for kind in ("moa", "eagle"):
+        train_draft(target_dir, kind, corpus, tmp_path / kind, steps=60)  # type: ignore[arg-type]
     plain = LlmService.load(target_dir)
-    moa = LlmService.load(target_dir, tmp_path / "moa")
     a = plain.complete("Ham.\nHamlet ", max_tokens=20, temperature=0)
-    b = moa.complete("Ham.\nHamlet ", max_tokens=20, temperature=0)
-    assert b.speculative and not a.speculative and a.text == b.text and b.target_calls < a.target_calls
+    for kind, how in (("moa", {}), ("eagle", {"tree": "3x2x2"}), ("moa", {"k": 6, "adaptive": True})):
+        served = LlmService.load(target_dir, tmp_path / kind, **how)  # type: ignore[arg-type]
+        b = served.complete("Ham.\nHamlet ", max_tokens=20, temperature=0)
+        assert b.speculative and not a.speculative and a.text == b.text and b.target_calls < a.target_calls, (kind, how)
+
+
+def test_draft_training_resumes_bit_for_bit(target_dir: Path, corpus: Path, tmp_path: Path) -> None:
+    """Interrupted after 6 of 12 steps and resumed, a draft has the weights of 12 steps in one go."""
+    def interrupt(step: int, loss: float) -> None:
+        if step == 6:
+            raise KeyboardInterrupt
+
+    small = dict(steps=12, batch=2, context=32)
+    train_draft(target_dir, "moa", corpus, tmp_path / "once", **small)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        train_draft(target_dir, "moa", corpus, tmp_path / "twice", checkpoint_minutes=0, progress=interrupt,
+                    **small)  # type: ignore[arg-type]
+    assert not (tmp_path / "twice" / "moa.safetensors").exists()
+    with pytest.raises(ConfigError, match="lr = 0.002: the checkpoint .* was trained with 0.001"):
+        train_draft(target_dir, "moa", corpus, tmp_path / "twice", lr=2e-3, resume=True, **small)  # type: ignore[arg-type]
+    summary = train_draft(target_dir, "moa", corpus, tmp_path / "twice", resume=True, **small)  # type: ignore[arg-type]
+    assert summary["resumed_from_step"] == 6 and summary["steps"] == 12
+    assert (tmp_path / "once" / "moa.safetensors").read_bytes() == (tmp_path / "twice" / "moa.safetensors").read_bytes()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from models.moa import MoADraft, MoADrafter, bounded_segments
-from models.speculative import speculative_generate
+from models.speculative import Tree, _CachedLM, speculative_generate
 from tests.models.test_speculative import VOCAB, _greedy, _llama
 
 
@@ -23,7 +23,7 @@ def test_no_output_depends_on_states_a_token_may_not_see() -> None:
     draft = MoADraft.for_target(target)
     tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
     out = target(input_ids=tokens, use_cache=True)
-    states = draft.target_states(out.past_key_values, 40)
+    states = draft.target_states(out.cache, 40)
     sees = bounded_segments(tokens.shape, torch.Generator().manual_seed(2))
     base = draft(tokens, states, sees)
     noisy = states.clone()
@@ -78,3 +78,53 @@ def test_moa_drafts_losslessly_and_learns_the_target() -> None:
     assert sum(after) / 3 > 2.5 > max(before), (before, after)  # of at most k + 1 = 5 tokens per target call
     for p in prompts:
         assert speculative_generate(target, MoADrafter(draft), p, 24, k=4)[0] == _greedy(target, p, 24)
+
+    for how in (dict(tree=Tree(depth=4, branch=2, width=3)), dict(k=6, adaptive=True)):
+        for p in prompts:
+            assert speculative_generate(target, MoADrafter(draft), p, 24, **how)[0] == _greedy(target, p, 24), how  # type: ignore[arg-type]
+
+
+def test_incremental_drafts_equal_a_full_forward() -> None:
+    """The drafters' caches (target states, self-attention keys/values, EAGLE's features) give the
+    logits a full forward over the whole sequence gives, across verified steps and drafted paths."""
+    from models.eagle import EagleDraft, EagleDrafter
+
+    target = _llama(0)
+    moa, eagle = MoADraft.for_target(target).double(), EagleDraft.for_target(target).double()
+    for module in (moa, eagle):  # random, not zero, positions and layer positions
+        for name, param in module.named_parameters():
+            if "position" in name:
+                torch.nn.init.normal_(param, std=0.5)
+    seq = [3, 1, 4, 1, 5, 9, 2]
+    lm = _CachedLM(target, keep_hidden=True)
+    lm.reset()
+    drafters = {"moa": MoADrafter(moa), "eagle": EagleDrafter(eagle)}
+    for d in drafters.values():
+        d.reset(seq)
+        d.attach_target(lm)
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        lm.logits(seq, upto=len(seq) - 1)
+        paths = [torch.randint(0, VOCAB, (3,), generator=rng).tolist() for _ in range(2)]
+        verified = len(seq) - 1
+        out = target(input_ids=torch.tensor([seq[:-1]]), use_cache=True, output_hidden_states=True)
+        for name, d in drafters.items():
+            assert d.prepare(seq)
+            for depth in range(4):
+                got = d.path_logits(seq, [p[:depth] for p in paths])
+                for row, p in enumerate(paths):
+                    ids = torch.tensor([seq + p[:depth]])
+                    if name == "moa":
+                        states = moa.target_states(out.cache, verified)
+                        full = moa(ids, states, torch.full(ids.shape, verified - 1))[0, -1]
+                        want = moa.head(full)
+                    else:  # features: the target's for the verified tokens, then the draft's own predictions
+                        feats = out.hidden_states[-1][0]
+                        for i in range(depth + 1):
+                            nxt = torch.tensor([seq[1:] + p[:i]])
+                            pred = eagle(feats[None], nxt)[0, -1]
+                            feats = torch.cat([feats, pred[None]])
+                        want = eagle.head(pred)
+                    assert torch.allclose(torch.from_numpy(got[row]), want.double(), atol=1e-9), (name, depth)
+        seq += [*paths[0][:2], int(torch.randint(0, VOCAB, (1,), generator=rng))]
+        lm.crop(len(seq) - 1)

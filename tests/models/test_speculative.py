@@ -1,5 +1,6 @@
 """Speculative decoding on transformers models: greedy output is the target's own greedy
-`generate` output token for token, whatever the draft; the caches roll back exactly."""
+`generate` output token for token, whatever the draft, chain or tree, fixed or adaptive K; the
+caches roll back exactly (transformers' test_assisted_decoding_matches_greedy_search is the model)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.speculative import IndependentDrafter, _CachedLM, speculative_generate
+from models.speculative import DraftTree, IndependentDrafter, Tree, _CachedLM, speculative_generate
 
 VOCAB = 64
 
@@ -43,31 +44,81 @@ class AlwaysWrong:
     def reset(self, prompt: list[int]) -> None:
         self.lm.reset()
 
-    def propose(self, seq: list[int], k: int, *_: object) -> tuple[list[int], None]:
-        self.lm.crop(len(seq) - 1)
-        return [(int(self.lm.logits(seq)[-1].argmax()) + 1) % VOCAB] * k, None
+    def prepare(self, seq: list[int]) -> bool:
+        return True
 
-    def accepted(self, seq: list[int]) -> None:
-        pass
+    def path_logits(self, seq: list[int], paths: list[list[int]]) -> np.ndarray:
+        rows = []
+        for path in paths:
+            self.lm.reset()
+            wrong = (int(self.lm.logits([*seq, *path])[-1].argmax()) + 1) % VOCAB
+            rows.append(np.eye(VOCAB)[wrong] * 10)
+        return np.stack(rows)
 
 
 PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 9, 11], list(range(10, 30))]
+SHAPES = {"chain k=1": dict(k=1), "chain k=3": dict(k=3), "chain k=6": dict(k=6), "adaptive k<=6": dict(k=6, adaptive=True),
+          "tree 4x2x3": dict(tree=Tree(depth=4, branch=2, width=3)), "tree 2x3x1": dict(tree=Tree(depth=2, branch=3, width=1))}
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
-def test_greedy_equals_the_targets_greedy_generate(target: torch.nn.Module, k: int) -> None:
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_equals_the_targets_greedy_generate(target: torch.nn.Module, shape: str) -> None:
+    how = SHAPES[shape]
     drafts = {"independent": IndependentDrafter(_llama(1, layers=1, hidden=16)),
               "always right": IndependentDrafter(target), "always wrong": AlwaysWrong(target)}
     for prompt in PROMPTS:
         expected = _greedy(target, prompt, 24)
         for name, drafter in drafts.items():
-            tokens, stats = speculative_generate(target, drafter, prompt, max_new_tokens=24, k=k)
+            tokens, stats = speculative_generate(target, drafter, prompt, max_new_tokens=24, **how)  # type: ignore[arg-type]
             assert tokens == expected, (name, prompt)
             assert stats.new_tokens == 24 and stats.kept + stats.target_calls == 24
-            if name == "always right":
+            if name == "always right" and shape.startswith("chain"):
+                k = int(how["k"])
                 assert stats.target_calls == -(-24 // (k + 1))  # every call adds k + 1 tokens (the last one fewer)
+            if name == "always right" and shape.startswith("tree"):
+                tree: Tree = how["tree"]  # type: ignore[assignment]
+                # width 1 keeps the argmax path; wider trees keep the best cumulative paths, which
+                # need not include it
+                assert stats.target_calls == -(-24 // (tree.depth + 1)) if tree.width == 1 else stats.target_calls < 12
             if name == "always wrong":
                 assert stats.kept == 0 and stats.target_calls == 24
+
+
+def test_adaptive_k_drafts_longer_for_a_draft_that_is_right() -> None:
+    target = _llama(0)
+    right = speculative_generate(target, IndependentDrafter(target), [1, 2, 3], 40, k=8, adaptive=True)[1]
+    wrong = speculative_generate(target, AlwaysWrong(target), [1, 2, 3], 40, k=8, adaptive=True)[1]
+    assert right.k_per_call[-2] == 8 and max(wrong.k_per_call[3:]) == 1, (right.k_per_call, wrong.k_per_call)
+
+
+def test_tree_verification_keeps_the_accepted_path_like_a_fresh_forward(target: torch.nn.Module) -> None:
+    rng = np.random.default_rng(1)
+    seq = [3, 1, 4, 1, 5]
+    lm = _CachedLM(target)
+    lm.reset()
+    lm.logits(seq, upto=len(seq) - 1)
+    for _ in range(5):
+        tree = DraftTree.root(seq[-1])
+        for i in range(1, 12):  # a random tree of 11 nodes
+            tree.parents.append(int(rng.integers(0, i)))
+            tree.tokens.append(int(rng.integers(0, VOCAB)))
+            tree.candidates.append([])
+        logits = lm.tree_logits(seq[-1], tree)
+        node = int(rng.integers(0, 12))
+        path = []
+        while node > 0:
+            path.insert(0, node)
+            node = tree.parents[node]
+        fresh = _CachedLM(target)
+        fresh.reset()
+        along = fresh.logits([*seq, *tree.path(path[-1] if path else 0)])  # the same tokens as a plain sequence
+        assert torch.allclose(logits[[0, *path]], along[len(seq) - 1 :], atol=1e-9)
+        lm.keep(len(seq), path)
+        seq += [*tree.path(path[-1] if path else 0), int(rng.integers(0, VOCAB))]
+        assert lm.cached == len(seq) - 1
+        for a, b in zip(lm.cache.layers, fresh.cache.layers):
+            assert torch.allclose(a.keys, b.keys[:, :, : len(seq) - 1], atol=1e-12)
+            assert torch.allclose(a.values, b.values[:, :, : len(seq) - 1], atol=1e-12)
 
 
 def test_the_target_cache_equals_a_fresh_forward_after_rollbacks(target: torch.nn.Module) -> None:
