@@ -29,7 +29,7 @@ def test_a_trained_draft_is_lossless_and_accepted_more_than_untrained(kind: str,
     target, tok = load_target(target_dir)
     prompts = [tok("Ham.\nHamlet ").input_ids, tok("[Enter Horatio.]\n\nHor.\n").input_ids]
     untrained = train_draft(target_dir, kind, corpus, tmp_path / "untrained", steps=1)
-    trained = train_draft(target_dir, kind, corpus, tmp_path / "draft", steps=120, seed=0)
+    trained = train_draft(target_dir, kind, corpus, tmp_path / "draft", steps=120, lr=3e-3, seed=0)
     assert trained["val_loss"] < untrained["val_loss"]
     assert json.loads((tmp_path / "draft" / "draft.json").read_text())["kind"] == kind
     lengths = {}
