@@ -26,38 +26,37 @@ from models.speculative import TargetReader
 
 
 class EagleDraft(nn.Module):
-    def __init__(self, hidden: int, heads: int = 4, positions: int = 4096) -> None:
+    def __init__(self, hidden: int, heads: int = 4) -> None:
         super().__init__()
         self.fuse = nn.Linear(2 * hidden, hidden)
-        self.layer = _Block(hidden, heads)
-        self.position = nn.Embedding(positions, hidden)
+        self.layer = _Block(hidden, heads)  # rotary positions, as the MoA draft's attentions
         self.embed: nn.Embedding | None = None  # the target's (set by attach)
         self.head: nn.Linear | None = None
 
     @classmethod
     def for_target(cls, target: Any, heads: int = 4) -> EagleDraft:
-        draft = cls(target.config.hidden_size, heads, positions=target.config.max_position_embeddings)
+        draft = cls(target.config.hidden_size, heads)
         draft.attach(target)
         return draft.to(target.dtype)
 
     def shape(self) -> dict[str, int]:
-        return {"hidden": self.fuse.out_features, "heads": self.layer.heads, "positions": self.position.num_embeddings}
+        return {"hidden": self.fuse.out_features, "heads": self.layer.heads}
 
     def attach(self, target: Any) -> None:
         object.__setattr__(self, "embed", target.get_input_embeddings())
         object.__setattr__(self, "head", target.get_output_embeddings())
 
-    def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """The layer's inputs (B, T, H) at positions start.. from features and the tokens that followed."""
+    def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """The layer's inputs (B, T, H) from features and the tokens that followed them."""
         assert self.embed is not None
-        positions = torch.arange(start, start + features.shape[1], device=features.device)
-        return self.fuse(torch.cat([features, self.embed(next_tokens)], -1)) + \
-            self.position(positions.clamp(max=self.position.num_embeddings - 1))
+        return self.fuse(torch.cat([features, self.embed(next_tokens)], -1))
 
     def forward(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Predicted features (B, T, H) from features f_1..f_T (B, T, H) and tokens x_2..x_{T+1} (B, T)."""
         positions = torch.arange(features.shape[1], device=features.device)
-        return self.layer(self.inputs(features, next_tokens, 0), mask=positions[None, :] <= positions[:, None])
+        x = self.inputs(features, next_tokens)
+        return self.layer.attend(x, *self.layer.memory(x, positions), mask=positions[None, :] <= positions[:, None],
+                                 positions=positions)
 
     def loss(self, target: Any, tokens: torch.Tensor, generator: torch.Generator | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -102,13 +101,13 @@ class EagleDrafter(TargetReader):
             self.predicted = {(): self.predicted[()]}
             return True
         draft = self.draft
-        x = draft.inputs(self.target_lm.hidden[self.exact : verified][None], torch.tensor([seq[self.exact + 1 :]]), self.exact)
-        k, v = draft.layer.memory(x)
+        x = draft.inputs(self.target_lm.hidden[self.exact : verified][None], torch.tensor([seq[self.exact + 1 :]]))
+        k, v = draft.layer.memory(x, torch.arange(self.exact, verified))
         if self.kv is not None:
             k, v = torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2)
         # the last position (the feature before the bonus token, then the bonus token) predicts the
         # feature after the bonus token: the root of every drafted path
-        self.predicted = {(): draft.layer.attend(x[:, -1:], k, v)[0, 0]}
+        self.predicted = {(): draft.layer.attend(x[:, -1:], k, v, positions=torch.tensor([verified - 1]))[0, 0]}
         self.kv, self.exact = (k, v), verified
         return True
 
@@ -121,11 +120,12 @@ class EagleDrafter(TargetReader):
             return draft.head(self.predicted[()])[None].expand(w, -1).double().numpy()
         # position n - 1 + i takes the feature predicted after path[:i] and the token path[i]
         features = torch.stack([torch.stack([self.predicted[tuple(path[:i])] for i in range(d)]) for path in paths])
-        x = draft.inputs(features, torch.tensor([list(path) for path in paths]), len(seq) - 1)  # (w, d, H)
-        k, v = draft.layer.memory(x)
+        x = draft.inputs(features, torch.tensor([list(path) for path in paths]))  # (w, d, H)
+        positions = torch.arange(len(seq) - 1, len(seq) - 1 + d)
+        k, v = draft.layer.memory(x, positions)
         k = torch.cat([self.kv[0].expand(w, -1, -1, -1), k], 2)
         v = torch.cat([self.kv[1].expand(w, -1, -1, -1), v], 2)
-        out = draft.layer.attend(x[:, -1:], k, v)[:, 0]  # (w, H): the feature after each path
+        out = draft.layer.attend(x[:, -1:], k, v, positions=positions[-1:])[:, 0]  # (w, H): the feature after each path
         for path, feature in zip(paths, out):
             self.predicted[tuple(path)] = feature
         return draft.head(out).double().numpy()

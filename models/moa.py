@@ -39,8 +39,20 @@ SEGMENT_MIN, SEGMENT_MAX = 6, 15  # T-step bounded masking: segment lengths draw
 KL_WEIGHT = 0.1
 
 
+def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) of x (B, h, T, d) at ``positions`` (T,): dot
+    products of rotated queries and keys then depend on the distance between their positions only."""
+    half = x.shape[-1] // 2
+    freq = base ** (-torch.arange(half, dtype=torch.float64) / half)
+    angle = (positions.to(torch.float64)[:, None] * freq[None]).to(x.dtype)  # (T, d/2)
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
 class _Block(nn.Module):
-    """Pre-norm attention (queries from x, keys/values from memory) and a SiLU MLP, residual."""
+    """Pre-norm attention (queries from x, keys/values from memory) and a SiLU MLP, residual. Given
+    positions, queries and keys are rotated (RoPE), so attention knows how far apart they are."""
 
     def __init__(self, dim: int, heads: int, memory_dim: int | None = None) -> None:
         super().__init__()
@@ -51,15 +63,20 @@ class _Block(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim, bias=False), nn.SiLU(), nn.Linear(2 * dim, dim, bias=False))
 
-    def memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, h, S, d/h) of a memory (B, S, D): what an incremental draft caches."""
+    def memory(self, memory: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, h, S, d/h) of a memory (B, S, D) at ``positions`` (S,): what an
+        incremental draft caches."""
         b, t, _ = memory.shape
         k, v = self.kv(self.norm_kv(memory)).chunk(2, -1)
-        return k.view(b, t, self.heads, -1).transpose(1, 2), v.view(b, t, self.heads, -1).transpose(1, 2)
+        k, v = k.view(b, t, self.heads, -1).transpose(1, 2), v.view(b, t, self.heads, -1).transpose(1, 2)
+        return (k if positions is None else rotate(k, positions)), v
 
-    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
         q = self.q(self.norm_q(x)).view(b, t, self.heads, -1).transpose(1, 2)  # (B, h, T, d/h)
+        if positions is not None:
+            q = rotate(q, positions)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask: True = may attend
         x = x + self.out(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.norm_mlp(x))
@@ -69,17 +86,16 @@ class _Block(nn.Module):
 
 
 class MoADraft(nn.Module):
-    def __init__(self, hidden: int, kv_dim: int, n_layers: int, heads: int, layer_dim: int = 128, layer_heads: int = 2,
-                 positions: int = 4096) -> None:
+    def __init__(self, hidden: int, kv_dim: int, n_layers: int, heads: int, layer_dim: int = 128,
+                 layer_heads: int = 2) -> None:
         super().__init__()
         self.kv_dim, self.n_layers, self.layer_dim = kv_dim, n_layers, layer_dim
         self.layer_in = nn.Linear(kv_dim, layer_dim)  # each layer's K/V of a token, to the Layer Self-Attention's width
         self.layer_position = nn.Parameter(torch.zeros(n_layers, layer_dim))
         self.layer_attention = _Block(layer_dim, layer_heads)
         self.project = nn.Linear(layer_dim, hidden)
-        self.self_attention = _Block(hidden, heads)
-        self.position = nn.Embedding(positions, hidden)  # absolute positions of the token stream
-        self.cross_attention = _Block(hidden, heads)
+        self.self_attention = _Block(hidden, heads)  # rotary positions: token i at i
+        self.cross_attention = _Block(hidden, heads)  # rotary positions: token i at i, the state of token j at j
         self.embed: nn.Embedding | None = None  # the target's, not trained (set by for_target)
         self.head: nn.Linear | None = None
 
@@ -87,16 +103,14 @@ class MoADraft(nn.Module):
     def for_target(cls, target: Any, heads: int = 4) -> MoADraft:
         cfg = target.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        draft = cls(cfg.hidden_size, 2 * cfg.num_key_value_heads * head_dim, cfg.num_hidden_layers, heads,
-                    positions=cfg.max_position_embeddings)
+        draft = cls(cfg.hidden_size, 2 * cfg.num_key_value_heads * head_dim, cfg.num_hidden_layers, heads)
         draft.attach(target)
         return draft.to(target.dtype)
 
     def shape(self) -> dict[str, int]:
         """The constructor's arguments (what ``draft.json`` records to rebuild it)."""
         return {"hidden": self.project.out_features, "kv_dim": self.kv_dim, "n_layers": self.n_layers,
-                "heads": self.self_attention.heads, "layer_dim": self.layer_dim, "layer_heads": self.layer_attention.heads,
-                "positions": self.position.num_embeddings}
+                "heads": self.self_attention.heads, "layer_dim": self.layer_dim, "layer_heads": self.layer_attention.heads}
 
     def attach(self, target: Any) -> None:
         """Share the target's token embedding and LM head (frozen; kept out of this module's state)."""
@@ -112,20 +126,17 @@ class MoADraft(nn.Module):
         states = self.layer_attention(self.layer_in(kv.reshape(b * t, self.n_layers, self.kv_dim)) + self.layer_position)
         return self.project(states.mean(1).view(b, t, self.layer_dim))
 
-    def embed_at(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Token embeddings plus absolute positions from ``start``: (B, T, hidden)."""
-        assert self.embed is not None
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device).clamp(max=self.position.num_embeddings - 1)
-        return self.embed(tokens) + self.position(positions)
-
     def forward(self, tokens: torch.Tensor, states: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, T, hidden) predicting each token's successor. ``sees`` (B, T): the last
         target state index each token may attend to."""
+        assert self.embed is not None
         positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.self_attention(self.embed_at(tokens, 0), mask=positions[None, :] <= positions[:, None])
+        x = self.embed(tokens)
+        x = self.self_attention.attend(x, *self.self_attention.memory(x, positions),
+                                       mask=positions[None, :] <= positions[:, None], positions=positions)
         j = torch.arange(states.shape[1], device=tokens.device)
         cross = (j[None, None, :] <= sees.clamp(min=0)[:, :, None])[:, None]  # (B, 1, T, S)
-        return self.cross_attention(x, memory=states, mask=cross)
+        return self.cross_attention.attend(x, *self.cross_attention.memory(states, j), mask=cross, positions=positions)
 
     def loss(self, target: Any, tokens: torch.Tensor, generator: torch.Generator | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -190,7 +201,8 @@ class MoADrafter(TargetReader):
         draft = self.draft
         verified = len(seq) - 1  # the target's cache holds these tokens
         if verified > self.states:
-            new = draft.cross_attention.memory(draft.target_states(self.target_lm.cache, verified, self.states))
+            new = draft.cross_attention.memory(draft.target_states(self.target_lm.cache, verified, self.states),
+                                               torch.arange(self.states, verified))
             self.cross = new if self.cross is None else (torch.cat([self.cross[0], new[0]], 2),
                                                          torch.cat([self.cross[1], new[1]], 2))
             self.states = verified
@@ -202,7 +214,8 @@ class MoADrafter(TargetReader):
         if self.self_kv is not None:
             self.self_kv = (self.self_kv[0][:, :, :common], self.self_kv[1][:, :, :common])
         if verified > common:  # the self-attention's keys/values of seq[common:-1]
-            new = draft.self_attention.memory(draft.embed_at(torch.tensor([seq[common:-1]]), common))
+            assert draft.embed is not None
+            new = draft.self_attention.memory(draft.embed(torch.tensor([seq[common:-1]])), torch.arange(common, verified))
             self.self_kv = new if self.self_kv is None else (torch.cat([self.self_kv[0], new[0]], 2),
                                                                torch.cat([self.self_kv[1], new[1]], 2))
         self.fed = seq[:-1]
@@ -214,17 +227,21 @@ class MoADrafter(TargetReader):
         assert draft.head is not None
         w, n = len(paths), len(seq)
         tokens = torch.tensor([[seq[-1], *path] for path in paths])  # (w, 1 + d): the last verified token, then the path
-        x = draft.embed_at(tokens, n - 1)
-        k, v = draft.self_attention.memory(x)
+        assert draft.embed is not None
+        x = draft.embed(tokens)
+        positions = torch.arange(n - 1, n + tokens.shape[1] - 1)
+        k, v = draft.self_attention.memory(x, positions)
         if self.self_kv is not None:
             k = torch.cat([self.self_kv[0].expand(w, -1, -1, -1), k], 2)
             v = torch.cat([self.self_kv[1].expand(w, -1, -1, -1), v], 2)
-        h = draft.self_attention.attend(x[:, -1:], k, v)  # (w, 1, hidden): only the path's end is read out
+        end = positions[-1:]
+        h = draft.self_attention.attend(x[:, -1:], k, v, positions=end)  # (w, 1, hidden): only the path's end is read out
         if self.cross is None:  # a one-token prompt: no target state yet; a zero state stands in
-            ck, cv = draft.cross_attention.memory(torch.zeros(1, 1, draft.project.out_features, dtype=x.dtype))
+            ck, cv = draft.cross_attention.memory(torch.zeros(1, 1, draft.project.out_features, dtype=x.dtype),
+                                                  torch.zeros(1, dtype=torch.long))
         else:
             ck, cv = self.cross
         # the path's end sees every verified state, as the bonus token and the drafted ones after it
         # did in training (T-step bounded masking)
-        out = draft.cross_attention.attend(h, ck.expand(w, -1, -1, -1), cv.expand(w, -1, -1, -1))
+        out = draft.cross_attention.attend(h, ck.expand(w, -1, -1, -1), cv.expand(w, -1, -1, -1), positions=end)
         return draft.head(out[:, 0]).double().numpy()
