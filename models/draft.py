@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import torch
 
+from edge.backends import quiet
 from edge.errors import ConfigError, DataError
 from edge.files import write_atomic
 from models.eagle import EagleDraft, EagleDrafter
@@ -200,8 +201,9 @@ def _save(model: Any, kind: Kind, tok: Any, out: Path, summary: dict[str, Any]) 
         shape = model.shape()
         summary = {**summary, "shape": shape}
     else:
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
+        with quiet():  # transformers' "Writing model shards" progress bar
+            model.save_pretrained(out)
+            tok.save_pretrained(out)
     write_atomic(out / MANIFEST, json.dumps(summary, indent=1, sort_keys=True) + "\n")
 
 

@@ -1,11 +1,13 @@
 """A language model served over HTTP: OpenAI-compatible ``POST /v1/completions``, speculative
 decoding inside when a draft model is loaded.
 
-    trickle serve --llm runs/lm/base --draft runs/lm/draft --llm-concurrency 1 --llm-queue 16
+    trickle serve --llm runs/lm/base --draft runs/lm/draft-moa --tree 5x2x3 --llm-concurrency 1 --llm-queue 16
     curl -s localhost:8080/v1/completions -d '{"prompt": "ROMEO:", "max_tokens": 32, "temperature": 0}'
 
-The target (and the draft) are Hugging Face causal LMs in local folders (``save_pretrained``);
-the draft must share the target's vocabulary. Without a draft every token is one target call
+The target is a Hugging Face causal LM in a local folder (``save_pretrained``); the draft is a
+folder of ``trickle train draft`` (MoA, EAGLE-style or independent) or any causal LM sharing the
+target's vocabulary. Drafting is a chain of K tokens, of adaptive length, or a tree
+(``models.speculative``). Without a draft every token is one target call
 (the same verify loop with a drafter that proposes nothing, so sampling means the same thing
 either way). At most ``concurrency`` generations run at once; up to ``queue`` more wait; beyond
 that a request gets 503 at once, so memory stays bounded. A prompt that leaves no room for

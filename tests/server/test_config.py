@@ -29,6 +29,8 @@ def test_the_serve_config_keeps_its_defaults_and_takes_keywords() -> None:
     ({"broker": "tcp://h:1"}, "broker = 'tcp://h:1': must be 'embedded' or mqtt://HOST:PORT"),
     ({"tls_cert": "c.pem"}, "tls_cert = 'c.pem': needs tls_key too"),
     ({"data_dir": "x"}, "data_dir = 'x': Extra inputs are not permitted"),
+    ({"llm_tree": "5x2"}, "llm_tree = '5x2': String should match pattern"),
+    ({"llm_draft_k": 0}, "llm_draft_k = 0: should be greater than or equal to 1"),
 ])
 def test_a_bad_serve_config_is_one_config_error(flags: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as err:
