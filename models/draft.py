@@ -35,10 +35,11 @@ from edge.files import write_atomic
 from models.eagle import EagleDraft, EagleDrafter
 from models.lm import find_plays, read_texts, token_stream, windows
 from models.moa import MoADraft, MoADrafter
-from models.speculative import Drafter, IndependentDrafter
+from models.speculative import Drafter, IndependentDrafter, draft_vocabulary
 
 Kind = Literal["moa", "eagle", "independent"]
 KINDS: tuple[Kind, ...] = ("moa", "eagle", "independent")
+DRAFT_VOCAB = 1024  # tokens a draft's head reads when drafting (a quarter of the base target's 4096)
 MANIFEST = "draft.json"
 
 
@@ -94,14 +95,16 @@ def lr_at(lr: float, step: int, progress: float, warmup: int = 50) -> float:
 
 def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps: int = 1000, minutes: float | None = None,
                 batch: int = 8, context: int | None = None, lr: float = 1e-3, seed: int = 0, resume: bool = False,
-                checkpoint_minutes: float = 5.0, progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+                checkpoint_minutes: float = 5.0, draft_vocab: int = DRAFT_VOCAB,
+                progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Train a draft of ``kind`` for the target in ``target_dir``; write it to ``out``; return the summary.
 
     The budget is ``steps`` or ``minutes`` of training, whichever runs out first; the learning rate
     warms up, then decays (cosine) over it. ``out/checkpoint/state.pt`` is written every
     ``checkpoint_minutes`` and at the end; ``resume`` continues from it (same kind, target, batch,
     context, lr and seed; ``steps`` and ``minutes`` may grow) bit for bit as if never stopped
-    (with a steps budget).
+    (with a steps budget). ``draft_vocab``: the most frequent training tokens the draft's head reads
+    when drafting (``models.speculative.DraftHead``; 0: the whole vocabulary); training uses all.
     """
     if kind not in KINDS:
         raise ConfigError("--kind", kind, f"must be one of {list(KINDS)}")
@@ -170,7 +173,8 @@ def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps
         val_loss, val_stats = loss_of(val_windows)
     summary = {"kind": kind, "target": str(target_dir), "trainable_parameters": trainable_parameters(model),
                "steps": step, "resumed_from_step": resumed_from, "train_seconds": round(train_time, 3), "seed": seed,
-               "context": context + 1, "batch": batch, "lr": lr, "val_loss": float(val_loss), "val": val_stats}
+               "context": context + 1, "batch": batch, "lr": lr, "val_loss": float(val_loss), "val": val_stats,
+               "draft_vocab": draft_vocabulary(train_ids, target.config.vocab_size, draft_vocab) if draft_vocab else None}
     _save(model, kind, tok, out, summary)
     return summary
 
@@ -218,16 +222,16 @@ def load_drafter(folder: Path, target: Any) -> Drafter:
         draft = MoADraft(**doc["shape"])
         draft.load_state_dict(load((folder / "moa.safetensors").read_bytes()))
         draft.attach(target)
-        return MoADrafter(draft.to(target.dtype))
+        return MoADrafter(draft.to(target.dtype), doc.get("draft_vocab"))
     if doc["kind"] == "eagle":
         from safetensors.torch import load
 
         eagle = EagleDraft(**doc["shape"])
         eagle.load_state_dict(load((folder / "eagle.safetensors").read_bytes()))
         eagle.attach(target)
-        return EagleDrafter(eagle.to(target.dtype))
+        return EagleDrafter(eagle.to(target.dtype), doc.get("draft_vocab"))
     from transformers import AutoModelForCausalLM
 
     if not (folder / "config.json").is_file():
         raise ConfigError("--draft", str(folder), "not a draft folder (no draft.json or config.json)")
-    return IndependentDrafter(AutoModelForCausalLM.from_pretrained(folder, local_files_only=True))
+    return IndependentDrafter(AutoModelForCausalLM.from_pretrained(folder, local_files_only=True), doc.get("draft_vocab"))

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.moa import KL_WEIGHT, _Block
-from models.speculative import TargetReader
+from models.speculative import DraftHead, TargetReader
 
 
 class EagleDraft(nn.Module):
@@ -79,11 +79,14 @@ class EagleDrafter(TargetReader):
     path takes the draft's predicted features, kept per path while one tree or chain is drafted."""
 
     needs_hidden = True
-    cost = 0.05
+    cost = 0.1  # a drafted token's time over a target call's, measured with the base target here
 
-    def __init__(self, draft: EagleDraft) -> None:
+    def __init__(self, draft: EagleDraft, vocab: Sequence[int] | None = None) -> None:
         super().__init__()
         self.draft = draft.eval()
+        assert draft.head is not None
+        self.vocab = vocab
+        self.head = DraftHead(draft.head, vocab)
         self.reset([])
 
     def reset(self, prompt: list[int]) -> None:
@@ -114,10 +117,10 @@ class EagleDrafter(TargetReader):
     @torch.inference_mode()
     def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
         draft = self.draft
-        assert draft.head is not None and self.kv is not None
+        assert self.kv is not None
         w, d = len(paths), len(paths[0])
         if d == 0:
-            return draft.head(self.predicted[()])[None].expand(w, -1).double().numpy()
+            return np.repeat(self.head.logits(self.predicted[()][None]), w, 0)
         # position n - 1 + i takes the feature predicted after path[:i] and the token path[i]
         features = torch.stack([torch.stack([self.predicted[tuple(path[:i])] for i in range(d)]) for path in paths])
         x = draft.inputs(features, torch.tensor([list(path) for path in paths]))  # (w, d, H)
@@ -128,4 +131,4 @@ class EagleDrafter(TargetReader):
         out = draft.layer.attend(x[:, -1:], k, v, positions=positions[-1:])[:, 0]  # (w, H): the feature after each path
         for path, feature in zip(paths, out):
             self.predicted[tuple(path)] = feature
-        return draft.head(out).double().numpy()
+        return self.head.logits(out)

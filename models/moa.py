@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.speculative import TargetReader
+from models.speculative import DraftHead, TargetReader
 
 SEGMENT_MIN, SEGMENT_MAX = 6, 15  # T-step bounded masking: segment lengths drawn from [6, 15)
 KL_WEIGHT = 0.1
@@ -182,11 +182,14 @@ class MoADrafter(TargetReader):
     change once verified), and the Self-Attention's keys/values of the verified tokens; a drafted
     path costs its own tokens only."""
 
-    cost = 0.1
+    cost = 0.15  # a drafted token's time over a target call's, measured with the base target here
 
-    def __init__(self, draft: MoADraft) -> None:
+    def __init__(self, draft: MoADraft, vocab: Sequence[int] | None = None) -> None:
         super().__init__()
         self.draft = draft.eval()
+        assert draft.head is not None
+        self.vocab = vocab
+        self.head = DraftHead(draft.head, vocab)
         self.reset([])
 
     def reset(self, prompt: list[int]) -> None:
@@ -224,7 +227,6 @@ class MoADrafter(TargetReader):
     @torch.inference_mode()
     def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
         draft = self.draft
-        assert draft.head is not None
         w, n = len(paths), len(seq)
         tokens = torch.tensor([[seq[-1], *path] for path in paths])  # (w, 1 + d): the last verified token, then the path
         assert draft.embed is not None
@@ -244,4 +246,4 @@ class MoADrafter(TargetReader):
         # the path's end sees every verified state, as the bonus token and the drafted ones after it
         # did in training (T-step bounded masking)
         out = draft.cross_attention.attend(h, ck.expand(w, -1, -1, -1), cv.expand(w, -1, -1, -1), positions=end)
-        return draft.head(out[:, 0]).double().numpy()
+        return self.head.logits(out[:, 0])

@@ -123,11 +123,44 @@ class Drafter(Protocol):
         paths of one length). Called after ``prepare(seq)``."""
 
 
+class DraftHead:
+    """An LM head read only over a draft vocabulary: the ``vocab`` most frequent tokens of the
+    training text (FR-Spec, Zhao et al. 2025). On a CPU one drafted token reads the whole head
+    from memory, and the head is most of a small draft's weights; a quarter of its rows costs a
+    quarter. Tokens outside get no probability from the draft (its logits there are -inf), which
+    the acceptance rules handle exactly: the target still emits them, as corrections."""
+
+    def __init__(self, head: torch.nn.Linear, vocab: Sequence[int] | None = None) -> None:
+        self.size = head.weight.shape[0]
+        self.rows = None if vocab is None else np.array(sorted(set(vocab)), dtype=np.int64)
+        index = None if self.rows is None else torch.from_numpy(self.rows)
+        self.weight = head.weight.detach() if index is None else head.weight.detach()[index].contiguous()
+        bias = head.bias.detach() if head.bias is not None else None
+        self.bias = bias if bias is None or index is None else bias[index]
+
+    def logits(self, hidden: torch.Tensor) -> np.ndarray:
+        """(n, V) float64 logits of hidden states (n, H), -inf outside the draft vocabulary."""
+        z = torch.nn.functional.linear(hidden, self.weight, self.bias).double().numpy()
+        if self.rows is None:
+            return z
+        full = np.full((z.shape[0], self.size), -np.inf)
+        full[:, self.rows] = z
+        return full
+
+
+def draft_vocabulary(train_ids: torch.Tensor, vocab_size: int, n: int) -> list[int]:
+    """The ``n`` most frequent token ids of a training stream (ties: the lower id), ascending."""
+    counts = torch.bincount(train_ids, minlength=vocab_size).numpy()
+    order = np.lexsort((np.arange(vocab_size), -counts))  # by count, descending, then by id
+    return sorted(int(t) for t in order[: min(n, vocab_size)])
+
+
 class _CachedLM:
     """A causal LM with a KV cache over a growing token sequence; it feeds only what is new."""
 
-    def __init__(self, model: Any, keep_hidden: bool = False) -> None:
+    def __init__(self, model: Any, keep_hidden: bool = False, head: DraftHead | None = None) -> None:
         self.model = model.eval()
+        self.head = head  # read the logits through this head instead of the model's own
         self.cache: Any = None
         self.keep_hidden = keep_hidden  # EAGLE-style drafts read the target's last hidden states
         self.hidden: torch.Tensor | None = None  # (cached, H) last-layer states of the cached tokens
@@ -143,6 +176,10 @@ class _CachedLM:
         return int(self.cache.get_seq_length()) if self.cache is not None else 0
 
     def _forward(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if self.head is not None:  # the model's body, then the draft head
+            body = self.model.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
+            self.cache = body.cache
+            return torch.from_numpy(self.head.logits(body.last_hidden_state[0]))
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True, output_hidden_states=self.keep_hidden, **kwargs)
         self.cache = out.cache
         if self.keep_hidden:
@@ -271,10 +308,11 @@ class IndependentDrafter:
     the longest sequence it has seen that is still a prefix of what it is asked about; paths of a
     tree are run as one batch on copies of the cached prefix."""
 
-    cost = 0.1
+    cost = 0.15  # a drafted token's time over a target call's, measured with the base target here
 
-    def __init__(self, model: Any) -> None:
-        self.lm = _CachedLM(model)
+    def __init__(self, model: Any, vocab: Sequence[int] | None = None) -> None:
+        self.head = DraftHead(model.get_output_embeddings(), vocab) if vocab is not None else None
+        self.lm = _CachedLM(model, head=self.head)
         self.fed: list[int] = []  # the tokens the cache holds
 
     def reset(self, prompt: list[int]) -> None:
@@ -312,11 +350,12 @@ class IndependentDrafter:
         for layer in cache.layers:
             layer.keys, layer.values = layer.keys.expand(len(paths), -1, -1, -1), layer.values.expand(len(paths), -1, -1, -1)
         try:
-            out = self.lm.model(input_ids=ids, cache=cache, use_cache=True)
+            if self.head is not None:
+                return self.head.logits(self.lm.model.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state[:, -1])
+            return self.lm.model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1].double().numpy()
         finally:
             for layer in cache.layers:
                 layer.keys, layer.values = layer.keys[:1, :, :past].contiguous(), layer.values[:1, :, :past].contiguous()
-        return out.logits[:, -1].double().numpy()
 
 
 def _adaptive_k(rate: float, k_max: int, cost: float) -> int:

@@ -139,6 +139,7 @@ class LlmService:
 
         self.target, self.tokenizer, self.draft, self.name = target, tokenizer, draft, name
         self.k, self.adaptive = k, adaptive
+        self.draft_vocab: list[int] | None = None  # an independent draft's draft vocabulary (models.speculative.DraftHead)
         self.tree = Tree(*(int(n) for n in tree.split("x"))) if tree else None  # DEPTHxBRANCHxWIDTH
         # a fresh Drafter per request (drafters keep per-sequence state); by default around the draft LM
         self.make_drafter = drafter
@@ -168,12 +169,15 @@ class LlmService:
             reader: Any = load_drafter(draft_dir, target)
             # a fresh drafter per request around the same weights (drafters keep per-sequence caches)
             return cls(target, tokenizer, None, target_dir.name, concurrency, queue,
-                       drafter=lambda: type(reader)(reader.draft), **decoding)
+                       drafter=lambda: type(reader)(reader.draft, reader.vocab), **decoding)
         draft = _load_lm(draft_dir, "llm_draft") if draft_dir is not None else None
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError("llm_draft", str(draft_dir), f"vocabulary of {draft.config.vocab_size} tokens; the target's "
                               f"has {target.config.vocab_size} (a draft must share the target's tokenizer)")
-        return cls(target, tokenizer, draft, target_dir.name, concurrency, queue, **decoding)
+        service = cls(target, tokenizer, draft, target_dir.name, concurrency, queue, **decoding)
+        if draft_dir is not None and (draft_dir / "draft.json").is_file():  # trickle train draft --kind independent
+            service.draft_vocab = json.loads((draft_dir / "draft.json").read_text()).get("draft_vocab")
+        return service
 
     def encode(self, prompt: str, max_tokens: int) -> list[int]:
         ids: list[int] = self.tokenizer(prompt)["input_ids"]
@@ -196,7 +200,7 @@ class LlmService:
         if self.make_drafter is not None:
             drafter = self.make_drafter()
         else:
-            drafter = IndependentDrafter(self.draft) if self.draft is not None else NoDrafter()
+            drafter = IndependentDrafter(self.draft, self.draft_vocab) if self.draft is not None else NoDrafter()
         eos = self.tokenizer.eos_token_id
         tokens, stats = speculative_generate(self.target, drafter, ids, max_tokens, k=self.k, temperature=temperature,
                                              top_p=top_p, seed=seed, eos_token_id=eos, on_tokens=on_tokens,

@@ -46,22 +46,22 @@ TARGET = _chain(1, 0.7)
 DRAFT = _chain(2, 0.7)  # deliberately mismatched: another random chain
 
 
-def _speculative(rule: Callable[..., tuple[int, int]], k: int, seed: int) -> np.ndarray:
+def _speculative(rule: Callable[..., tuple[int, int]], k: int, seed: int, draft: np.ndarray = DRAFT) -> np.ndarray:
     """SAMPLES sequences of TOKENS tokens after token 0, drafted K at a time by DRAFT, checked by rule."""
     rng = np.random.default_rng(seed)
     out = np.empty((SAMPLES, TOKENS), dtype=np.int64)
     for s in range(SAMPLES):
         seq = [0]
         while len(seq) <= TOKENS:
-            draft, q = [], []
+            drafted, q = [], []
             last = seq[-1]
             for _ in range(k):
-                q.append(DRAFT[last])
-                last = int(rng.choice(V, p=DRAFT[last]))
-                draft.append(last)
-            p = TARGET[[seq[-1], *draft]]  # the target after the prefix, then after each draft token
-            n, nxt = rule(np.array(draft), np.array(q), p, rng)
-            seq += [*draft[:n], nxt]
+                q.append(draft[last])
+                last = int(rng.choice(V, p=draft[last]))
+                drafted.append(last)
+            p = TARGET[[seq[-1], *drafted]]  # the target after the prefix, then after each draft token
+            n, nxt = rule(np.array(drafted), np.array(q), p, rng)
+            seq += [*drafted[:n], nxt]
         out[s] = seq[1 : TOKENS + 1]
     return out
 
@@ -83,6 +83,13 @@ def _chi_square_p(samples: np.ndarray) -> float:
 @pytest.mark.parametrize("k", [1, 3])
 def test_speculative_sampling_draws_from_the_target_exactly(k: int) -> None:
     assert _chi_square_p(_speculative(accept_sampling, k, seed=k)) > 1e-3
+
+
+def test_a_draft_blind_to_some_tokens_still_samples_the_target_exactly() -> None:
+    """A draft vocabulary (models.speculative.DraftHead): the draft gives tokens 5..7 no probability."""
+    blind = DRAFT.copy()
+    blind[:, 5:] = 0
+    assert _chi_square_p(_speculative(accept_sampling, 3, seed=21, draft=blind / blind.sum(1, keepdims=True))) > 1e-3
 
 
 def test_a_broken_rule_fails_the_same_test() -> None:

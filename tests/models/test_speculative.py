@@ -65,6 +65,8 @@ SHAPES = {"chain k=1": dict(k=1), "chain k=3": dict(k=3), "chain k=6": dict(k=6)
 def test_greedy_equals_the_targets_greedy_generate(target: torch.nn.Module, shape: str) -> None:
     how = SHAPES[shape]
     drafts = {"independent": IndependentDrafter(_llama(1, layers=1, hidden=16)),
+              # a draft head over half the vocabulary (the target still emits the other half)
+              "independent, half vocabulary": IndependentDrafter(_llama(1, layers=1, hidden=16), vocab=range(0, VOCAB, 2)),
               "always right": IndependentDrafter(target), "always wrong": AlwaysWrong(target)}
     for prompt in PROMPTS:
         expected = _greedy(target, prompt, 24)
