@@ -54,6 +54,7 @@ ROUTES = {
     "bundle": "/v1/bundles/{version}",
     "assignments": "/v1/assignments",
     "messages": "/v1/devices/{device}/{kind}",
+    "verify": "/v1/llm/verify",
 }
 
 Name = Annotated[str, Field(pattern=_NAME.pattern)]
@@ -160,6 +161,46 @@ class Ack(_Strict):
 class Command(_Strict):
     v: Literal[1] = 1
     command: Literal["report", "stop"]
+
+
+MAX_DRAFT = 256  # draft tokens one verification may carry (a re-verified offline suffix is one long draft)
+MAX_HISTORY = 8192
+
+
+class VerifyRequest(_Strict):
+    """Client–server speculative decoding, one round: "after my history, here is a draft".
+
+    The server keeps, per (device, ``session``), the verified token history and the target's
+    cache of it. ``tokens`` are history tokens from index ``start`` on that the server does not
+    hold yet: at the first round the whole prompt (``start`` 0); after a rejection in sampling the
+    correction the client drew. A server that lost the session (evicted, restarted) answers 409 and
+    the client resends its whole history from ``start`` 0. ``q`` (sampling only): the draft's
+    probability of each draft token."""
+
+    v: Literal[1] = 1
+    session: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    start: int = Field(ge=0, le=MAX_HISTORY)
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_HISTORY)
+    draft: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_DRAFT)
+    q: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(None, max_length=MAX_DRAFT)
+    temperature: float = Field(0.0, ge=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = Field(0, ge=0, lt=2**63)
+
+
+class VerifyResponse(_Strict):
+    """The round's outcome: ``accepted`` draft tokens kept, then ``next``: the target's token after
+    them (greedy, or sampling with every draft token kept), or None after a rejection in sampling,
+    when ``p`` is the target's distribution there and the client draws the correction from
+    norm(max(0, p − q)) with its own q (``edge.speculative.residual``) and sends it as ``tokens``.
+    ``history`` is the length of the server's verified history afterwards."""
+
+    v: Literal[1] = 1
+    accepted: int = Field(ge=0)
+    next: int | None = Field(None, ge=0)
+    p: list[float] | None = None
+    history: int = Field(ge=0)
+    target_ms: float = Field(ge=0)
 
 
 SCHEMAS: dict[str, type[Message]] = {"telemetry": Telemetry, "result": Result, "status": Status, "event": Event}

@@ -145,3 +145,26 @@ def accept_tree_sampling(parents: np.ndarray, tokens: np.ndarray, candidates: li
             dist = residual / total if total > 0 else dist  # 0 only where p == q (rejection impossible): rounding
         if not moved:
             return path, int(rng.choice(len(dist), p=dist))
+
+
+def accept_tests(draft_tokens: np.ndarray, q_of_draft: np.ndarray, p: np.ndarray, rng: np.random.Generator
+                 ) -> tuple[int, int | None]:
+    """Speculative sampling split across a link, server half: the accept tests need only the
+    draft's probability of each draft token (``q_of_draft``, K). Returns (kept, next): ``next``
+    drawn from ``p[K]`` when all K are kept, else None, and the client draws the correction from
+    ``residual(p[kept], q[kept])`` — together exactly ``accept_sampling``'s draw."""
+    draft = np.asarray(draft_tokens)
+    k = len(draft)
+    if q_of_draft.shape != (k,) or p.shape[0] != k + 1:
+        raise ValueError(f"q_of_draft {q_of_draft.shape} and p {p.shape}: need (K,) and (K + 1, V) for K = {k}")
+    for i, token in enumerate(draft):
+        if not rng.random() < min(1.0, float(p[i, token]) / float(q_of_draft[i])):
+            return i, None
+    return k, int(rng.choice(p.shape[1], p=p[k]))
+
+
+def residual(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:
+    """The correction after a rejected draft token: a draw from norm(max(0, p − q))."""
+    res = np.maximum(np.asarray(p, dtype=np.float64) - q, 0.0)
+    total = res.sum()
+    return int(rng.choice(len(res), p=res / total if total > 0 else p))

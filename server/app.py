@@ -26,7 +26,7 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, Field
 
 from edge.bundle import BundleError, read_trusted
-from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand
+from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand, VerifyRequest, VerifyResponse
 from server.bridge import Bridge, Metrics
 from server.llm import LlmService, llm_router
 from server.store import Device, Store, StoreError
@@ -216,4 +216,18 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
 
     if state.llm is not None:
         app.include_router(llm_router(state.llm, state.metrics.registry))
+        sessions = state.llm.sessions()
+
+        @app.post(ROUTES["verify"], response_model=VerifyResponse)
+        def verify(body: VerifyRequest, who: Annotated[Principal, Depends(principal)]) -> VerifyResponse:
+            """One round of client–server speculative decoding (``server.verify``): 409 when the
+            session must be resent from its start, 400 when the target cannot take the request."""
+            from server.verify import BadVerify, SessionLost
+
+            try:
+                return sessions.verify("admin" if who.device is None else who.device.device, body)
+            except SessionLost as err:
+                raise HTTPException(409, str(err)) from None
+            except BadVerify as err:
+                raise HTTPException(400, str(err)) from None
     return app

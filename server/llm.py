@@ -148,6 +148,7 @@ class LlmService:
         self.context = min((int(n) for n in limits if n), default=None)
         self.admitted = 0  # running + waiting; touched only on the event loop
         self._slots: asyncio.Semaphore | None = None
+        self._sessions: Any = None
 
     @classmethod
     def load(cls, target_dir: Path, draft_dir: Path | None = None, concurrency: int = 1, queue: int = 16, k: int = 4,
@@ -208,6 +209,14 @@ class LlmService:
         stopped = eos is not None and bool(tokens) and tokens[-1] == eos
         return Completion(self.decode(tokens), len(ids), len(tokens), "stop" if stopped else "length",
                           stats.tokens_per_second, stats.accept_length, stats.target_calls, self.speculative)
+
+    def sessions(self) -> Any:
+        """The target's client–server verification sessions (``server.verify``), made once."""
+        if self._sessions is None:
+            from server.verify import VerifySessions
+
+            self._sessions = VerifySessions(self.target)
+        return self._sessions
 
     @property
     def speculative(self) -> bool:

@@ -1,0 +1,160 @@
+"""Client–server speculative decoding on a real server (``trickle serve --llm``): the device's loop
+(``edge.generate``, numpy only) against ``POST /v1/llm/verify``. Greedy output is the target's own
+greedy output; a dropped link makes the device go on alone and re-verify when it returns; a lost
+session is rebuilt; bad, foreign and unauthenticated requests are refused without disturbing others."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from edge.errors import LinkError
+from edge.generate import HttpLink, generate
+from edge.protocol import ROUTES, VerifyRequest, VerifyResponse
+from tests.server.test_llm import Models, _serve
+from tests.server.test_llm import models as models
+
+
+class TorchDraft:
+    """A draft model for the device's loop, here a transformers model (the device runs ONNX)."""
+
+    def __init__(self, folder: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+
+    @torch.inference_mode()
+    def next_logits(self, tokens: list[int]) -> np.ndarray:
+        return self.model(input_ids=torch.tensor([tokens])).logits[0, -1].double().numpy()
+
+
+class FlakyLink:
+    """A real HttpLink whose rounds ``down`` (by index) fail as a dropped connection would."""
+
+    def __init__(self, link: HttpLink, down: range) -> None:
+        self.link, self.down, self.rounds = link, down, 0
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        self.rounds += 1
+        if self.rounds - 1 in self.down:
+            raise LinkError("connection dropped (test)")
+        return self.link.verify(request)
+
+
+class LosingLink:
+    """A real HttpLink; before its third round the server's session is restarted by another request."""
+
+    def __init__(self, link: HttpLink, url: str, auth: dict[str, str]) -> None:
+        self.link, self.url, self.auth, self.rounds, self.lost = link, url, auth, 0, 0
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        self.rounds += 1
+        if self.rounds == 3:
+            httpx.post(self.url + ROUTES["verify"], json={"session": request.session, "start": 0, "tokens": [1]},
+                       headers=self.auth).raise_for_status()
+        try:
+            return self.link.verify(request)
+        except LinkError:
+            self.lost += 1
+            raise
+
+
+@pytest.fixture(scope="module")
+def server(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    state = tmp_path_factory.mktemp("verify")
+    with _serve(state, llm=models.target) as url:
+        admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
+        tokens = {}
+        for device in ("d1", "d2"):
+            r = httpx.post(url + ROUTES["devices"], json={"device": device}, headers=admin)
+            r.raise_for_status()
+            tokens[device] = r.json()["token"]
+        yield url, tokens
+
+
+def _greedy(folder: Path, prompt: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    out = target.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+PROMPTS = [[1, 5, 9, 40], [7], list(range(20, 50))]
+
+
+def test_greedy_over_http_is_the_targets_greedy_output(server: tuple[str, dict[str, str]], models: Models) -> None:
+    url, tokens = server
+    draft = TorchDraft(models.draft)
+    link = HttpLink(url, tokens["d1"])
+    for k in (1, 4):
+        for prompt in PROMPTS:
+            result = generate(draft, link, prompt, 24, k=k)
+            assert result.tokens == _greedy(models.target, prompt, 24) and result.verified == 24, (k, prompt)
+            assert result.server_calls <= 24 and result.offline_tokens == 0
+    right = generate(TorchDraft(models.target), link, PROMPTS[0], 24, k=4)  # the target as its own draft
+    assert right.server_calls == 5  # 5 tokens per round
+
+
+@pytest.mark.parametrize("policy", ["correct", "keep"])
+def test_a_dropped_link_goes_on_offline_then_reverifies(server: tuple[str, dict[str, str]], models: Models,
+                                                       policy: str) -> None:
+    url, tokens = server
+    prompt = PROMPTS[0]
+    expected = _greedy(models.target, prompt, 30)
+    link = FlakyLink(HttpLink(url, tokens["d1"]), down=range(2, 3))  # the third round fails
+    streamed: list[tuple[list[int], bool]] = []
+    result = generate(TorchDraft(models.draft), link, prompt, 30, k=2, retry_s=0.0,
+                      on_divergence=policy, on_tokens=lambda t, v: streamed.append((t, v)))  # type: ignore[arg-type]
+    assert result.offline_tokens >= 1 and any(not v for _, v in streamed)
+    if policy == "correct":  # the random draft disagrees with the target offline: corrected back to the target's text
+        assert result.divergences and result.tokens == expected
+    else:  # kept: the target's text up to the divergence, the device's from there
+        first = result.divergences[0]
+        assert result.tokens[:first] == expected[:first] and len(result.tokens) == 30
+
+
+def test_a_lost_session_is_rebuilt_and_sessions_are_per_device(server: tuple[str, dict[str, str]], models: Models) -> None:
+    url, tokens = server
+    d1 = {"Authorization": f"Bearer {tokens['d1']}"}
+    first = httpx.post(url + ROUTES["verify"], json={"session": "s", "start": 0, "tokens": [1, 2, 3], "draft": [4]}, headers=d1)
+    assert first.status_code == 200 and first.json()["history"] in (4, 5)
+    # another device cannot continue d1's session: to it, the session does not exist
+    d2 = {"Authorization": f"Bearer {tokens['d2']}"}
+    foreign = httpx.post(url + ROUTES["verify"], json={"session": "s", "start": first.json()["history"], "draft": [4]},
+                         headers=d2)
+    assert foreign.status_code == 409 and "not held here" in foreign.json()["detail"]
+    stale = httpx.post(url + ROUTES["verify"], json={"session": "s", "start": 1, "draft": [4]}, headers=d1)
+    assert stale.status_code == 409 and "resend the history" in stale.json()["detail"]
+    for body, status, words in [
+        ({"session": "s", "start": 0, "tokens": [10**6]}, 400, "outside the target's vocabulary"),
+        ({"session": "s", "start": 0, "tokens": [1], "draft": [2, 3], "temperature": 0.8}, 400, "needs q"),
+        ({"session": "s", "start": 0, "tokens": [1], "draft": list(range(300))}, 422, "draft"),
+        ({"session": "bad session!", "start": 0, "tokens": [1]}, 422, "session"),
+        ({"session": "s", "start": 0, "tokens": [1], "extra": 1}, 422, "extra"),
+    ]:
+        r = httpx.post(url + ROUTES["verify"], json=body, headers=d1)
+        assert r.status_code == status and words in r.text, (body, r.text)
+    assert httpx.post(url + ROUTES["verify"], json={"session": "s", "start": 0, "tokens": [1]}).status_code == 401
+    assert httpx.post(url + ROUTES["verify"], json={"session": "s", "start": 0, "tokens": [1]},
+                      headers={"Authorization": "Bearer nope"}).status_code == 401
+    # the device's loop survives a lost session (here restarted under it by another request): it
+    # gets a 409, resends its whole history, and goes on
+    link = LosingLink(HttpLink(url, tokens["d1"]), url, d1)
+    result = generate(TorchDraft(models.draft), link, PROMPTS[2], 16, k=3, session="s")
+    assert result.tokens == _greedy(models.target, PROMPTS[2], 16) and link.lost == 1
+
+
+def test_sampling_over_the_link_is_seeded(server: tuple[str, dict[str, str]], models: Models) -> None:
+    url, tokens = server
+    link = HttpLink(url, tokens["d2"])
+    draft = TorchDraft(models.draft)
+    a = generate(draft, link, PROMPTS[0], 20, k=3, temperature=0.8, seed=3, session="x1")
+    b = generate(draft, link, PROMPTS[0], 20, k=3, temperature=0.8, seed=3, session="x2")
+    assert a.tokens == b.tokens and len(a.tokens) == 20 and a.verified == 20
