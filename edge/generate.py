@@ -95,10 +95,12 @@ class Generation:
 
 def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_tokens: int, k: int = 4,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, session: str | None = None,
-             retry_s: float = 1.0, on_divergence: Literal["correct", "keep"] = "correct",
+             retry_s: float = 1.0, on_divergence: Literal["correct", "keep"] = "correct", adaptive: bool = False,
              on_tokens: Callable[[list[int], bool], None] | None = None) -> Generation:
     """``max_new_tokens`` after ``prompt`` by client–server speculative decoding (see the module
-    doc); ``link`` None is the draft alone. ``on_tokens(tokens, verified)`` streams blocks."""
+    doc); ``link`` None is the draft alone. ``on_tokens(tokens, verified)`` streams blocks.
+    ``adaptive``: each round drafts ``choose_k`` tokens (at most ``k``) from the measured round
+    time, the measured time per drafted token and the running acceptance rate."""
     if k < 1 or max_new_tokens < 0 or not prompt:
         raise ValueError(f"k = {k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: need k >= 1, "
                          "max_new_tokens >= 0 and a non-empty prompt")
@@ -120,6 +122,7 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
         q = distribution(logits, temperature, top_p)
         return int(rng.choice(len(q), p=q)), q
 
+    round_s, token_s, kept_sum, tried_sum = 0.05, 0.005, 1.8, 3.0  # running estimates (priors)
     offline_left = 0  # tokens to draft alone before the link is tried again
     last_try = False
     while len(history) < end or (link is not None and verified < len(history) and not last_try):
@@ -144,17 +147,23 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
             base = history[:verified]
         else:
             room = end - len(history) - 1
+            want = choose_k(kept_sum / tried_sum, k, round_s, token_s) if adaptive else k
             drafted, qs = [], []
-            for _ in range(min(k, room)):
+            t0 = time.perf_counter()
+            for _ in range(min(want, room)):
                 token, q = draw(history + drafted)
                 drafted.append(token)
                 qs.append(q)
+            if drafted:
+                token_s = 0.8 * token_s + 0.2 * (time.perf_counter() - t0) / len(drafted)
             base = history
         q_of = None if temperature == 0 else [float(q[t]) for q, t in zip(qs, drafted)]  # type: ignore[index]
         request = VerifyRequest(session=session, start=server_has, tokens=base[server_has:], draft=drafted, q=q_of,
                                 temperature=temperature, top_p=top_p, seed=seed)
+        t0 = time.perf_counter()
         try:
             answer = link.verify(request)
+            round_s = 0.8 * round_s + 0.2 * (time.perf_counter() - t0)
         except SessionLostError:
             if server_has:  # resend the whole history; a 409 to that too is a broken link
                 server_has = 0
@@ -174,6 +183,8 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
                 raise LinkError("the server rejected a sampled draft token without sending its distribution")
             correction = residual(np.array(answer.p), q_rejected, rng)
         if not unverified:
+            if drafted:  # n kept of K: n successes in n trials, + 1 failed trial unless all were kept
+                kept_sum, tried_sum = 0.7 * kept_sum + n, 0.7 * tried_sum + n + (n < len(drafted))
             added = [*drafted[:n], correction][: end - len(history)]
             history += added
             q_rows += [None] * len(added)
@@ -205,3 +216,13 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
     out.tokens = history[len(prompt) : end]
     out.verified = min(verified, end) - len(prompt)
     return out
+
+
+def choose_k(rate: float, k_max: int, round_s: float, token_s: float) -> int:
+    """The draft length in 1..k_max of most expected tokens per second: a round keeps
+    ``(1 - a^(K+1)) / (1 - a)`` tokens on average (per-token acceptance ``a``) and costs the round
+    trip plus K drafted tokens. A slow link (large ``round_s``) makes long blocks pay even at a
+    modest acceptance rate; a fast one keeps them short, so a rejection wastes little drafting."""
+    rate = min(max(rate, 0.0), 0.99)
+    gain = [(1 - rate ** (k + 1)) / ((1 - rate) * (round_s + k * token_s)) for k in range(1, k_max + 1)]
+    return int(np.argmax(gain)) + 1

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edge.speculative import accept_greedy, accept_sampling, accept_tree_greedy, accept_tree_sampling, distribution
+from edge.speculative import (accept_greedy, accept_sampling, accept_tests, accept_tree_greedy, accept_tree_sampling,
+                              distribution, residual)
 
 V = 8  # a tiny vocabulary, so the target's distribution over a few tokens can be enumerated
 TOKENS = 3  # generated tokens whose joint distribution is tested
@@ -90,6 +91,18 @@ def test_a_draft_blind_to_some_tokens_still_samples_the_target_exactly() -> None
     blind = DRAFT.copy()
     blind[:, 5:] = 0
     assert _chi_square_p(_speculative(accept_sampling, 3, seed=21, draft=blind / blind.sum(1, keepdims=True))) > 1e-3
+
+
+def test_sampling_split_across_a_link_draws_from_the_target_exactly() -> None:
+    """The server runs the accept tests with q of the draft tokens only; the device draws the
+    correction from the residual with its own q (edge.generate over server.verify)."""
+    device = np.random.default_rng(99)
+
+    def split(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
+        n, nxt = accept_tests(draft, q[np.arange(len(draft)), draft], p, rng)  # on the server
+        return n, nxt if nxt is not None else residual(p[n], q[n], device)  # on the device
+
+    assert _chi_square_p(_speculative(split, 3, seed=31)) > 1e-3
 
 
 def test_a_broken_rule_fails_the_same_test() -> None:

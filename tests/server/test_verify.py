@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.netem import NetemProxy
 from edge.errors import LinkError
 from edge.generate import HttpLink, generate
 from edge.protocol import ROUTES, VerifyRequest, VerifyResponse
@@ -105,19 +106,39 @@ def test_greedy_over_http_is_the_targets_greedy_output(server: tuple[str, dict[s
 @pytest.mark.parametrize("policy", ["correct", "keep"])
 def test_a_dropped_link_goes_on_offline_then_reverifies(server: tuple[str, dict[str, str]], models: Models,
                                                        policy: str) -> None:
+    """Through a real TCP proxy with 20 ms of round trip: the link is cut after the first verified
+    block and comes back after 3 tokens drafted alone."""
     url, tokens = server
     prompt = PROMPTS[0]
     expected = _greedy(models.target, prompt, 30)
-    link = FlakyLink(HttpLink(url, tokens["d1"]), down=range(2, 3))  # the third round fails
-    streamed: list[tuple[list[int], bool]] = []
-    result = generate(TorchDraft(models.draft), link, prompt, 30, k=2, retry_s=0.0,
-                      on_divergence=policy, on_tokens=lambda t, v: streamed.append((t, v)))  # type: ignore[arg-type]
-    assert result.offline_tokens >= 1 and any(not v for _, v in streamed)
+    port = int(url.rsplit(":", 1)[1])
+    with NetemProxy("127.0.0.1", port, rtt_s=0.02) as proxy:
+        streamed: list[tuple[list[int], bool]] = []
+
+        def weather(block: list[int], verified: bool) -> None:
+            streamed.append((block, verified))
+            if len(streamed) == 1:
+                proxy.down = True
+                proxy.drop()
+            if sum(not v for _, v in streamed) == 3:
+                proxy.down = False
+
+        result = generate(TorchDraft(models.draft), HttpLink(proxy.url, tokens["d1"], timeout_s=2), prompt, 30, k=2,
+                          retry_s=0.0, on_divergence=policy, on_tokens=weather)  # type: ignore[arg-type]
+    assert result.offline_tokens >= 3 and [v for _, v in streamed][:4] == [True, False, False, False]
     if policy == "correct":  # the random draft disagrees with the target offline: corrected back to the target's text
-        assert result.divergences and result.tokens == expected
+        assert result.divergences and result.tokens == expected and result.verified == 30
     else:  # kept: the target's text up to the divergence, the device's from there
         first = result.divergences[0]
-        assert result.tokens[:first] == expected[:first] and len(result.tokens) == 30
+        assert result.tokens[:first] == expected[:first] and result.tokens[first] != expected[first]
+        assert len(result.tokens) == 30
+
+
+def test_the_link_down_to_the_end_leaves_the_rest_unverified(server: tuple[str, dict[str, str]], models: Models) -> None:
+    url, tokens = server
+    link = FlakyLink(HttpLink(url, tokens["d1"]), down=range(1, 10**6))  # only the first round gets through
+    result = generate(TorchDraft(models.draft), link, PROMPTS[0], 20, k=2, retry_s=0.0)
+    assert len(result.tokens) == 20 and 0 < result.verified < 20 and result.offline_tokens == 20 - result.verified
 
 
 def test_a_lost_session_is_rebuilt_and_sessions_are_per_device(server: tuple[str, dict[str, str]], models: Models) -> None:
@@ -158,3 +179,20 @@ def test_sampling_over_the_link_is_seeded(server: tuple[str, dict[str, str]], mo
     a = generate(draft, link, PROMPTS[0], 20, k=3, temperature=0.8, seed=3, session="x1")
     b = generate(draft, link, PROMPTS[0], 20, k=3, temperature=0.8, seed=3, session="x2")
     assert a.tokens == b.tokens and len(a.tokens) == 20 and a.verified == 20
+
+
+def test_adaptive_k_drafts_longer_blocks_over_a_slower_link() -> None:
+    from edge.generate import choose_k
+
+    assert choose_k(0.7, 16, round_s=0.3, token_s=0.005) > choose_k(0.7, 16, round_s=0.01, token_s=0.005)
+    assert choose_k(0.95, 16, 0.1, 0.005) > choose_k(0.5, 16, 0.1, 0.005)
+    assert choose_k(0.0, 16, 0.1, 0.005) == 1
+
+
+def test_adaptive_k_over_the_link_is_still_the_targets_greedy_output(server: tuple[str, dict[str, str]],
+                                                                    models: Models) -> None:
+    url, tokens = server
+    port = int(url.rsplit(":", 1)[1])
+    with NetemProxy("127.0.0.1", port, rtt_s=0.1) as proxy:
+        result = generate(TorchDraft(models.target), HttpLink(proxy.url, tokens["d2"]), PROMPTS[1], 24, k=12, adaptive=True)
+    assert result.tokens == _greedy(models.target, PROMPTS[1], 24) and result.server_calls <= 4  # long blocks at 100 ms
