@@ -31,6 +31,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from edge.errors import LinkError
+from edge.lm_draft import decode_states
 from edge.protocol import MAX_DRAFT, ROUTES, VerifyRequest, VerifyResponse
 from edge.speculative import distribution, residual
 
@@ -106,6 +107,8 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
                          "max_new_tokens >= 0 and a non-empty prompt")
     rng = np.random.default_rng(seed)
     session = session or uuid.uuid4().hex
+    if hasattr(draft, "reset"):  # a draft with per-sequence caches (edge.lm_draft.OnnxMoADraft)
+        draft.reset()
     history = list(prompt)
     q_rows: list[np.ndarray | None] = [None] * len(prompt)  # the draft's q of each history token it drew offline
     verified = len(prompt)  # history[:verified] is verified (the prompt counts as verified)
@@ -158,8 +161,10 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
                 token_s = 0.8 * token_s + 0.2 * (time.perf_counter() - t0) / len(drafted)
             base = history
         q_of = None if temperature == 0 else [float(q[t]) for q, t in zip(qs, drafted)]  # type: ignore[index]
+        wants = getattr(draft, "wants_states", False)  # a MoA draft: the server sends the target's states
         request = VerifyRequest(session=session, start=server_has, tokens=base[server_has:], draft=drafted, q=q_of,
-                                temperature=temperature, top_p=top_p, seed=seed)
+                                temperature=temperature, top_p=top_p, seed=seed,
+                                states_from=draft.states_held if wants else None)  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         try:
             answer = link.verify(request)
@@ -174,6 +179,8 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
             next_try, offline_left = time.monotonic() + retry_s, k  # k tokens alone at least, then retry_s
             continue
         out.server_calls += 1
+        if answer.states is not None and answer.states_from is not None:
+            draft.add_states(answer.states_from, decode_states(answer.states, draft.hidden))  # type: ignore[attr-defined]
         n = answer.accepted
         if answer.next is not None:
             correction = answer.next

@@ -186,6 +186,8 @@ class VerifyRequest(_Strict):
     temperature: float = Field(0.0, ge=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int = Field(0, ge=0, lt=2**63)
+    states_from: int | None = Field(None, ge=0, le=MAX_HISTORY)
+    """A MoA draft on the device: it holds the target states of history[:states_from]; send the rest."""
 
 
 class VerifyResponse(_Strict):
@@ -201,6 +203,10 @@ class VerifyResponse(_Strict):
     p: list[float] | None = None
     history: int = Field(ge=0)
     target_ms: float = Field(ge=0)
+    states: str | None = None
+    """Base64 little-endian float16 (m, hidden): the target states (the MoA draft's projected
+    Layer Self-Attention) of history tokens states_from.. that the target's cache holds."""
+    states_from: int | None = Field(None, ge=0)
 
 
 SCHEMAS: dict[str, type[Message]] = {"telemetry": Telemetry, "result": Result, "status": Status, "event": Event}

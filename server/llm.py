@@ -149,6 +149,7 @@ class LlmService:
         self.admitted = 0  # running + waiting; touched only on the event loop
         self._slots: asyncio.Semaphore | None = None
         self._sessions: Any = None
+        self.moa: Any = None  # the MoA draft's module, when the draft is one (its states go to devices)
 
     @classmethod
     def load(cls, target_dir: Path, draft_dir: Path | None = None, concurrency: int = 1, queue: int = 16, k: int = 4,
@@ -169,8 +170,11 @@ class LlmService:
 
             reader: Any = load_drafter(draft_dir, target)
             # a fresh drafter per request around the same weights (drafters keep per-sequence caches)
-            return cls(target, tokenizer, None, target_dir.name, concurrency, queue,
-                       drafter=lambda: type(reader)(reader.draft, reader.vocab), **decoding)
+            service = cls(target, tokenizer, None, target_dir.name, concurrency, queue,
+                          drafter=lambda: type(reader)(reader.draft, reader.vocab), **decoding)
+            if _draft_kind(draft_dir) == "moa":
+                service.moa = reader.draft
+            return service
         draft = _load_lm(draft_dir, "llm_draft") if draft_dir is not None else None
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError("llm_draft", str(draft_dir), f"vocabulary of {draft.config.vocab_size} tokens; the target's "
@@ -215,7 +219,7 @@ class LlmService:
         if self._sessions is None:
             from server.verify import VerifySessions
 
-            self._sessions = VerifySessions(self.target)
+            self._sessions = VerifySessions(self.target, moa=self.moa)
         return self._sessions
 
     @property

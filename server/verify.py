@@ -48,8 +48,10 @@ class _Session:
 class VerifySessions:
     """The target and its verification sessions (thread-safe: one round at a time per server)."""
 
-    def __init__(self, target: Any, max_sessions: int = 64, ttl_s: float = 600.0, max_tokens: int = 1 << 16) -> None:
+    def __init__(self, target: Any, max_sessions: int = 64, ttl_s: float = 600.0, max_tokens: int = 1 << 16,
+                 moa: Any = None) -> None:
         self.target = target
+        self.moa = moa  # a models.moa.MoADraft: its Layer Self-Attention runs here, states go to the device
         self.vocab = int(target.config.vocab_size)
         self.context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
         self.max_sessions, self.ttl_s, self.max_tokens = max_sessions, ttl_s, max_tokens
@@ -118,4 +120,25 @@ class VerifySessions:
             session.lm.crop(len(session.history) - 1)
             session.used = time.monotonic()
             self.sessions.move_to_end(key)
-            return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took)
+            states = None
+            if req.states_from is not None:
+                states = self._states(session, req.states_from)
+            return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took,
+                                  states=states, states_from=req.states_from if states is not None else None)
+
+    def _states(self, session: _Session, start: int) -> str | None:
+        """The device's MoA draft's target states of history tokens start.. in the target's cache."""
+        import torch
+
+        from edge.lm_draft import encode_states
+
+        if self.moa is None:
+            raise BadVerify("states_from: this server has no MoA draft to compute target states with (serve --draft)")
+        upto = session.lm.cached
+        if start > upto:
+            raise BadVerify(f"states_from = {start}: the target holds states of {upto} history tokens")
+        if start == upto:
+            return encode_states(np.zeros((0, self.moa.project.out_features)))
+        with torch.inference_mode():
+            states = self.moa.target_states(session.lm.cache, upto, start)[0].float().numpy()
+        return encode_states(states)

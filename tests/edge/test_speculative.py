@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edge.speculative import (accept_greedy, accept_sampling, accept_tests, accept_tree_greedy, accept_tree_sampling,
-                              distribution, residual)
+from edge.speculative import (
+    accept_greedy,
+    accept_sampling,
+    accept_tests,
+    accept_tree_greedy,
+    accept_tree_sampling,
+    distribution,
+    residual,
+)
 
 V = 8  # a tiny vocabulary, so the target's distribution over a few tokens can be enumerated
 TOKENS = 3  # generated tokens whose joint distribution is tested

@@ -1,0 +1,114 @@
+"""The MoA draft on a device: three ONNX graphs on onnxruntime, no torch (``export.lm_draft`` writes them).
+
+    draft = OnnxMoADraft(Path("drafts/moa"))             # moa_self_kv.onnx, moa_cross_kv.onnx, moa_step.onnx
+    draft.add_states(0, states)                          # (m, hidden) target states from the server
+    logits = draft.next_logits(tokens)                   # (V,) for edge.generate
+
+The Mixture-of-Attentions draft splits across the link: the Layer Self-Attention over the
+target's per-layer keys/values runs on the server, which holds them, and the server sends each
+verified token's projected state (``hidden`` numbers, float16 on the wire); the device keeps the
+Cross-Attention's keys/values of those states and the Self-Attention's keys/values of the tokens,
+and drafts with one step graph per token. Tokens past the last state (the target's last verified
+token, then the drafted ones) see every state, as in training (T-step bounded masking); when the
+link is down the draft goes on from the states it has.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge.errors import BundleError
+
+MANIFEST = "lm_draft.json"
+
+
+def decode_states(data: str, hidden: int) -> np.ndarray:
+    """(m, hidden) float32 from the server's base64 float16 payload."""
+    raw = np.frombuffer(base64.b64decode(data), dtype="<f2")
+    if raw.size % hidden:
+        raise BundleError(f"target states of {raw.size} numbers: not a multiple of the draft's width {hidden}")
+    return raw.reshape(-1, hidden).astype(np.float32)
+
+
+def encode_states(states: np.ndarray) -> str:
+    """The wire form of (m, hidden) states: base64 of little-endian float16."""
+    return base64.b64encode(np.asarray(states, dtype="<f2").tobytes()).decode()
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1  # batch 1, one token at a time: one thread is fastest under contention
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own exception types for a bad model
+        raise BundleError(f"onnxruntime cannot load {path}: {err}") from None
+
+
+class OnnxMoADraft:
+    """A ``edge.generate.DraftModel`` that reads the target's states (``wants_states``)."""
+
+    wants_states = True
+
+    def __init__(self, folder: Path) -> None:
+        path = folder / MANIFEST
+        if not path.is_file():
+            raise BundleError(f"{folder}: no {MANIFEST} (export a draft with export.lm_draft.export_moa_draft)")
+        self.doc: dict[str, Any] = json.loads(path.read_text())
+        self.hidden, self.heads = int(self.doc["hidden"]), int(self.doc["heads"])
+        self.vocab_size = int(self.doc["vocab_size"])
+        self.rows = np.array(self.doc["vocab_rows"], dtype=np.int64)
+        self.graphs = {name: _session(folder / f"moa_{name}.onnx") for name in ("self_kv", "cross_kv", "step")}
+        self.reset()
+
+    def reset(self) -> None:
+        dim = self.hidden // self.heads
+        self.states_held = 0
+        self.cross = (np.zeros((1, self.heads, 0, dim), np.float32), np.zeros((1, self.heads, 0, dim), np.float32))
+        self.fed: list[int] = []
+        self.self_kv = (np.zeros((1, self.heads, 0, dim), np.float32), np.zeros((1, self.heads, 0, dim), np.float32))
+
+    def add_states(self, start: int, states: np.ndarray) -> None:
+        """Target states of tokens start.. (m, hidden); those already held are skipped."""
+        if start > self.states_held:
+            raise BundleError(f"target states from token {start}, but only {self.states_held} are held")
+        new = states[self.states_held - start :]
+        if not len(new):
+            return
+        k, v = self.graphs["cross_kv"].run(None, {"states": new[None].astype(np.float32),
+                                                   "start": np.array(self.states_held, dtype=np.int64)})
+        self.cross = (np.concatenate([self.cross[0], k], 2), np.concatenate([self.cross[1], v], 2))
+        self.states_held += len(new)
+
+    def next_logits(self, tokens: list[int]) -> np.ndarray:
+        """(V,) logits after ``tokens``: -inf outside the draft vocabulary."""
+        base = max(min(self.states_held, len(tokens) - 1), 0)  # tokens[:base] have target states
+        common = 0
+        for a, b in zip(self.fed, tokens[:base]):
+            if a != b:
+                break
+            common += 1
+        self.self_kv = (self.self_kv[0][:, :, :common], self.self_kv[1][:, :, :common])
+        if base > common:  # the Self-Attention's keys/values of tokens[common:base]
+            k, v = self.graphs["self_kv"].run(None, {"tokens": np.array([tokens[common:base]], dtype=np.int64),
+                                                     "start": np.array(common, dtype=np.int64)})
+            self.self_kv = (np.concatenate([self.self_kv[0], k], 2), np.concatenate([self.self_kv[1], v], 2))
+        self.fed = tokens[:base]
+        cross = self.cross
+        if cross[0].shape[2] == 0:  # no state yet (a one-token prompt): the zero state stands in
+            k, v = self.graphs["cross_kv"].run(None, {"states": np.zeros((1, 1, self.hidden), np.float32),
+                                                      "start": np.array(0, dtype=np.int64)})
+            cross = (k, v)
+        (z,) = self.graphs["step"].run(None, {"tokens": np.array([tokens[base:]], dtype=np.int64),
+                                              "start": np.array(base, dtype=np.int64), "self_k": self.self_kv[0],
+                                              "self_v": self.self_kv[1], "cross_k": cross[0], "cross_v": cross[1]})
+        out = np.full(self.vocab_size, -np.inf)
+        out[self.rows] = z[0]
+        return out

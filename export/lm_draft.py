@@ -1,0 +1,179 @@
+"""A MoA draft for a device: three ONNX graphs, the tokenizer and a manifest, parity-checked.
+
+    doc = export_moa_draft(Path("runs/lm/draft-moa"), Path("runs/lm/base"), Path("drafts/moa"))
+
+Graphs (float32, dynamic lengths; ``edge.lm_draft.OnnxMoADraft`` runs them):
+
+- ``moa_self_kv``: tokens (1, m), start → the Self-Attention's keys and values (1, h, m, d) of
+  those tokens at positions start..;
+- ``moa_cross_kv``: target states (1, m, hidden), start → the Cross-Attention's keys and values;
+- ``moa_step``: tokens (1, t) at positions start.. (the last verified token, then a drafted path),
+  the cached keys and values → logits (1, V') of the next token over the draft vocabulary.
+
+The token embedding and the draft vocabulary's rows of the LM head are constants in the graphs.
+Parity: the drafted logits of ``models.moa.MoADrafter`` (torch) and of the ONNX graphs after a
+held-out sequence, at every path length up to 6, must agree to ``PARITY_ATOL``, else ExportError.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge.errors import ExportError
+from edge.files import write_atomic
+from edge.lm_draft import MANIFEST, OnnxMoADraft
+
+PARITY_ATOL = 1e-3
+OPSET = 18
+
+
+class _RMSNorm(nn.Module):
+    """nn.RMSNorm written out (the TorchScript exporter has no aten::rms_norm)."""
+
+    def __init__(self, norm: nn.RMSNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _SelfKV(nn.Module):
+    embed: torch.Tensor
+
+    def __init__(self, moa: Any, embed: torch.Tensor) -> None:
+        super().__init__()
+        self.block = moa.self_attention
+        self.register_buffer("embed", embed)
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = nn.functional.embedding(tokens, self.embed)
+        k, v = self.block.memory(x, start + torch.arange(tokens.shape[1]))
+        return k, v
+
+
+class _CrossKV(nn.Module):
+    def __init__(self, moa: Any) -> None:
+        super().__init__()
+        self.block = moa.cross_attention
+
+    def forward(self, states: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.block.memory(states, start + torch.arange(states.shape[1]))
+        return k, v
+
+
+class _Step(nn.Module):
+    embed: torch.Tensor
+    head: torch.Tensor
+
+    def __init__(self, moa: Any, embed: torch.Tensor, head: torch.Tensor) -> None:
+        super().__init__()
+        self.self_attention, self.cross_attention = moa.self_attention, moa.cross_attention
+        self.register_buffer("embed", embed)
+        self.register_buffer("head", head)
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, self_k: torch.Tensor, self_v: torch.Tensor,
+                cross_k: torch.Tensor, cross_v: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.embedding(tokens, self.embed)
+        positions = start + torch.arange(tokens.shape[1])
+        k, v = self.self_attention.memory(x, positions)
+        end = positions[-1:]
+        h = self.self_attention.attend(x[:, -1:], torch.cat([self_k, k], 2), torch.cat([self_v, v], 2), positions=end)
+        out = self.cross_attention.attend(h, cross_k, cross_v, positions=end)
+        return nn.functional.linear(out[:, 0], self.head)
+
+
+def _exportable(moa: Any) -> Any:
+    """A float32 copy of the draft with its RMSNorms written out."""
+    moa = copy.deepcopy(moa).float().eval()
+    for module in list(moa.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.RMSNorm):
+                setattr(module, name, _RMSNorm(child))
+    return moa
+
+
+def _onnx(module: nn.Module, args: tuple[torch.Tensor, ...], inputs: list[str], outputs: list[str],
+          dynamic: dict[str, dict[int, str]]) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        path = Path(tmp) / "graph.onnx"
+        torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=dynamic,
+                          opset_version=OPSET, dynamo=False)
+        return path.read_bytes()
+
+
+def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, parity_ids: list[int] | None = None) -> dict[str, Any]:
+    """Write the device form of the MoA draft in ``draft_dir`` (for the target in ``target_dir``)
+    to ``out``; return its manifest (with the parity measured)."""
+    from models.draft import load_drafter, load_target
+    from models.moa import MoADrafter
+    from models.speculative import _CachedLM
+
+    torch.set_num_threads(1)
+    target, _ = load_target(target_dir)
+    drafter = load_drafter(draft_dir, target)
+    if not isinstance(drafter, MoADrafter):
+        raise ExportError(f"{draft_dir}: not a MoA draft (trickle train draft --kind moa)")
+    draft = drafter.draft
+    assert draft.embed is not None and draft.head is not None
+    rows = drafter.head.rows if drafter.head.rows is not None else np.arange(drafter.head.size)
+    moa = _exportable(draft)
+    embed = draft.embed.weight.detach().float().clone()
+    head = draft.head.weight.detach().float()[torch.from_numpy(rows)].clone()
+    heads, dim = moa.self_attention.heads, moa.project.out_features // moa.self_attention.heads
+    graphs = {
+        "self_kv": _onnx(_SelfKV(moa, embed), (torch.tensor([[1, 2, 3]]), torch.tensor(4)), ["tokens", "start"], ["k", "v"],
+                         {"tokens": {1: "m"}, "k": {2: "m"}, "v": {2: "m"}}),
+        "cross_kv": _onnx(_CrossKV(moa), (torch.zeros(1, 3, moa.project.out_features), torch.tensor(4)), ["states", "start"],
+                          ["k", "v"], {"states": {1: "m"}, "k": {2: "m"}, "v": {2: "m"}}),
+        "step": _onnx(_Step(moa, embed, head), (torch.tensor([[1, 2]]), torch.tensor(5), *(torch.zeros(1, heads, 5, dim),) * 2,
+                                                *(torch.zeros(1, heads, 4, dim),) * 2),
+                      ["tokens", "start", "self_k", "self_v", "cross_k", "cross_v"], ["logits"],
+                      {"tokens": {1: "t"}, "self_k": {2: "n"}, "self_v": {2: "n"}, "cross_k": {2: "s"}, "cross_v": {2: "s"}}),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in graphs.items():
+        write_atomic(out / f"moa_{name}.onnx", data)
+    shutil.copyfile(target_dir / "tokenizer.json", out / "tokenizer.json")
+    doc: dict[str, Any] = {"kind": "moa", "format": 1, "hidden": moa.project.out_features, "heads": heads,
+                           "vocab_size": int(drafter.head.size), "vocab_rows": [int(r) for r in rows],
+                           "context": int(target.config.max_position_embeddings), "target": str(target_dir),
+                           "draft": str(draft_dir)}
+    write_atomic(out / MANIFEST, json.dumps(doc, indent=1) + "\n")
+
+    # parity: the same drafted logits from torch and from the graphs, after a verified sequence
+    ids = parity_ids or list(range(1, 25))
+    lm = _CachedLM(target)
+    lm.reset()
+    lm.logits(ids, upto=len(ids) - 1)
+    drafter.reset(ids)
+    drafter.attach_target(lm)
+    drafter.prepare(ids)
+    device = OnnxMoADraft(out)
+    states = draft.target_states(lm.cache, len(ids) - 1).detach().float()[0].numpy()
+    device.add_states(0, states)
+    worst = 0.0
+    path: list[int] = []
+    for _ in range(6):
+        want = drafter.path_logits(ids, [path])[0]
+        got = device.next_logits(ids + path)
+        finite = np.isfinite(want)
+        if not np.array_equal(finite, np.isfinite(got)):
+            raise ExportError("the ONNX draft's vocabulary differs from the torch draft's")
+        worst = max(worst, float(np.abs(want[finite] - got[finite]).max()))
+        path.append(int(np.argmax(want)))
+    doc["parity_max_abs_logit"] = worst
+    if worst > PARITY_ATOL:
+        raise ExportError(f"the ONNX MoA draft misses parity with torch: logits differ by {worst:.2e} > {PARITY_ATOL:g}")
+    write_atomic(out / MANIFEST, json.dumps(doc, indent=1) + "\n")
+    return doc

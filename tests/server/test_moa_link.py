@@ -1,0 +1,67 @@
+"""The MoA draft split across the link: exported to ONNX for the device (parity with torch at
+export), fed the target's states by the server after each round, and lossless over HTTP."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from edge.generate import HttpLink, generate
+from edge.lm_draft import OnnxMoADraft, decode_states
+from edge.protocol import ROUTES
+from tests.models.test_lm import corpus as corpus
+from tests.server.test_llm import Models, _serve
+from tests.server.test_llm import models as models
+from tests.server.test_verify import PROMPTS, _greedy
+
+
+@pytest.fixture(scope="module")
+def moa(models: Models, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from export.lm_draft import export_moa_draft
+    from models.draft import train_draft
+
+    root = tmp_path_factory.mktemp("moa")
+    train_draft(models.target, "moa", corpus, root / "draft", steps=2, batch=2, context=32, checkpoint_minutes=60)
+    doc = export_moa_draft(root / "draft", models.target, root / "device")
+    assert doc["parity_max_abs_logit"] < 1e-3 and (root / "device" / "tokenizer.json").is_file()
+    return root / "draft", root / "device"
+
+
+@pytest.fixture(scope="module")
+def server(models: Models, moa: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    state = tmp_path_factory.mktemp("moa-server")
+    with _serve(state, llm=models.target, llm_draft=moa[0]) as url:
+        admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
+        r = httpx.post(url + ROUTES["devices"], json={"device": "m1"}, headers=admin)
+        r.raise_for_status()
+        yield url, r.json()["token"]
+
+
+def test_the_onnx_moa_draft_over_http_is_lossless_and_gets_every_state(server: tuple[str, str], models: Models,
+                                                                       moa: tuple[Path, Path]) -> None:
+    url, token = server
+    draft = OnnxMoADraft(moa[1])
+    link = HttpLink(url, token)
+    for prompt in PROMPTS:
+        result = generate(draft, link, prompt, 24, k=4)
+        assert result.tokens == _greedy(models.target, prompt, 24), prompt
+        assert draft.states_held >= len(prompt) + 24 - 1  # every verified token but the last (the server may hold more)
+
+
+def test_states_are_compact_and_only_for_what_the_target_holds(server: tuple[str, str], moa: tuple[Path, Path]) -> None:
+    url, token = server
+    auth = {"Authorization": f"Bearer {token}"}
+    r = httpx.post(url + ROUTES["verify"], json={"session": "st", "start": 0, "tokens": list(range(1, 11)), "draft": [3],
+                                                 "states_from": 0}, headers=auth)
+    body = r.json()
+    hidden = OnnxMoADraft(moa[1]).hidden
+    states = decode_states(body["states"], hidden)
+    assert r.status_code == 200 and states.shape == (body["history"] - 1, hidden) and np.isfinite(states).all()
+    assert len(base64.b64decode(body["states"])) == 2 * hidden * states.shape[0]  # float16 on the wire: 2 bytes a number
+    late = httpx.post(url + ROUTES["verify"], json={"session": "st", "start": body["history"], "states_from": 99}, headers=auth)
+    assert late.status_code == 400 and "states_from = 99" in late.text
