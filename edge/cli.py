@@ -55,8 +55,40 @@ the export tier's backend (it needs torch; see edge/backends.py); the others run
 outputs recorded at export, as a device does before it switches to a new bundle."""
 
 
+GENERATE_HELP = """Generate text with a draft on this machine, verified by the server's language model.
+
+    trickle edge generate --draft drafts/moa --server http://127.0.0.1:8080 --token-file m1.token "ROMEO.\n"
+    trickle edge generate --draft drafts/moa --server URL --token-file F --temperature 0.8 --seed 3 "prompt"
+    trickle edge generate --draft drafts/moa "prompt"                 # no server: the draft alone
+
+The draft is the device form of a MoA draft (export.lm_draft: ONNX graphs and the tokenizer; no
+torch here). Each round drafts K tokens, sends them to POST /v1/llm/verify (the device's token),
+and prints what the target keeps as it is kept: greedy output is the target's own, sampling is
+distributed as the target's. When the server cannot be reached the draft goes on alone (those
+tokens are unverified) and the text is re-verified when the link returns: --on-divergence
+correct (the default) replaces it from the first token the target disagrees with, keep keeps it.
+The summary (stderr, or --json) gives tokens/s, server calls and where the text diverged."""
+
+
 def add_edge_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True, help="infer or run (see trickle edge ACTION --help)")
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True,
+                           help="infer, run or generate (see trickle edge ACTION --help)")
+    gen = sub.add_parser("generate", help="generate text with a local draft, verified by the server's LM",
+                         description=GENERATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gen.add_argument("prompt", help="the text to continue")
+    gen.add_argument("--draft", type=Path, required=True, help="the device form of a MoA draft (export.lm_draft)")
+    gen.add_argument("--server", help="server URL, http(s)://HOST:PORT (none: the draft alone)")
+    gen.add_argument("--token-file", type=Path, help="file holding the device's token (with --server)")
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    gen.add_argument("--k", type=int, default=4, help="draft tokens per round (the most, with --adaptive; default 4)")
+    gen.add_argument("--adaptive", action="store_true", help="choose each round's K from the round time and acceptance")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
+    gen.add_argument("--seed", type=int, default=0, help="seeds sampling (default 0)")
+    gen.add_argument("--timeout-s", type=float, default=5.0, help="per request, before going on offline (default 5)")
+    gen.add_argument("--on-divergence", choices=["correct", "keep"], default="correct",
+                     help="text drafted offline that the target disagrees with: replace it (default) or keep it")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (text and figures) instead of streaming")
     infer = sub.add_parser("infer", help="classify input files with a bundle", description=INFER_HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     infer.add_argument("bundle", type=Path, help="bundle folder or .tar")
@@ -104,7 +136,57 @@ def run_edge(args: argparse.Namespace) -> int:
     """Run a bundle on this machine: ``trickle edge infer`` (one-off inference, or a self-test on the
     bundle's test vectors) and ``trickle edge run`` (the device agent: infer on a sensor source,
     report to the server over MQTT, take OTA updates). See trickle edge ACTION --help."""
+    if args.action == "generate":
+        return run_generate(args)
     return run_agent(args) if args.action == "run" else infer(args)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import sys
+
+    from tokenizers import Tokenizer
+
+    from edge.generate import HttpLink, generate
+    from edge.lm_draft import OnnxMoADraft
+
+    if args.server is not None and args.token_file is None:
+        raise ConfigError("--token-file", None, "needed with --server (the device's token from registration)")
+    if args.max_tokens < 1 or args.k < 1:
+        raise ConfigError("--max-tokens/--k", (args.max_tokens, args.k), "must be >= 1")
+    draft = OnnxMoADraft(args.draft)
+    tokenizer = Tokenizer.from_file(str(args.draft / "tokenizer.json"))
+    prompt = tokenizer.encode(args.prompt).ids
+    if not prompt:
+        raise ConfigError("prompt", args.prompt, "has no tokens")
+    link = None
+    if args.server is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as err:
+            raise ConfigError("--token-file", str(args.token_file), f"cannot be read ({err.strerror})") from None
+        link = HttpLink(args.server, token, timeout_s=args.timeout_s)
+    shown: list[int] = []
+
+    def stream(block: list[int], verified: bool) -> None:
+        before = tokenizer.decode(shown)
+        shown.extend(block)
+        if not args.json:
+            sys.stdout.write(tokenizer.decode(shown)[len(before):])
+            sys.stdout.flush()
+
+    result = generate(draft, link, prompt, args.max_tokens, k=args.k, temperature=args.temperature, top_p=args.top_p,
+                      seed=args.seed, adaptive=args.adaptive, on_divergence=args.on_divergence, on_tokens=stream)
+    summary = {"text": tokenizer.decode(result.tokens), "tokens": len(result.tokens), "verified": result.verified,
+               "offline_tokens": result.offline_tokens, "server_calls": result.server_calls,
+               "divergences": result.divergences, "tokens_per_second": round(result.tokens_per_second, 2)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        sys.stdout.write("\n")
+        print(f"{len(result.tokens)} tokens ({result.verified} verified) in {result.seconds:.2f} s, "
+              f"{result.server_calls} server calls" + (f"; diverged at {result.divergences}" if result.divergences else ""),
+              file=sys.stderr)
+    return 0
 
 
 def run_agent(args: argparse.Namespace) -> int:

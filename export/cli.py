@@ -15,7 +15,10 @@ from export.formats import BOARDS, FORMATS, TEST_VECTORS
 
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", type=Path, help="checkpoint.pt written by trickle train")
+    p.add_argument("checkpoint", type=Path,
+                   help="checkpoint.pt written by trickle train, or a MoA draft folder (trickle train draft) with --target")
+    p.add_argument("--target", type=Path, metavar="DIR",
+                   help="a MoA draft's target LM folder: export the draft's device form (ONNX graphs, tokenizer)")
     p.add_argument("--out", type=Path, required=True, help="bundle folder (or .tar with --tar)")
     p.add_argument("--formats", default=",".join(FORMATS), metavar="LIST",
                    help=f"comma-separated, among {','.join(FORMATS)} (default: all)")
@@ -43,6 +46,8 @@ def run_export(args: argparse.Namespace) -> int:
     --test-vectors examples of the test split with each variant's outputs: devices self-test on
     them and `trickle flash` checks firmware with them. Make a key pair with `trickle keygen`.
     """
+    if args.target is not None or (args.checkpoint / "draft.json").is_file():
+        return run_export_draft(args)
     if not args.checkpoint.is_file():
         raise ConfigError("checkpoint", str(args.checkpoint), "no such file")
     if args.bundle_version < 1:
@@ -68,6 +73,23 @@ def run_export(args: argparse.Namespace) -> int:
         print(json.dumps({"bundle": str(path), "signed": args.key is not None, "parity_checked": checked}))
     else:
         print(f"wrote {path}" + (" (signed)" if args.key else " (unsigned)"))
+    return 0
+
+
+def run_export_draft(args: argparse.Namespace) -> int:
+    """``trickle export runs/lm/draft-moa --target runs/lm/base --out drafts/moa``: the device form
+    of a MoA draft (``export.lm_draft``), parity-checked against torch."""
+    if args.target is None:
+        raise ConfigError("--target", None, "a draft folder needs its target LM folder")
+    if not (args.checkpoint / "draft.json").is_file():
+        raise ConfigError("checkpoint", str(args.checkpoint), "not a draft folder (no draft.json; trickle train draft)")
+    from export.lm_draft import export_moa_draft
+
+    doc = export_moa_draft(args.checkpoint, args.target, args.out)
+    if args.json:
+        print(json.dumps({"out": str(args.out), "parity_max_abs_logit": doc["parity_max_abs_logit"]}))
+    else:
+        print(f"wrote {args.out} (MoA draft, ONNX; parity with torch: {doc['parity_max_abs_logit']:.1e})")
     return 0
 
 

@@ -65,3 +65,25 @@ def test_states_are_compact_and_only_for_what_the_target_holds(server: tuple[str
     assert len(base64.b64decode(body["states"])) == 2 * hidden * states.shape[0]  # float16 on the wire: 2 bytes a number
     late = httpx.post(url + ROUTES["verify"], json={"session": "st", "start": body["history"], "states_from": 99}, headers=auth)
     assert late.status_code == 400 and "states_from = 99" in late.text
+
+
+def test_the_cli_exports_and_generates_against_the_server(server: tuple[str, str], moa: tuple[Path, Path], models: Models,
+                                                          tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from trickle.cli import main
+
+    assert main(["export", str(moa[0]), "--target", str(models.target), "--out", str(tmp_path / "device"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parity_max_abs_logit"] < 1e-3
+    url, token = server
+    (tmp_path / "m1.token").write_text(token)
+    args = ["edge", "generate", "--draft", str(tmp_path / "device"), "--server", url, "--token-file", str(tmp_path / "m1.token"),
+            "--max-tokens", "12", "--json", "To be, or not"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tokens"] == doc["verified"] == 12 and doc["server_calls"] >= 1 and doc["offline_tokens"] == 0
+    assert main([*args[:3], str(tmp_path / "device"), "--max-tokens", "5", "--json", "To be"]) == 0  # no server
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["verified"] == 0 and alone["offline_tokens"] == 5
+    assert main(["edge", "generate", "--draft", str(tmp_path / "device"), "--server", url, "x"]) == 1
+    assert "--token-file" in capsys.readouterr().err
