@@ -1,7 +1,8 @@
 """Run a benchmark from bench/ and write bench/results/NAME.json.
 
 Benchmarks print a table of measured figures and ratios against their goals; they are
-never part of the test pass/fail. Available: simulator, nexume, export, firmware, link, speculative.
+never part of the test pass/fail. Available: simulator, nexume, export, firmware, link, speculative,
+client-server.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ("simulator", "nexume", "export", "firmware", "link", "speculative")
+BENCHMARKS = ("simulator", "nexume", "export", "firmware", "link", "speculative", "client-server")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    module = importlib.import_module(f"bench.{args.name}")
+    module = importlib.import_module(f"bench.{args.name.replace('-', '_')}")
     if not args.json:
         module.main(quick=args.quick)
         return 0

@@ -1,0 +1,253 @@
+"""Client–server speculative decoding benchmark: the draft on the device, the target on the server,
+through an emulated link (``bench.netem``), all methods in the same run, same target and prompts.
+
+    trickle bench client-server [--quick]
+
+The server is ``trickle serve --llm runs/lm/base --draft runs/lm/draft-moa`` in its own process;
+the device side runs here, one thread. Methods:
+
+- **MoA client–server**: the MoA draft's device form (``export.lm_draft``, onnxruntime) with
+  ``edge.generate`` (adaptive K), states from the server;
+- **independent client–server**: the independent draft (``runs/lm/draft-independent``, run by
+  transformers here, as no ONNX form of it exists yet) with the same loop;
+- **API only**: the server generates everything (``/v1/completions``, its own MoA drafting inside);
+- **draft only**: the MoA draft alone, no server.
+
+Links: round trips 0, 20, 100 and 300 ms at 50 Mbit/s, and 100 ms at 1 Mbit/s. Quality after a
+disconnection: the link drops after the first round and each draft writes 64 tokens alone; the
+target's mean negative log-likelihood of them (lower: closer to what the target would write).
+Throughput with 8 clients at once against 1 (the server verifies one round at a time: batching
+across sessions is not built yet). EAGLE-style client–server is not built yet (its draft needs the
+target's last hidden states on the device) and is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from bench.netem import NetemProxy
+from edge.errors import ConfigError
+from edge.files import data_root, write_atomic
+from edge.tables import markdown_table
+
+RESULTS = Path(__file__).parent / "results"
+DOCS = Path(__file__).parent.parent / "docs" / "results"
+RUNS = Path("runs") / "lm"
+LINKS = [(0.0, 50e6), (0.02, 50e6), (0.1, 50e6), (0.3, 50e6), (0.1, 1e6)]
+K_MAX = 12
+OFFLINE_TOKENS = 64
+GOALS = {
+    "moa_cs_speedup_vs_independent_cs_rtt100": (">=", 1.3),
+    "moa_cs_server_calls_per_token_rtt100": ("<=", 0.3),
+    "moa_cs_bytes_per_token": ("<=", 2048.0),
+    "disconnected_target_nll_gain_vs_independent": (">", 0.0),
+    "server_throughput_ratio_8_clients_vs_1": (">=", 3.0),
+}
+
+
+class IndependentDraft:
+    """The independent draft as an ``edge.generate.DraftModel`` (transformers, incremental cache)."""
+
+    def __init__(self, folder: Path, target: Any) -> None:
+        from models.draft import load_drafter
+
+        self.drafter: Any = load_drafter(folder, target)
+
+    def reset(self) -> None:
+        self.drafter.reset([])
+
+    def next_logits(self, tokens: list[int]) -> np.ndarray:
+        return np.asarray(self.drafter.path_logits(tokens, [[]])[0])
+
+
+def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    from server.service import free_port
+
+    port, mqtt = free_port(), free_port()
+    log = (state / "serve.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(state), "--port", str(port),
+                             "--mqtt-port", str(mqtt), "--llm", str(target), "--draft", str(draft)], stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError("server", url, f"exited: {(state / 'serve.log').read_text()[-500:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
+    token = httpx.post(url + "/v1/devices", json={"device": "bench"}, headers=admin).json()["token"]
+    return proc, url, token
+
+
+def _cs(draft: Any, url: str, token: str, prompts: list[list[int]], new: int, rtt: float, bps: float) -> dict[str, Any]:
+    from edge.generate import HttpLink, generate
+
+    port = int(url.rsplit(":", 1)[1])
+    tokens = calls = 0
+    seconds = 0.0
+    with NetemProxy("127.0.0.1", port, rtt_s=rtt, bandwidth_bps=bps) as proxy:
+        link = HttpLink(proxy.url, token, timeout_s=30)
+        for i, prompt in enumerate(prompts):
+            result = generate(draft, link, prompt, new, k=K_MAX, adaptive=True, session=f"b{time.monotonic_ns()}-{i}")
+            tokens, calls, seconds = tokens + len(result.tokens), calls + result.server_calls, seconds + result.seconds
+        link.close()
+        down = proxy.bytes_down
+    return {"tokens_per_second": tokens / seconds, "server_calls_per_token": calls / tokens, "bytes_per_token": down / tokens}
+
+
+def _api(url: str, tok: Any, prompts: list[list[int]], new: int, rtt: float, bps: float) -> dict[str, Any]:
+    port = int(url.rsplit(":", 1)[1])
+    tokens, seconds = 0, 0.0
+    with NetemProxy("127.0.0.1", port, rtt_s=rtt, bandwidth_bps=bps) as proxy, httpx.Client(timeout=60) as client:
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            r = client.post(proxy.url + "/v1/completions",
+                            json={"prompt": tok.decode(prompt), "max_tokens": new, "temperature": 0})
+            seconds += time.perf_counter() - t0
+            tokens += r.json()["usage"]["completion_tokens"]
+        down = proxy.bytes_down
+    return {"tokens_per_second": tokens / seconds, "server_calls_per_token": 1 / new, "bytes_per_token": down / tokens}
+
+
+def _offline_nll(target: Any, draft: Any, url: str, token: str, prompts: list[list[int]]) -> float:
+    """Mean target NLL per token of OFFLINE_TOKENS drafted alone after one verified round."""
+    from edge.generate import HttpLink, generate
+
+    port = int(url.rsplit(":", 1)[1])
+    nll, count = 0.0, 0
+    for i, prompt in enumerate(prompts):
+        with NetemProxy("127.0.0.1", port) as proxy:
+            def cut(block: list[int], verified: bool, proxy: NetemProxy = proxy) -> None:
+                proxy.down = True
+                proxy.drop()
+
+            result = generate(draft, HttpLink(proxy.url, token, timeout_s=2), prompt, OFFLINE_TOKENS + 8, k=4,
+                              retry_s=3600, session=f"n{time.monotonic_ns()}-{i}", on_tokens=cut)
+        ids = torch.tensor([prompt + result.tokens])
+        with torch.inference_mode():
+            logp = target(input_ids=ids).logits[0, :-1].double().log_softmax(-1)
+        start = len(prompt) + result.verified  # the offline tokens
+        picked = logp[torch.arange(start - 1, ids.shape[1] - 1), ids[0, start:]]
+        nll, count = nll - float(picked.sum()), count + len(picked)
+    return nll / count
+
+
+def _throughput(draft_dir: Path, url: str, token: str, prompts: list[list[int]], new: int, clients: int) -> float:
+    """Tokens/s of ``clients`` devices generating at once (threads here; each its own draft)."""
+    from edge.generate import HttpLink, generate
+    from edge.lm_draft import OnnxMoADraft
+
+    drafts = [OnnxMoADraft(draft_dir) for _ in range(clients)]
+    done: list[int] = []
+
+    def client(d: Any, i: int) -> None:
+        link = HttpLink(url, token, timeout_s=60)
+        done.append(len(generate(d, link, prompts[i % len(prompts)], new, k=K_MAX, adaptive=True,
+                                 session=f"t{clients}-{i}").tokens))
+
+    threads = [threading.Thread(target=client, args=(d, i)) for i, d in enumerate(drafts)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - t0)
+
+
+def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS, corpus: Path | None = None) -> dict[str, Any]:
+    from bench.speculative import _prompts
+    from edge.lm_draft import OnnxMoADraft
+    from export.lm_draft import export_moa_draft
+    from models.draft import load_target
+
+    torch.set_num_threads(1)
+    corpus = corpus or data_root() / "shakespeare" / "plays"
+    target_dir, moa_dir, indep_dir = RUNS / "base", RUNS / "draft-moa", RUNS / "draft-independent"
+    for folder in (target_dir, moa_dir, indep_dir):
+        if not folder.is_dir():
+            raise ConfigError("model", str(folder), "train it first (trickle train lm / trickle train draft; see the README)")
+    n_prompts, new = (2, 24) if quick else (4, 64)
+    links = LINKS[2:3] if quick else LINKS
+    target, tok = load_target(target_dir)
+    prompts = _prompts(tok, corpus, n_prompts, 64)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        export_moa_draft(moa_dir, target_dir, Path(tmp) / "moa")
+        moa = OnnxMoADraft(Path(tmp) / "moa")
+        indep = IndependentDraft(indep_dir, target)
+        (Path(tmp) / "state").mkdir()
+        proc, url, token = _serve(Path(tmp) / "state", target_dir, moa_dir)
+        try:
+            for rtt, bps in links:
+                for method, draft in (("moa client-server", moa), ("independent client-server", indep), ("api only", None)):
+                    figures = _cs(draft, url, token, prompts, new, rtt, bps) if draft is not None else \
+                        _api(url, tok, prompts, new, rtt, bps)
+                    rows.append({"method": method, "rtt_ms": rtt * 1e3, "mbit_s": bps / 1e6, **figures})
+                    print(f"{method:28s} rtt {rtt * 1e3:5.0f} ms {bps / 1e6:4.0f} Mbit/s  "
+                          f"{rows[-1]['tokens_per_second']:6.1f} tok/s", flush=True)
+            from edge.generate import generate
+
+            t0 = time.perf_counter()
+            alone = sum(len(generate(moa, None, p, new).tokens) for p in prompts)
+            rows.append({"method": "draft only (moa)", "rtt_ms": None, "mbit_s": None,
+                         "tokens_per_second": alone / (time.perf_counter() - t0), "server_calls_per_token": 0.0,
+                         "bytes_per_token": 0.0})
+            nll = {"moa": _offline_nll(target, moa, url, token, prompts),
+                   "independent": _offline_nll(target, indep, url, token, prompts)}
+            throughput = {clients: _throughput(Path(tmp) / "moa", url, token, prompts, new, clients) for clients in (1, 8)}
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    at = {(r["method"], r["rtt_ms"], r["mbit_s"]): r for r in rows}
+    moa100, ind100 = at[("moa client-server", 100.0, 50.0)], at[("independent client-server", 100.0, 50.0)]
+    out: dict[str, Any] = {
+        "moa_cs_speedup_vs_independent_cs_rtt100": moa100["tokens_per_second"] / ind100["tokens_per_second"],
+        "moa_cs_server_calls_per_token_rtt100": moa100["server_calls_per_token"],
+        "moa_cs_bytes_per_token": moa100["bytes_per_token"],
+        "disconnected_target_nll_gain_vs_independent": nll["independent"] - nll["moa"],
+        "server_throughput_ratio_8_clients_vs_1": throughput[8] / throughput[1],
+        "disconnected_target_nll": nll, "throughput_tokens_per_second": throughput, "rows": rows,
+        "settings": {"prompts": n_prompts, "new_tokens": new, "k_max_adaptive": K_MAX, "offline_tokens": OFFLINE_TOKENS},
+        "missing": ["eagle-style client-server", "batched verification across sessions", "MQTT transport"],
+        "goals": {k: f"{op} {g:g}" for k, (op, g) in GOALS.items()}, "quick": quick,
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+    }
+    table = markdown_table(["method", "RTT ms", "Mbit/s", "tokens/s", "server calls / token", "bytes / token (down)"],
+                           [(r["method"], "—" if r["rtt_ms"] is None else f"{r['rtt_ms']:.0f}",
+                             "—" if r["mbit_s"] is None else f"{r['mbit_s']:g}", f"{r['tokens_per_second']:.1f}",
+                             f"{r['server_calls_per_token']:.2f}", f"{r['bytes_per_token']:.0f}") for r in rows],
+                           align="lrrrrr")
+    print(table)
+    verdicts = []
+    for key, (op, goal) in GOALS.items():
+        ok = {">=": out[key] >= goal, "<=": out[key] <= goal, ">": out[key] > goal}[op]
+        verdicts.append(f"| `{key}` | {out[key]:.3f} | {op} {goal:g} | {'met' if ok else 'not met'} |")
+        print(f"{key:45s} {out[key]:10.3f}  {'✔' if ok else '✘'} (goal {op} {goal:g})")
+    suffix = "-quick" if quick else ""
+    write_atomic(results_dir / f"client_server{suffix}.json", json.dumps(out, indent=1, sort_keys=True) + "\n")
+    title = "# Client–server speculative decoding (`trickle bench client-server`)\n\n"
+    write_atomic(docs_dir / f"client_server{suffix}.md", title +
+                 f"{n_prompts} held-out prompts, {new} new tokens each, greedy; the device side in one thread, the server "
+                 "in its own process; links emulated by `bench/netem.py`. Offline quality: mean target NLL per token of "
+                 f"{OFFLINE_TOKENS} tokens drafted alone after a disconnection: MoA {nll['moa']:.3f}, independent "
+                 f"{nll['independent']:.3f}. Throughput: 1 client {throughput[1]:.1f} tok/s, 8 clients {throughput[8]:.1f} "
+                 "tok/s (no batching across sessions yet).\n\n" + table +
+                 "\n\n| key | measured | goal | |\n| --- | ---: | --- | --- |\n" + "\n".join(verdicts) + "\n")
+    print(f"wrote {results_dir / f'client_server{suffix}.json'}")
+    return out
