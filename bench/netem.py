@@ -54,11 +54,21 @@ class NetemProxy:
         self._loop.call_soon_threadsafe(cut)
 
     def close(self) -> None:
-        self.drop()
-        if self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
+        """Cut every connection, stop listening, end every task, stop the loop."""
+        async def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
     def __enter__(self) -> NetemProxy:
         return self.start()
