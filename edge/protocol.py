@@ -204,8 +204,9 @@ class VerifyResponse(_Strict):
     history: int = Field(ge=0)
     target_ms: float = Field(ge=0)
     states: str | None = None
-    """Base64 little-endian float16 (m, hidden): the target states (the MoA draft's projected
-    Layer Self-Attention) of history tokens states_from.. that the target's cache holds."""
+    """Base64 (m, 2 + hidden) bytes, per token a float16 scale and int8 values
+    (``edge.lm_draft.encode_states``): the target states (the MoA draft's projected Layer
+    Self-Attention) of history tokens states_from.. that the target's cache holds."""
     states_from: int | None = Field(None, ge=0)
 
 

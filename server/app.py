@@ -216,18 +216,21 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
 
     if state.llm is not None:
         app.include_router(llm_router(state.llm, state.metrics.registry))
-        sessions = state.llm.sessions()
 
-        @app.post(ROUTES["verify"], response_model=VerifyResponse)
-        def verify(body: VerifyRequest, who: Annotated[Principal, Depends(principal)]) -> VerifyResponse:
-            """One round of client–server speculative decoding (``server.verify``): 409 when the
-            session must be resent from its start, 400 when the target cannot take the request."""
-            from server.verify import BadVerify, SessionLost
+    @app.post(ROUTES["verify"], response_model=VerifyResponse)
+    def verify(body: VerifyRequest, who: Annotated[Principal, Depends(principal)]) -> VerifyResponse:
+        """One round of client–server speculative decoding (``server.verify``): 409 when the
+        session must be resent from its start, 400 when the target cannot take the request, 404
+        when the server has no language model."""
+        from server.verify import BadVerify, SessionLost
 
-            try:
-                return sessions.verify("admin" if who.device is None else who.device.device, body)
-            except SessionLost as err:
-                raise HTTPException(409, str(err)) from None
-            except BadVerify as err:
-                raise HTTPException(400, str(err)) from None
+        if state.llm is None:
+            raise HTTPException(404, "this server serves no language model (start it with trickle serve --llm DIR)")
+        try:
+            return state.llm.sessions().verify("admin" if who.device is None else who.device.device, body)
+        except SessionLost as err:
+            raise HTTPException(409, str(err)) from None
+        except BadVerify as err:
+            raise HTTPException(400, str(err)) from None
+
     return app

@@ -149,6 +149,7 @@ class LlmService:
         self.admitted = 0  # running + waiting; touched only on the event loop
         self._slots: asyncio.Semaphore | None = None
         self._sessions: Any = None
+        self._sessions_lock = threading.Lock()
         self.moa: Any = None  # the MoA draft's module, when the draft is one (its states go to devices)
 
     @classmethod
@@ -216,11 +217,12 @@ class LlmService:
 
     def sessions(self) -> Any:
         """The target's client–server verification sessions (``server.verify``), made once."""
-        if self._sessions is None:
-            from server.verify import VerifySessions
+        with self._sessions_lock:  # requests run on a thread pool
+            if self._sessions is None:
+                from server.verify import VerifySessions
 
-            self._sessions = VerifySessions(self.target, moa=self.moa)
-        return self._sessions
+                self._sessions = VerifySessions(self.target, moa=self.moa)
+            return self._sessions
 
     @property
     def speculative(self) -> bool:

@@ -62,7 +62,7 @@ def test_states_are_compact_and_only_for_what_the_target_holds(server: tuple[str
     hidden = OnnxMoADraft(moa[1]).hidden
     states = decode_states(body["states"], hidden)
     assert r.status_code == 200 and states.shape == (body["history"] - 1, hidden) and np.isfinite(states).all()
-    assert len(base64.b64decode(body["states"])) == 2 * hidden * states.shape[0]  # float16 on the wire: 2 bytes a number
+    assert len(base64.b64decode(body["states"])) == (hidden + 2) * states.shape[0]  # int8 values and a float16 scale a token
     late = httpx.post(url + ROUTES["verify"], json={"session": "st", "start": body["history"], "states_from": 99}, headers=auth)
     assert late.status_code == 400 and "states_from = 99" in late.text
 
@@ -87,3 +87,14 @@ def test_the_cli_exports_and_generates_against_the_server(server: tuple[str, str
     assert alone["verified"] == 0 and alone["offline_tokens"] == 5
     assert main(["edge", "generate", "--draft", str(tmp_path / "device"), "--server", url, "x"]) == 1
     assert "--token-file" in capsys.readouterr().err
+
+
+def test_states_survive_the_wire_to_within_int8_rounding() -> None:
+    from edge.lm_draft import encode_states
+
+    rng = np.random.default_rng(0)
+    states = rng.normal(0, 3, (7, 48)).astype(np.float32)
+    back = decode_states(encode_states(states), 48)
+    assert back.shape == states.shape
+    assert np.all(np.abs(back - states) <= np.abs(states).max(1, keepdims=True) / 127 * 0.51 + 1e-3)
+    assert decode_states(encode_states(np.zeros((0, 48))), 48).shape == (0, 48)

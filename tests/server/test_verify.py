@@ -196,3 +196,16 @@ def test_adaptive_k_over_the_link_is_still_the_targets_greedy_output(server: tup
     with NetemProxy("127.0.0.1", port, rtt_s=0.1) as proxy:
         result = generate(TorchDraft(models.target), HttpLink(proxy.url, tokens["d2"]), PROMPTS[1], 24, k=12, adaptive=True)
     assert result.tokens == _greedy(models.target, PROMPTS[1], 24) and result.server_calls <= 4  # long blocks at 100 ms
+
+
+def test_a_server_without_a_language_model_answers_404(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from server.app import ServerState, create_app
+    from server.bridge import Metrics
+    from server.store import Store
+
+    app = create_app(ServerState(Store(tmp_path / "db.sqlite"), "admin", tmp_path / "bundles", [], Metrics()))
+    r = TestClient(app).post(ROUTES["verify"], json={"session": "s", "start": 0, "tokens": [1]},
+                             headers={"Authorization": "Bearer admin"})
+    assert r.status_code == 404 and "no language model" in r.text
