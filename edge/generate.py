@@ -125,6 +125,7 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
         q = distribution(logits, temperature, top_p)
         return int(rng.choice(len(q), p=q)), q
 
+    wants = getattr(draft, "wants_states", False)  # a MoA draft: the server sends the target's states
     round_s, token_s, kept_sum, tried_sum = 0.05, 0.005, 1.8, 3.0  # running estimates (priors)
     offline_left = 0  # tokens to draft alone before the link is tried again
     last_try = False
@@ -161,7 +162,6 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
                 token_s = 0.8 * token_s + 0.2 * (time.perf_counter() - t0) / len(drafted)
             base = history
         q_of = None if temperature == 0 else [float(q[t]) for q, t in zip(qs, drafted)]  # type: ignore[index]
-        wants = getattr(draft, "wants_states", False)  # a MoA draft: the server sends the target's states
         request = VerifyRequest(session=session, start=server_has, tokens=base[server_has:], draft=drafted, q=q_of,
                                 temperature=temperature, top_p=top_p, seed=seed,
                                 states_from=draft.states_held if wants else None)  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.moa import KL_WEIGHT, _Block
-from models.speculative import DraftHead, TargetReader
+from models.speculative import TargetReader
 
 
 class EagleDraft(nn.Module):
@@ -81,13 +81,7 @@ class EagleDrafter(TargetReader):
     needs_hidden = True
     cost = 0.1  # a drafted token's time over a target call's, measured with the base target here
 
-    def __init__(self, draft: EagleDraft, vocab: Sequence[int] | None = None) -> None:
-        super().__init__()
-        self.draft = draft.eval()
-        assert draft.head is not None
-        self.vocab = vocab
-        self.head = DraftHead(draft.head, vocab)
-        self.reset([])
+    draft: EagleDraft
 
     def reset(self, prompt: list[int]) -> None:
         self.exact = 0  # positions whose keys/values (from the target's features) are cached

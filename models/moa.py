@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.speculative import DraftHead, TargetReader
+from models.speculative import TargetReader
 
 SEGMENT_MIN, SEGMENT_MAX = 6, 15  # T-step bounded masking: segment lengths drawn from [6, 15)
 KL_WEIGHT = 0.1
@@ -184,20 +184,13 @@ class MoADrafter(TargetReader):
 
     cost = 0.15  # a drafted token's time over a target call's, measured with the base target here
 
-    def __init__(self, draft: MoADraft, vocab: Sequence[int] | None = None) -> None:
-        super().__init__()
-        self.draft = draft.eval()
-        assert draft.head is not None
-        self.vocab = vocab
-        self.head = DraftHead(draft.head, vocab)
-        self.reset([])
+    draft: MoADraft
 
     def reset(self, prompt: list[int]) -> None:
         self.states = 0  # verified tokens whose target states are cached
         self.cross: tuple[torch.Tensor, torch.Tensor] | None = None  # (1, h, states, d/h) keys, values
         self.fed: list[int] = []  # tokens in the self-attention cache
         self.self_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.last: torch.Tensor | None = None  # (1, 1, hidden) the embedded last verified token
 
     @torch.inference_mode()
     def prepare(self, seq: list[int]) -> bool:

@@ -277,13 +277,23 @@ def draft_tree(drafter: Drafter, seq: list[int], shape: Tree, depth: int, temper
 
 
 class TargetReader:
-    """Base of drafts that read the target's states of the verified prefix (MoA, EAGLE-style): the
-    verify loop hands them its cached target (``attach_target``)."""
+    """Base of drafts that read the target's states of the verified prefix (MoA, EAGLE-style): a
+    draft module sharing the target's LM head, read over the draft vocabulary ``vocab``; the
+    verify loop hands them its cached target (``attach_target``). Subclasses keep their
+    per-sequence caches in ``reset``."""
 
     needs_hidden = False  # whether the target must keep its last hidden states
 
-    def __init__(self) -> None:
+    def __init__(self, draft: Any, vocab: Sequence[int] | None = None) -> None:
+        self.draft = draft.eval()
+        assert draft.head is not None, "attach the draft to its target first"
+        self.vocab = vocab
+        self.head = DraftHead(draft.head, vocab)
         self.target_lm: Any = None
+        self.reset([])
+
+    def reset(self, prompt: list[int]) -> None:
+        """Start a new sequence."""
 
     def attach_target(self, target_lm: Any) -> None:
         self.target_lm = target_lm
@@ -291,7 +301,8 @@ class TargetReader:
 
 class NoDrafter:
     """Proposes nothing: the verify loop then decodes plainly, one target call per token (the
-    baseline, with the very same sampling)."""
+    baseline, with the very same sampling). ``prepare`` answers False, so the loop never asks
+    it for logits."""
 
     def reset(self, prompt: list[int]) -> None:
         pass
@@ -300,7 +311,7 @@ class NoDrafter:
         return False
 
     def path_logits(self, seq: list[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
-        raise NotImplementedError("NoDrafter drafts nothing")
+        raise RuntimeError("NoDrafter.prepare answers False: the verify loop never asks it for logits")
 
 
 class IndependentDrafter:

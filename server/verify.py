@@ -82,10 +82,9 @@ class VerifySessions:
             self._evict(now)
             key = (owner, req.session)
             session = self.sessions.get(key)
-            if req.start == 0:  # a (re)start: the history is what the client sends
+            if req.start == 0:  # a (re)start: the history is what the client sends (held once it checks out)
                 session = _Session(_CachedLM(self.target), rng=np.random.default_rng(req.seed))
                 session.lm.reset()
-                self.sessions[key] = session
             elif session is None:
                 raise SessionLost(f"session {req.session!r} is not held here (evicted or never started): "
                                   "resend the history from start 0")
@@ -98,6 +97,7 @@ class VerifySessions:
             if len(history) + len(req.draft) > self.context:
                 raise BadVerify(f"history of {len(history)} + draft of {len(req.draft)} tokens is over the target's "
                                 f"context of {self.context}")
+            self.sessions[key] = session
             started = time.perf_counter()
             session.lm.crop(len(history) - 1)
             if session.lm.cached < len(history) - 1:  # new history tokens: into the cache, but the last

@@ -151,6 +151,11 @@ def test_a_lost_session_is_rebuilt_and_sessions_are_per_device(server: tuple[str
     foreign = httpx.post(url + ROUTES["verify"], json={"session": "s", "start": first.json()["history"], "draft": [4]},
                          headers=d2)
     assert foreign.status_code == 409 and "not held here" in foreign.json()["detail"]
+    # a restart the target cannot take (over its context) is refused and leaves the session as it was
+    long = httpx.post(url + ROUTES["verify"], json={"session": "s", "start": 0, "tokens": [1] * 600}, headers=d1)
+    assert long.status_code == 400 and "context" in long.text
+    held = httpx.post(url + ROUTES["verify"], json={"session": "s", "start": first.json()["history"]}, headers=d1)
+    assert held.status_code == 200 and held.json()["history"] == first.json()["history"] + 1
     stale = httpx.post(url + ROUTES["verify"], json={"session": "s", "start": 1, "draft": [4]}, headers=d1)
     assert stale.status_code == 409 and "resend the history" in stale.json()["detail"]
     for body, status, words in [
