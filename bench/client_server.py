@@ -3,22 +3,23 @@ through an emulated link (``bench.netem``), all methods in the same run, same ta
 
     trickle bench client-server [--quick]
 
-The server is ``trickle serve --llm runs/lm/base --draft runs/lm/draft-moa`` in its own process;
-the device side runs here, one thread. Methods:
+The server is ``trickle serve --llm runs/lm/base --draft runs/lm/draft-moa`` in its own process
+(with its embedded MQTT broker); the device side runs here, one thread. Methods:
 
-- **MoA client–server**: the MoA draft's device form (``export.lm_draft``, onnxruntime) with
-  ``edge.generate`` (adaptive K), states from the server;
+- **MoA client–server**: the MoA draft's bundle (``export.lm_draft``, onnxruntime) with
+  ``edge.generate`` (adaptive K), states from the server, over HTTP and over MQTT (through the
+  server's embedded broker);
 - **independent client–server**: the independent draft (``runs/lm/draft-independent``, run by
-  transformers here, as no ONNX form of it exists yet) with the same loop;
+  transformers here, as no ONNX form of it exists yet) with the same loop over HTTP;
 - **API only**: the server generates everything (``/v1/completions``, its own MoA drafting inside);
 - **draft only**: the MoA draft alone, no server.
 
 Links: round trips 0, 20, 100 and 300 ms at 50 Mbit/s, and 100 ms at 1 Mbit/s. Quality after a
 disconnection: the link drops after the first round and each draft writes 64 tokens alone; the
 target's mean negative log-likelihood of them (lower: closer to what the target would write).
-Throughput with 8 clients at once against 1 (the server verifies one round at a time: batching
-across sessions is not built yet). EAGLE-style client–server is not built yet (its draft needs the
-target's last hidden states on the device) and is absent.
+Throughput with 1, 2, 4 and 8 clients at once (MoA over HTTP, no emulated delay), and how many
+rounds each batched target forward verified (the server's /metrics). EAGLE-style client–server is
+not built (its draft needs the target's last hidden states on the device) and is absent.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ RESULTS = Path(__file__).parent / "results"
 DOCS = Path(__file__).parent.parent / "docs" / "results"
 RUNS = Path("runs") / "lm"
 LINKS = [(0.0, 50e6), (0.02, 50e6), (0.1, 50e6), (0.3, 50e6), (0.1, 1e6)]
+CLIENTS = (1, 2, 4, 8)
 K_MAX = 12
 OFFLINE_TOKENS = 64
 GOALS = {
@@ -72,7 +74,7 @@ class IndependentDraft:
         return np.asarray(self.drafter.path_logits(tokens, [[]])[0])
 
 
-def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[bytes], str, str, int]:
     from server.service import free_port
 
     port, mqtt = free_port(), free_port()
@@ -92,17 +94,18 @@ def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[byt
             time.sleep(0.2)
     admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
     token = httpx.post(url + "/v1/devices", json={"device": "bench"}, headers=admin).json()["token"]
-    return proc, url, token
+    return proc, url, token, mqtt
 
 
-def _cs(draft: Any, url: str, token: str, prompts: list[list[int]], new: int, rtt: float, bps: float) -> dict[str, Any]:
-    from edge.generate import HttpLink, generate
+def _cs(draft: Any, port: int, token: str, prompts: list[list[int]], new: int, rtt: float, bps: float,
+        mqtt: bool = False) -> dict[str, Any]:
+    from edge.generate import HttpLink, Link, MqttLink, generate
 
-    port = int(url.rsplit(":", 1)[1])
     tokens = calls = 0
     seconds = 0.0
     with NetemProxy("127.0.0.1", port, rtt_s=rtt, bandwidth_bps=bps) as proxy:
-        link = HttpLink(proxy.url, token, timeout_s=30)
+        link: Link = MqttLink.connect(f"mqtt://127.0.0.1:{proxy.port}", "default", "bench", token, timeout_s=30) if mqtt \
+            else HttpLink(proxy.url, token, timeout_s=30)
         for i, prompt in enumerate(prompts):
             result = generate(draft, link, prompt, new, k=K_MAX, adaptive=True, session=f"b{time.monotonic_ns()}-{i}")
             tokens, calls, seconds = tokens + len(result.tokens), calls + result.server_calls, seconds + result.seconds
@@ -146,6 +149,14 @@ def _offline_nll(target: Any, draft: Any, url: str, token: str, prompts: list[li
         picked = logp[torch.arange(start - 1, ids.shape[1] - 1), ids[0, start:]]
         nll, count = nll - float(picked.sum()), count + len(picked)
     return nll / count
+
+
+def _verify_counts(url: str) -> tuple[float, float]:
+    """(rounds verified, target forwards) so far, from the server's /metrics."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith(("trickle_llm_verify_rounds ", "trickle_llm_verify_forwards "))}
+    return values.get("trickle_llm_verify_rounds", 0.0), values.get("trickle_llm_verify_forwards", 0.0)
 
 
 def _throughput(draft_dir: Path, url: str, token: str, prompts: list[list[int]], new: int, clients: int) -> float:
@@ -192,12 +203,15 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         moa = OnnxMoADraft(Path(tmp) / "moa")
         indep = IndependentDraft(indep_dir, target)
         (Path(tmp) / "state").mkdir()
-        proc, url, token = _serve(Path(tmp) / "state", target_dir, moa_dir)
+        proc, url, token, mqtt_port = _serve(Path(tmp) / "state", target_dir, moa_dir)
+        port = int(url.rsplit(":", 1)[1])
         try:
             for rtt, bps in links:
-                for method, draft in (("moa client-server", moa), ("independent client-server", indep), ("api only", None)):
-                    figures = _cs(draft, url, token, prompts, new, rtt, bps) if draft is not None else \
-                        _api(url, tok, prompts, new, rtt, bps)
+                for method, draft in (("moa client-server", moa), ("moa client-server (mqtt)", moa),
+                                      ("independent client-server", indep), ("api only", None)):
+                    figures = _api(url, tok, prompts, new, rtt, bps) if draft is None else \
+                        _cs(draft, mqtt_port if "mqtt" in method else port, token, prompts, new, rtt, bps,
+                            mqtt="mqtt" in method)
                     rows.append({"method": method, "rtt_ms": rtt * 1e3, "mbit_s": bps / 1e6, **figures})
                     print(f"{method:28s} rtt {rtt * 1e3:5.0f} ms {bps / 1e6:4.0f} Mbit/s  "
                           f"{rows[-1]['tokens_per_second']:6.1f} tok/s", flush=True)
@@ -210,7 +224,14 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                          "bytes_per_token": 0.0})
             nll = {"moa": _offline_nll(target, moa, url, token, prompts),
                    "independent": _offline_nll(target, indep, url, token, prompts)}
-            throughput = {clients: _throughput(Path(tmp) / "moa", url, token, prompts, new, clients) for clients in (1, 8)}
+            throughput, per_forward = {}, {}
+            for clients in CLIENTS:
+                before = _verify_counts(url)
+                throughput[clients] = _throughput(Path(tmp) / "moa", url, token, prompts, new, clients)
+                after = _verify_counts(url)
+                per_forward[clients] = (after[0] - before[0]) / max(after[1] - before[1], 1.0)
+                print(f"{clients} clients: {throughput[clients]:6.1f} tok/s, {per_forward[clients]:.2f} rounds per target "
+                      "forward", flush=True)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -222,9 +243,10 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         "moa_cs_bytes_per_token": moa100["bytes_per_token"],
         "disconnected_target_nll_gain_vs_independent": nll["independent"] - nll["moa"],
         "server_throughput_ratio_8_clients_vs_1": throughput[8] / throughput[1],
-        "disconnected_target_nll": nll, "throughput_tokens_per_second": throughput, "rows": rows,
+        "disconnected_target_nll": nll, "throughput_tokens_per_second": throughput,
+        "rounds_per_target_forward": per_forward, "rows": rows,
         "settings": {"prompts": n_prompts, "new_tokens": new, "k_max_adaptive": K_MAX, "offline_tokens": OFFLINE_TOKENS},
-        "missing": ["eagle-style client-server", "batched verification across sessions", "MQTT transport"],
+        "missing": ["eagle-style client-server"],
         "goals": {k: f"{op} {g:g}" for k, (op, g) in GOALS.items()}, "quick": quick,
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
@@ -241,13 +263,52 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         print(f"{key:45s} {out[key]:10.3f}  {'✔' if ok else '✘'} (goal {op} {goal:g})")
     suffix = "-quick" if quick else ""
     write_atomic(results_dir / f"client_server{suffix}.json", json.dumps(out, indent=1, sort_keys=True) + "\n")
+    plot = _plot(rows, throughput, per_forward, docs_dir / f"client_server{suffix}.png")
+    scaling = ", ".join(f"{c} → {throughput[c]:.1f} tok/s ({per_forward[c]:.2f} rounds per forward)" for c in throughput)
     title = "# Client–server speculative decoding (`trickle bench client-server`)\n\n"
     write_atomic(docs_dir / f"client_server{suffix}.md", title +
                  f"{n_prompts} held-out prompts, {new} new tokens each, greedy; the device side in one thread, the server "
-                 "in its own process; links emulated by `bench/netem.py`. Offline quality: mean target NLL per token of "
+                 "in its own process; links emulated by `bench/netem.py` (for MQTT, between the device and the server's "
+                 "embedded broker). Offline quality: mean target NLL per token of "
                  f"{OFFLINE_TOKENS} tokens drafted alone after a disconnection: MoA {nll['moa']:.3f}, independent "
-                 f"{nll['independent']:.3f}. Throughput: 1 client {throughput[1]:.1f} tok/s, 8 clients {throughput[8]:.1f} "
-                 "tok/s (no batching across sessions yet).\n\n" + table +
-                 "\n\n| key | measured | goal | |\n| --- | ---: | --- | --- |\n" + "\n".join(verdicts) + "\n")
+                 f"{nll['independent']:.3f}. Throughput with clients at once (verification batched across sessions): "
+                 f"{scaling}.\n\n![tokens/s against round-trip time, and throughput against clients]({plot.name})\n\n"
+                 + table + "\n\n| key | measured | goal | |\n| --- | ---: | --- | --- |\n" + "\n".join(verdicts) + "\n")
     print(f"wrote {results_dir / f'client_server{suffix}.json'}")
     return out
+
+
+def _plot(rows: list[dict[str, Any]], throughput: dict[int, float], per_forward: dict[int, float], path: Path) -> Path:
+    """Tokens/s against round-trip time per method (50 Mbit/s), server calls per token at 100 ms,
+    and throughput against clients."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.2))
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["rtt_ms"] is not None))
+    for method in methods:
+        points = sorted((r["rtt_ms"], r["tokens_per_second"]) for r in rows if r["method"] == method and r["mbit_s"] == 50.0)
+        a.plot(*zip(*points), marker="o", label=method)
+    for r in rows:
+        if r["rtt_ms"] is None:
+            a.axhline(r["tokens_per_second"], color="grey", linestyle="--", label=r["method"])
+    a.set(xlabel="round-trip time, ms (50 Mbit/s)", ylabel="tokens / s", title="Speed over the link")
+    a.legend(fontsize=8)
+    at100 = [r for r in rows if r["rtt_ms"] == 100.0 and r["mbit_s"] == 50.0]
+    b.barh([r["method"] for r in at100], [r["server_calls_per_token"] for r in at100], color="tab:orange")
+    b.set(xlabel="server calls per token (100 ms, 50 Mbit/s)", title="Round trips")
+    clients = sorted(throughput)
+    c.plot(clients, [throughput[n] for n in clients], marker="o", label="tokens / s (all clients)")
+    c.set(xlabel="clients at once", ylabel="tokens / s", title="Batched verification", xticks=clients)
+    twin = c.twinx()
+    twin.plot(clients, [per_forward[n] for n in clients], marker="s", color="tab:green", label="rounds per target forward")
+    twin.set_ylabel("rounds per target forward")
+    c.legend(loc="upper left", fontsize=8)
+    twin.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -30,11 +30,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from edge.errors import BundleError
 from edge.files import write_atomic, write_secret
-from edge.manifest import SCHEMA_VERSION, Manifest, canonical_json
+from edge.manifest import SCHEMA_VERSION, LmDraftManifest, Manifest, canonical_json
 
-__all__ = ["MANIFEST", "SCHEMA_VERSION", "SIGNATURE", "Bundle", "BundleError", "Manifest", "canonical_json",
-           "generate_keypair", "load_private_key", "load_public_key", "pack", "read_bundle", "read_trusted",
-           "sha256_hex", "write_bundle"]
+__all__ = ["MANIFEST", "SCHEMA_VERSION", "SIGNATURE", "Bundle", "BundleError", "LmDraftBundle", "LmDraftManifest",
+           "Manifest", "canonical_json", "generate_keypair", "load_private_key", "load_public_key", "pack", "read_bundle",
+           "read_lm_draft", "read_trusted", "sha256_hex", "write_bundle"]
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
@@ -104,12 +104,53 @@ def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKe
     if MANIFEST not in members:
         raise BundleError(f"{path}: no {MANIFEST}")
     raw_manifest = members.pop(MANIFEST)
+    if _kind(raw_manifest) == "lm-draft":
+        raise BundleError(f"{path}: a language-model draft bundle (use it with trickle edge generate --bundle)")
     manifest = Manifest.from_json(raw_manifest, f"{path}: {MANIFEST}")
+    signer = _verify(path, raw_manifest, members, manifest.files, manifest.bundle_version, trusted_keys,
+                     require_signature, newer_than)
+    return Bundle(manifest, members, signer)
+
+
+@dataclass(frozen=True)
+class LmDraftBundle:
+    manifest: LmDraftManifest
+    files: dict[str, bytes]
+    signed_by: Ed25519PublicKey | None
+
+
+def read_lm_draft(path: str | os.PathLike[str], trust: Sequence[str | os.PathLike[str] | Ed25519PublicKey] = ()
+                  ) -> LmDraftBundle:
+    """Load and verify a language-model draft bundle (``kind`` "lm-draft"), as ``read_trusted``
+    does a classifier's: with trusted keys, it must be signed by one; hashes always checked."""
+    keys = [k if isinstance(k, Ed25519PublicKey) else load_public_key(Path(k)) for k in trust]
+    members = _members(Path(path))
+    if MANIFEST not in members:
+        raise BundleError(f"{path}: no {MANIFEST}")
+    raw_manifest = members.pop(MANIFEST)
+    if _kind(raw_manifest) != "lm-draft":
+        raise BundleError(f"{path}: not a language-model draft bundle (export one with trickle export DRAFT --target T)")
+    manifest = LmDraftManifest.from_json(raw_manifest, f"{path}: {MANIFEST}")
+    signer = _verify(path, raw_manifest, members, manifest.files, manifest.bundle_version, keys or None, bool(keys), None)
+    return LmDraftBundle(manifest, members, signer)
+
+
+def _kind(raw_manifest: bytes) -> object:
+    try:
+        doc = json.loads(raw_manifest)
+    except ValueError:
+        return None
+    return doc.get("kind") if isinstance(doc, dict) else None
+
+
+def _verify(path: object, raw_manifest: bytes, members: dict[str, bytes], listed: dict[str, str], version: int,
+            trusted_keys: list[Ed25519PublicKey] | None, require_signature: bool, newer_than: int | None
+            ) -> Ed25519PublicKey | None:
+    """The signature, the version and every file's hash; the signer (None: not checked)."""
     signer = _check_signature(raw_manifest, members.pop(SIGNATURE, None), trusted_keys, require_signature, path)
-    if newer_than is not None and manifest.bundle_version <= newer_than:
-        raise BundleError(f"{path}: bundle_version {manifest.bundle_version} is not newer than the running "
+    if newer_than is not None and version <= newer_than:
+        raise BundleError(f"{path}: bundle_version {version} is not newer than the running "
                           f"{newer_than} (refusing a downgrade or a replay)")
-    listed = manifest.files
     for name, digest in sorted(listed.items()):
         if name not in members:
             raise BundleError(f"{path}: file {name} listed in the manifest is missing")
@@ -118,7 +159,7 @@ def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKe
     extra = sorted(set(members) - set(listed))
     if extra:
         raise BundleError(f"{path}: files not listed in the manifest: {', '.join(extra)}")
-    return Bundle(manifest, members, signer)
+    return signer
 
 
 def read_trusted(path: str | os.PathLike[str], trust: Sequence[str | os.PathLike[str] | Ed25519PublicKey] = (),
@@ -178,7 +219,11 @@ def pack(manifest: Manifest | dict[str, Any], files: dict[str, bytes], key: Ed25
     ``manifest``'s own ``files`` (if any) are replaced by the hashes of ``files``."""
     doc = manifest.to_dict() if isinstance(manifest, Manifest) else dict(manifest)
     doc["files"] = {name: sha256_hex(data) for name, data in sorted(files.items())}
-    raw = Manifest.from_dict(doc, f"new bundle: {MANIFEST}").to_json()  # refuse to write what a device would refuse
+    # refuse to write what a device would refuse
+    if doc.get("kind") == "lm-draft":
+        raw = LmDraftManifest.from_json(canonical_json(doc), f"new bundle: {MANIFEST}").to_json()
+    else:
+        raw = Manifest.from_dict(doc, f"new bundle: {MANIFEST}").to_json()
     out = {**files, MANIFEST: raw}
     if key is not None:
         out[SIGNATURE] = key.sign(raw)

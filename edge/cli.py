@@ -57,17 +57,20 @@ outputs recorded at export, as a device does before it switches to a new bundle.
 
 GENERATE_HELP = """Generate text with a draft on this machine, verified by the server's language model.
 
-    trickle edge generate --draft drafts/moa --server http://127.0.0.1:8080 --token-file m1.token "ROMEO.\n"
-    trickle edge generate --draft drafts/moa --server URL --token-file F --temperature 0.8 --seed 3 "prompt"
-    trickle edge generate --draft drafts/moa "prompt"                 # no server: the draft alone
+    trickle edge generate --bundle drafts/moa --server http://127.0.0.1:8080 --token-file m1.token "ROMEO.\n"
+    trickle edge generate --bundle drafts/moa --broker mqtt://127.0.0.1:1883 --device m1 --token-file m1.token "ROMEO.\n"
+    trickle edge generate --bundle drafts/moa --server URL --token-file F --temperature 0.8 --seed 3 "prompt"
+    trickle edge generate --bundle drafts/moa "prompt"                # no server: the draft alone
 
-The draft is the device form of a MoA draft (export.lm_draft: ONNX graphs and the tokenizer; no
-torch here). Each round drafts K tokens, sends them to POST /v1/llm/verify (the device's token),
-and prints what the target keeps as it is kept: greedy output is the target's own, sampling is
-distributed as the target's. When the server cannot be reached the draft goes on alone (those
-tokens are unverified) and the text is re-verified when the link returns: --on-divergence
-correct (the default) replaces it from the first token the target disagrees with, keep keeps it.
-The summary (stderr, or --json) gives tokens/s, server calls and where the text diverged."""
+The bundle is a MoA draft's device form (trickle export DRAFT --target T: signed, ONNX graphs and
+the tokenizer; no torch here); with --trust it must be signed by that key. Each round drafts K
+tokens and sends them for verification, over HTTP (POST /v1/llm/verify, --server) or MQTT (the
+device's verify/verified topics, --broker), with the device's token, and prints what the target
+keeps as it is kept: greedy output is the target's own, sampling is distributed as the target's.
+When the server cannot be reached the draft goes on alone (those tokens are unverified) and the
+text is re-verified when the link returns: --on-divergence correct (the default) replaces it from
+the first token the target disagrees with, keep keeps it. The summary (stderr, or --json) gives
+tokens/s, server calls and where the text diverged."""
 
 
 def add_edge_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,9 +79,15 @@ def add_edge_arguments(p: argparse.ArgumentParser) -> None:
     gen = sub.add_parser("generate", help="generate text with a local draft, verified by the server's LM",
                          description=GENERATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", help="the text to continue")
-    gen.add_argument("--draft", type=Path, required=True, help="the device form of a MoA draft (export.lm_draft)")
-    gen.add_argument("--server", help="server URL, http(s)://HOST:PORT (none: the draft alone)")
-    gen.add_argument("--token-file", type=Path, help="file holding the device's token (with --server)")
+    gen.add_argument("--bundle", "--draft", dest="bundle", type=Path, required=True,
+                     help="a MoA draft bundle, folder or .tar (trickle export DRAFT --target T)")
+    gen.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
+                     help="trusted public key file; with one, the bundle must be signed by a trusted key")
+    gen.add_argument("--server", help="server URL, http(s)://HOST:PORT: verify over HTTP")
+    gen.add_argument("--broker", help="MQTT broker URL, mqtt://HOST:PORT: verify over MQTT (with --device)")
+    gen.add_argument("--device", help="this device's id, as registered on the server (with --broker)")
+    gen.add_argument("--fleet", default="default", help="the device's fleet (with --broker; default 'default')")
+    gen.add_argument("--token-file", type=Path, help="file holding the device's token (with --server or --broker)")
     gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
     gen.add_argument("--k", type=int, default=4, help="draft tokens per round (the most, with --adaptive; default 4)")
     gen.add_argument("--adaptive", action="store_true", help="choose each round's K from the round time and acceptance")
@@ -144,27 +153,32 @@ def run_edge(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     import sys
 
-    from tokenizers import Tokenizer
-
-    from edge.generate import HttpLink, generate
+    from edge.generate import HttpLink, Link, MqttLink, generate
     from edge.lm_draft import OnnxMoADraft
 
-    if args.server is not None and args.token_file is None:
-        raise ConfigError("--token-file", None, "needed with --server (the device's token from registration)")
+    if args.server is not None and args.broker is not None:
+        raise ConfigError("--server/--broker", (args.server, args.broker), "give one: verify over HTTP or over MQTT")
+    if (args.server is not None or args.broker is not None) and args.token_file is None:
+        raise ConfigError("--token-file", None, "needed with --server or --broker (the device's token from registration)")
+    if args.broker is not None and args.device is None:
+        raise ConfigError("--device", None, "needed with --broker (the device id the token belongs to)")
     if args.max_tokens < 1 or args.k < 1:
         raise ConfigError("--max-tokens/--k", (args.max_tokens, args.k), "must be >= 1")
-    draft = OnnxMoADraft(args.draft)
-    tokenizer = Tokenizer.from_file(str(args.draft / "tokenizer.json"))
+    draft = OnnxMoADraft(args.bundle, trust=args.trust)
+    tokenizer = draft.tokenizer()
     prompt = tokenizer.encode(args.prompt).ids
     if not prompt:
         raise ConfigError("prompt", args.prompt, "has no tokens")
-    link = None
-    if args.server is not None:
+    link: Link | None = None
+    if args.token_file is not None:
         try:
             token = args.token_file.read_text().strip()
         except OSError as err:
             raise ConfigError("--token-file", str(args.token_file), f"cannot be read ({err.strerror})") from None
+    if args.server is not None:
         link = HttpLink(args.server, token, timeout_s=args.timeout_s)
+    elif args.broker is not None:
+        link = MqttLink.connect(args.broker, args.fleet, args.device, token, timeout_s=args.timeout_s)
     shown: list[int] = []
 
     def stream(block: list[int], verified: bool) -> None:
@@ -174,8 +188,12 @@ def run_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(tokenizer.decode(shown)[len(before):])
             sys.stdout.flush()
 
-    result = generate(draft, link, prompt, args.max_tokens, k=args.k, temperature=args.temperature, top_p=args.top_p,
-                      seed=args.seed, adaptive=args.adaptive, on_divergence=args.on_divergence, on_tokens=stream)
+    try:
+        result = generate(draft, link, prompt, args.max_tokens, k=args.k, temperature=args.temperature, top_p=args.top_p,
+                          seed=args.seed, adaptive=args.adaptive, on_divergence=args.on_divergence, on_tokens=stream)
+    finally:
+        if link is not None:
+            link.close()
     summary = {"text": tokenizer.decode(result.tokens), "tokens": len(result.tokens), "verified": result.verified,
                "offline_tokens": result.offline_tokens, "server_calls": result.server_calls,
                "divergences": result.divergences, "tokens_per_second": round(result.tokens_per_second, 2)}

@@ -26,13 +26,23 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from edge.errors import LinkError
 from edge.lm_draft import decode_states
-from edge.protocol import MAX_DRAFT, ROUTES, VerifyRequest, VerifyResponse
+from edge.protocol import (
+    MAX_DRAFT,
+    ROUTES,
+    VerifyCall,
+    VerifyReply,
+    VerifyRequest,
+    VerifyResponse,
+    encode,
+    mqtt_address,
+    topic,
+)
 from edge.speculative import distribution, residual
 
 
@@ -48,6 +58,9 @@ class SessionLostError(LinkError):
 class Link(Protocol):
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """One round; LinkError when the server cannot be reached, SessionLostError on 409."""
+
+    def close(self) -> None:
+        """Release the connection."""
 
 
 class HttpLink:
@@ -74,6 +87,101 @@ class HttpLink:
 
     def close(self) -> None:
         self.client.close()
+
+
+class MqttLink:
+    """Verification over MQTT: a signed ``VerifyCall`` on the device's ``verify`` topic, the
+    ``VerifyReply`` with the same id on ``verified`` (QoS 0 both ways: a lost message is a
+    timeout, and the round falls back to the draft alone).
+
+    ``MqttLink.connect(broker, fleet, device, token)`` opens its own connection;
+    ``MqttLink(link.client, fleet, device, token)`` shares an ``edge.link.Link``'s (which
+    subscribes to ``verified`` with the device's other topics), so a device that already talks
+    MQTT needs no second connection."""
+
+    def __init__(self, client: Any, fleet: str, device: str, token: str, timeout_s: float = 5.0) -> None:
+        import threading
+
+        self.client, self.fleet, self.device, self.token, self.timeout_s = client, fleet, device, token, timeout_s
+        self._replies: dict[str, tuple[Any, list[VerifyReply]]] = {}
+        self._lock = threading.Lock()
+        self._own = False
+        client.message_callback_add(topic(fleet, device, "verified"), self._on_reply)
+
+    @classmethod
+    def connect(cls, broker: str, fleet: str, device: str, token: str, timeout_s: float = 5.0) -> MqttLink:
+        """Its own paho connection to ``mqtt://HOST:PORT`` as ``device``; LinkError when refused."""
+        import threading
+
+        import paho.mqtt.client as mqtt
+
+        host, port = mqtt_address(broker)
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"trickle-{device}-{uuid.uuid4().hex[:8]}")
+        client.username_pw_set(device, token)
+        client.reconnect_delay_set(1, 5)
+        ready, refused = threading.Event(), []
+
+        def on_connect(c: Any, userdata: object, flags: object, reason: Any, properties: object) -> None:
+            if reason.is_failure:
+                refused.append(str(reason))
+            else:
+                c.subscribe(topic(fleet, device, "verified"), qos=0)
+            ready.set()
+
+        client.on_connect = on_connect
+        link = cls(client, fleet, device, token, timeout_s)
+        link._own = True
+        try:
+            client.connect(host, port, keepalive=30)
+        except OSError as err:
+            raise LinkError(f"MQTT broker {broker}: {err}") from None
+        client.loop_start()
+        if not ready.wait(timeout_s) or refused:
+            link.close()
+            raise LinkError(f"MQTT broker {broker} refused {device!r}: {refused[0] if refused else 'no answer'}")
+        return link
+
+    def _on_reply(self, client: Any, userdata: object, msg: Any) -> None:
+        try:
+            reply = VerifyReply.model_validate_json(msg.payload)
+        except ValueError:
+            return  # not ours to read; the waiting call times out
+        with self._lock:
+            waiting = self._replies.get(reply.id)
+        if waiting is not None:
+            waiting[1].append(reply)
+            waiting[0].set()
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        import threading
+
+        if not self.client.is_connected():
+            raise LinkError("MQTT: not connected to the broker")
+        call = VerifyCall(key=uuid.uuid4().hex, device=self.device, ts_s=time.time(), request=request)
+        done: tuple[threading.Event, list[VerifyReply]] = (threading.Event(), [])
+        with self._lock:
+            self._replies[call.key] = done
+        try:
+            info = self.client.publish(topic(self.fleet, self.device, "verify"), encode(call, self.token), qos=0)
+            if info.rc != 0:
+                raise LinkError(f"MQTT: publishing the verification failed (paho rc {info.rc})")
+            if not done[0].wait(self.timeout_s):
+                raise LinkError(f"MQTT: no verification reply within {self.timeout_s:g} s")
+        finally:
+            with self._lock:
+                del self._replies[call.key]
+        reply = done[1][0]
+        if reply.status == 409:
+            raise SessionLostError(reply.detail or "session lost")
+        if reply.status != 200 or reply.result is None:
+            raise LinkError(f"verification refused: {reply.status}: {reply.detail}")
+        return reply.result
+
+    def close(self) -> None:
+        self.client.message_callback_remove(topic(self.fleet, self.device, "verified"))
+        if self._own:
+            self.client.disconnect()
+            self.client.loop_stop()
 
 
 @dataclass

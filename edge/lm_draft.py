@@ -1,30 +1,35 @@
-"""The MoA draft on a device: three ONNX graphs on onnxruntime, no torch (``export.lm_draft`` writes them).
+"""The MoA draft on a device: a signed lm-draft bundle run on onnxruntime, no torch (``export.lm_draft`` writes it).
 
-    draft = OnnxMoADraft(Path("drafts/moa"))             # moa_self_kv.onnx, moa_cross_kv.onnx, moa_step.onnx
+    draft = OnnxMoADraft(Path("drafts/moa"), trust=["keys/signing.pub"])  # a folder or .tar bundle
     draft.add_states(0, states)                          # (m, hidden) target states from the server
     logits = draft.next_logits(tokens)                   # (V,) for edge.generate
+    draft.tokenizer().encode("ROMEO.").ids               # the tokenizer travels in the bundle
 
-The Mixture-of-Attentions draft splits across the link: the Layer Self-Attention over the
-target's per-layer keys/values runs on the server, which holds them, and the server sends each
-verified token's projected state (``hidden`` int8 numbers and a float16 scale on the wire); the device keeps the
-Cross-Attention's keys/values of those states and the Self-Attention's keys/values of the tokens,
-and drafts with one step graph per token. Tokens past the last state (the target's last verified
-token, then the drafted ones) see every state, as in training (T-step bounded masking); when the
-link is down the draft goes on from the states it has.
+The bundle (``edge.bundle.read_lm_draft``: manifest ``kind`` "lm-draft", every file hashed, the
+manifest signed) holds three ONNX graphs (``moa_self_kv``, ``moa_cross_kv``, ``moa_step``) and
+``tokenizer.json``. The Mixture-of-Attentions draft splits across the link: the Layer
+Self-Attention over the target's per-layer keys/values runs on the server, which holds them, and
+the server sends each verified token's projected state (``hidden`` int8 numbers and a float16
+scale on the wire); the device keeps the Cross-Attention's keys/values of those states and the
+Self-Attention's keys/values of the tokens, and drafts with one step graph per token. Tokens past
+the last state (the target's last verified token, then the drafted ones) see every state, as in
+training (T-step bounded masking); when the link is down the draft goes on from the states it has.
 """
 
 from __future__ import annotations
 
 import base64
-import json
-from pathlib import Path
+import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from edge.bundle import LmDraftBundle, read_lm_draft
 from edge.errors import BundleError
 
-MANIFEST = "lm_draft.json"
+GRAPHS = ("self_kv", "cross_kv", "step")
+TOKENIZER = "tokenizer.json"
 
 
 def encode_states(states: np.ndarray) -> str:
@@ -49,33 +54,41 @@ def decode_states(data: str, hidden: int) -> np.ndarray:
     return rows[:, 2:].astype(np.float32) * scale
 
 
-def _session(path: Path) -> Any:
+def _session(model: bytes, name: str) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = 1  # batch 1, one token at a time: one thread is fastest under contention
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own exception types for a bad model
-        raise BundleError(f"onnxruntime cannot load {path}: {err}") from None
+        raise BundleError(f"onnxruntime cannot load {name}: {err}") from None
 
 
 class OnnxMoADraft:
-    """A ``edge.generate.DraftModel`` that reads the target's states (``wants_states``)."""
+    """A ``edge.generate.DraftModel`` that reads the target's states (``wants_states``), from an
+    lm-draft bundle (a path, checked against ``trust`` when keys are given, or a loaded bundle)."""
 
     wants_states = True
 
-    def __init__(self, folder: Path) -> None:
-        path = folder / MANIFEST
-        if not path.is_file():
-            raise BundleError(f"{folder}: no {MANIFEST} (export a draft with export.lm_draft.export_moa_draft)")
-        self.doc: dict[str, Any] = json.loads(path.read_text())
-        self.hidden, self.heads = int(self.doc["hidden"]), int(self.doc["heads"])
-        self.vocab_size = int(self.doc["vocab_size"])
-        self.rows = np.array(self.doc["vocab_rows"], dtype=np.int64)
-        self.graphs = {name: _session(folder / f"moa_{name}.onnx") for name in ("self_kv", "cross_kv", "step")}
+    def __init__(self, bundle: str | os.PathLike[str] | LmDraftBundle,
+                 trust: Sequence[str | os.PathLike[str]] = ()) -> None:
+        self.bundle = bundle if isinstance(bundle, LmDraftBundle) else read_lm_draft(bundle, trust)
+        doc = self.manifest = self.bundle.manifest
+        self.hidden, self.heads, self.vocab_size = doc.hidden, doc.heads, doc.vocab_size
+        self.rows = np.array(doc.vocab_rows, dtype=np.int64)
+        missing = [name for name in (*(f"moa_{g}.onnx" for g in GRAPHS), TOKENIZER) if name not in self.bundle.files]
+        if missing:
+            raise BundleError(f"lm-draft bundle without {', '.join(missing)}")
+        self.graphs = {name: _session(self.bundle.files[f"moa_{name}.onnx"], f"moa_{name}.onnx") for name in GRAPHS}
         self.reset()
+
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (``tokenizers.Tokenizer``, no torch), from the bundle."""
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.bundle.files[TOKENIZER].decode())
 
     def reset(self) -> None:
         dim = self.hidden // self.heads

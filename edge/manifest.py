@@ -219,6 +219,43 @@ class Manifest(_Model):
             raise BundleError(f"{where} fails schema v{SCHEMA_VERSION} at {at}: {err['msg']}{more}") from None
 
 
+class LmDraftManifest(_Model):
+    """``manifest.json`` of a language-model draft bundle (``kind`` "lm-draft"): the device half of
+    client–server speculative decoding (``edge.lm_draft``). Signed and hashed like a classifier
+    bundle; ``files`` holds the ONNX graphs and ``tokenizer.json``."""
+
+    schema_version: Literal[1]
+    kind: Literal["lm-draft"]
+    model: Literal["moa"]
+    """The draft's architecture (Mixture of Attentions: it reads the target's states)."""
+    files: dict[FileName, Sha256] = Field(min_length=1)
+    creator: str
+    bundle_version: PositiveInt
+    hidden: PositiveInt
+    """Width of the target states the server sends (int8 + a float16 scale per token)."""
+    heads: PositiveInt
+    vocab_size: PositiveInt
+    """The draft vocabulary's size; ``vocab_rows`` are its token ids in the target's vocabulary."""
+    vocab_rows: list[Count] = Field(min_length=1)
+    context: PositiveInt
+    target: str
+    """The target the draft was trained for (its folder name at export), for people."""
+    parity_max_abs_logit: float = Field(ge=0)
+    """Largest logit difference between the ONNX graphs and the torch draft, measured at export."""
+
+    def to_json(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json", exclude_none=True))
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: object = "manifest.json") -> LmDraftManifest:
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            at = "/".join(str(p) for p in err["loc"]) or "(top level)"
+            raise BundleError(f"{where}: not an lm-draft manifest: at {at}: {err['msg']}") from None
+
+
 def canonical_json(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 

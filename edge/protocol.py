@@ -9,7 +9,12 @@ The device runtime owns it; the server imports it. Topics::
 - server → device: ``ota`` (retained: the bundle the device should run), ``cmd``, and ``ack``:
   the keys the server has stored. A device deletes a queued message only on this end-to-end
   acknowledgement (a broker's PUBACK alone is not enough: amqtt acknowledges a message before it
-  is safely queued, and loses it if the publisher disconnects right after).
+  is safely queued, and loses it if the publisher disconnects right after);
+- request/response, QoS 0 (a lost one is a timeout, never a stale answer from a broker's queue):
+  ``verify`` (device → server, a signed ``VerifyCall``: one round of client–server speculative
+  decoding) and ``verified`` (server → device, its ``VerifyReply``). The correlation id travels in
+  the payload: the embedded broker (amqtt) speaks MQTT 3.1.1, which has no correlation-data
+  property, and the same bytes then work through any broker.
 
 Every device message is JSON with ``v`` (schema version), ``key`` (idempotency key: the server
 stores a key once), ``device`` (must match the topic) and ``ts_s`` (the device's clock, or the
@@ -40,10 +45,13 @@ from edge.errors import ConfigError, LinkError
 
 VERSION = 1
 ROOT = f"trickle/v{VERSION}"
-DEVICE_KINDS = ("telemetry", "result", "status", "event")
-SERVER_KINDS = ("ota", "cmd", "ack")
+DEVICE_KINDS = ("telemetry", "result", "status", "event")  # stored by the server
+REQUEST_KINDS = ("verify",)  # device → server requests, answered at once, never stored
+SERVER_KINDS = ("ota", "cmd", "ack", "verified")
 SERVER_SUBSCRIPTIONS = [f"{ROOT}/+/+/{kind}" for kind in DEVICE_KINDS]  # the bridge: what every device sends
+REQUEST_SUBSCRIPTIONS = [f"{ROOT}/+/+/{kind}" for kind in REQUEST_KINDS]  # QoS 0
 MAX_PAYLOAD_BYTES = 8192
+MAX_REQUEST_BYTES = 1 << 18  # a verification that resends a long history
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 ROUTES = {
@@ -76,9 +84,12 @@ def _check_name(what: str, value: str) -> str:
     return value
 
 
+KINDS = DEVICE_KINDS + REQUEST_KINDS + SERVER_KINDS
+
+
 def topic(fleet: str, device: str, kind: str) -> str:
-    if kind not in DEVICE_KINDS + SERVER_KINDS:
-        raise ProtocolError(f"kind {kind!r}: must be one of {', '.join(DEVICE_KINDS + SERVER_KINDS)}")
+    if kind not in KINDS:
+        raise ProtocolError(f"kind {kind!r}: must be one of {', '.join(KINDS)}")
     return f"{ROOT}/{_check_name('fleet', fleet)}/{_check_name('device', device)}/{kind}"
 
 
@@ -88,14 +99,14 @@ def parse_topic(name: str) -> Topic:
     if len(parts) != 5 or "/".join(parts[:2]) != ROOT:
         raise ProtocolError(f"topic {name!r}: not {ROOT}/FLEET/DEVICE/KIND")
     fleet, device, kind = parts[2:]
-    if kind not in DEVICE_KINDS + SERVER_KINDS:
+    if kind not in KINDS:
         raise ProtocolError(f"topic {name!r}: unknown kind {kind!r}")
     return Topic(_check_name("fleet", fleet), _check_name("device", device), kind)
 
 
 def device_topics(fleet: str, device: str) -> dict[str, list[str]]:
     """What a device may publish and subscribe to (the broker ACL and the bridge enforce it)."""
-    return {"publish": [topic(fleet, device, k) for k in DEVICE_KINDS],
+    return {"publish": [topic(fleet, device, k) for k in DEVICE_KINDS + REQUEST_KINDS],
             "subscribe": [topic(fleet, device, k) for k in SERVER_KINDS]}
 
 
@@ -210,7 +221,27 @@ class VerifyResponse(_Strict):
     states_from: int | None = Field(None, ge=0)
 
 
-SCHEMAS: dict[str, type[Message]] = {"telemetry": Telemetry, "result": Result, "status": Status, "event": Event}
+class VerifyCall(Message):
+    """A ``VerifyRequest`` over MQTT (topic ``verify``), signed like every device message; ``key``
+    is the correlation id its ``VerifyReply`` carries back."""
+
+    request: VerifyRequest
+
+
+class VerifyReply(_Strict):
+    """The server's answer on ``verified``: ``id`` is the call's key; ``status`` as HTTP's (200 with
+    ``result``; 409 session lost: resend from start 0; 400 bad request; 404 no language model;
+    500 the server failed), ``detail`` says why."""
+
+    v: Literal[1] = 1
+    id: str = Field(max_length=96)
+    status: int = Field(ge=100, le=599)
+    detail: str = Field("", max_length=1024)
+    result: VerifyResponse | None = None
+
+
+SCHEMAS: dict[str, type[Message]] = {"telemetry": Telemetry, "result": Result, "status": Status, "event": Event,
+                                     "verify": VerifyCall}
 
 
 _SIG = b',"sig":"'
@@ -243,8 +274,9 @@ def decode(name: str, payload: bytes, token_of: Callable[[str, str], str | None]
     where = parse_topic(name)
     if where.kind not in SCHEMAS:
         raise ProtocolError(f"topic {name!r}: devices do not publish {where.kind!r}")
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise ProtocolError(f"payload of {len(payload)} bytes: over the limit of {MAX_PAYLOAD_BYTES}")
+    limit = MAX_REQUEST_BYTES if where.kind in REQUEST_KINDS else MAX_PAYLOAD_BYTES
+    if len(payload) > limit:
+        raise ProtocolError(f"payload of {len(payload)} bytes: over the limit of {limit}")
     try:
         message = SCHEMAS[where.kind].model_validate_json(payload)
     except ValidationError as err:

@@ -77,19 +77,25 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_export_draft(args: argparse.Namespace) -> int:
-    """``trickle export runs/lm/draft-moa --target runs/lm/base --out drafts/moa``: the device form
-    of a MoA draft (``export.lm_draft``), parity-checked against torch."""
+    """``trickle export runs/lm/draft-moa --target runs/lm/base --out drafts/moa --key K``: the
+    device form of a MoA draft as a signed lm-draft bundle (``export.lm_draft``), parity-checked
+    against torch."""
     if args.target is None:
         raise ConfigError("--target", None, "a draft folder needs its target LM folder")
     if not (args.checkpoint / "draft.json").is_file():
         raise ConfigError("checkpoint", str(args.checkpoint), "not a draft folder (no draft.json; trickle train draft)")
+    if args.bundle_version < 1:
+        raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
     from export.lm_draft import export_moa_draft
 
-    doc = export_moa_draft(args.checkpoint, args.target, args.out)
+    out = args.out.with_suffix(".tar") if args.tar and args.out.suffix != ".tar" else args.out
+    manifest = export_moa_draft(args.checkpoint, args.target, out, key=args.key, bundle_version=args.bundle_version)
     if args.json:
-        print(json.dumps({"out": str(args.out), "parity_max_abs_logit": doc["parity_max_abs_logit"]}))
+        print(json.dumps({"bundle": str(out), "signed": args.key is not None,
+                          "parity_max_abs_logit": manifest.parity_max_abs_logit}))
     else:
-        print(f"wrote {args.out} (MoA draft, ONNX; parity with torch: {doc['parity_max_abs_logit']:.1e})")
+        print(f"wrote {out} (MoA draft bundle, ONNX, {'signed' if args.key else 'unsigned'}; "
+              f"parity with torch: {manifest.parity_max_abs_logit:.1e})")
     return 0
 
 

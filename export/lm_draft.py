@@ -1,6 +1,7 @@
-"""A MoA draft for a device: three ONNX graphs, the tokenizer and a manifest, parity-checked.
+"""A MoA draft for a device: a signed lm-draft bundle of three ONNX graphs and the tokenizer, parity-checked.
 
-    doc = export_moa_draft(Path("runs/lm/draft-moa"), Path("runs/lm/base"), Path("drafts/moa"))
+    manifest = export_moa_draft(Path("runs/lm/draft-moa"), Path("runs/lm/base"), Path("drafts/moa"),
+                                key=Path("keys/signing.key"))
 
 Graphs (float32, dynamic lengths; ``edge.lm_draft.OnnxMoADraft`` runs them):
 
@@ -12,15 +13,17 @@ Graphs (float32, dynamic lengths; ``edge.lm_draft.OnnxMoADraft`` runs them):
 
 The token embedding and the draft vocabulary's rows of the LM head are constants in the graphs.
 Parity: the drafted logits of ``models.moa.MoADrafter`` (torch) and of the ONNX graphs after a
-held-out sequence, at every path length up to 6, must agree to ``PARITY_ATOL``, else ExportError.
+held-out sequence, at every path length up to 6, must agree to ``PARITY_ATOL``, else ExportError
+and nothing is written. The bundle (``edge.manifest.LmDraftManifest``) is a folder, or a
+deterministic tar when ``out`` ends in .tar; a folder replaces an earlier bundle there at once.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from edge.bundle import MANIFEST, LmDraftBundle, LmDraftManifest, load_private_key, pack, write_bundle
 from edge.errors import ExportError
-from edge.files import write_atomic
-from edge.lm_draft import MANIFEST, OnnxMoADraft
+from edge.lm_draft import TOKENIZER, OnnxMoADraft
 
 PARITY_ATOL = 1e-3
 OPSET = 18
@@ -112,14 +115,17 @@ def _onnx(module: nn.Module, args: tuple[torch.Tensor, ...], inputs: list[str], 
         return path.read_bytes()
 
 
-def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, parity_ids: list[int] | None = None) -> dict[str, Any]:
+def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | None = None, bundle_version: int = 1,
+                     parity_ids: list[int] | None = None) -> LmDraftManifest:
     """Write the device form of the MoA draft in ``draft_dir`` (for the target in ``target_dir``)
-    to ``out``; return its manifest (with the parity measured)."""
+    to the bundle ``out`` (signed with ``key``); return its manifest (with the parity measured)."""
+    from edge import __version__
     from models.draft import load_drafter, load_target
     from models.moa import MoADrafter
     from models.speculative import _CachedLM
 
     torch.set_num_threads(1)
+    signer = load_private_key(key) if key is not None else None
     target, _ = load_target(target_dir)
     drafter = load_drafter(draft_dir, target)
     if not isinstance(drafter, MoADrafter):
@@ -141,15 +147,12 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, parity_ids: l
                       ["tokens", "start", "self_k", "self_v", "cross_k", "cross_v"], ["logits"],
                       {"tokens": {1: "t"}, "self_k": {2: "n"}, "self_v": {2: "n"}, "cross_k": {2: "s"}, "cross_v": {2: "s"}}),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in graphs.items():
-        write_atomic(out / f"moa_{name}.onnx", data)
-    shutil.copyfile(target_dir / "tokenizer.json", out / "tokenizer.json")
-    doc: dict[str, Any] = {"kind": "moa", "format": 1, "hidden": moa.project.out_features, "heads": heads,
-                           "vocab_size": int(drafter.head.size), "vocab_rows": [int(r) for r in rows],
-                           "context": int(target.config.max_position_embeddings), "target": str(target_dir),
-                           "draft": str(draft_dir)}
-    write_atomic(out / MANIFEST, json.dumps(doc, indent=1) + "\n")
+    files = {f"moa_{name}.onnx": data for name, data in graphs.items()}
+    files[TOKENIZER] = (target_dir / "tokenizer.json").read_bytes()
+    doc = {"schema_version": 1, "kind": "lm-draft", "model": "moa", "creator": f"trickle {__version__}",
+           "bundle_version": bundle_version, "hidden": moa.project.out_features, "heads": heads,
+           "vocab_size": int(drafter.head.size), "vocab_rows": [int(r) for r in rows],
+           "context": int(target.config.max_position_embeddings), "target": target_dir.name, "parity_max_abs_logit": 0.0}
 
     # parity: the same drafted logits from torch and from the graphs, after a verified sequence
     ids = parity_ids or list(range(1, 25))
@@ -159,7 +162,8 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, parity_ids: l
     drafter.reset(ids)
     drafter.attach_target(lm)
     drafter.prepare(ids)
-    device = OnnxMoADraft(out)
+    unsigned = pack(doc, files)
+    device = OnnxMoADraft(LmDraftBundle(LmDraftManifest.from_json(unsigned[MANIFEST]), files, None))
     states = draft.target_states(lm.cache, len(ids) - 1).detach().float()[0].numpy()
     device.add_states(0, states)
     worst = 0.0
@@ -172,8 +176,18 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, parity_ids: l
             raise ExportError("the ONNX draft's vocabulary differs from the torch draft's")
         worst = max(worst, float(np.abs(want[finite] - got[finite]).max()))
         path.append(int(np.argmax(want)))
-    doc["parity_max_abs_logit"] = worst
     if worst > PARITY_ATOL:
         raise ExportError(f"the ONNX MoA draft misses parity with torch: logits differ by {worst:.2e} > {PARITY_ATOL:g}")
-    write_atomic(out / MANIFEST, json.dumps(doc, indent=1) + "\n")
-    return doc
+    doc["parity_max_abs_logit"] = worst
+    members = pack(doc, files, signer)
+    if out.suffix == ".tar":
+        write_bundle(members, out)
+    else:  # a fresh folder beside, then swapped in: no mix of an old bundle's files and the new
+        if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
+            raise ExportError(f"{out}: a folder that is not a bundle; choose another --out")
+        fresh = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}")
+        write_bundle(members, fresh)
+        if out.exists():
+            shutil.rmtree(out)
+        fresh.rename(out)
+    return LmDraftManifest.from_json(members[MANIFEST])

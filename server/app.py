@@ -222,15 +222,12 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
         """One round of client–server speculative decoding (``server.verify``): 409 when the
         session must be resent from its start, 400 when the target cannot take the request, 404
         when the server has no language model."""
-        from server.verify import BadVerify, SessionLost
+        from server.verify import answer
 
-        if state.llm is None:
-            raise HTTPException(404, "this server serves no language model (start it with trickle serve --llm DIR)")
-        try:
-            return state.llm.sessions().verify("admin" if who.device is None else who.device.device, body)
-        except SessionLost as err:
-            raise HTTPException(409, str(err)) from None
-        except BadVerify as err:
-            raise HTTPException(400, str(err)) from None
+        sessions = state.llm.sessions() if state.llm is not None else None
+        status, detail, response = answer(sessions, "admin" if who.device is None else who.device.device, body)
+        if response is None:
+            raise HTTPException(status, detail)
+        return response
 
     return app

@@ -5,6 +5,11 @@ devices' topics. Acknowledgements are manual: a message is PUBACKed only after t
 holds it is committed to the store, so a server that dies before storing gets it again from
 the broker. Keys make the store idempotent, so a redelivery is a duplicate skipped, not a copy.
 
+Verification calls (``verify``, QoS 0: client–server speculative decoding over MQTT) are checked
+the same way and answered at once on the device's ``verified`` topic from a pool of threads, so
+calls from many devices reach ``server.verify`` together and share a target forward; a refused
+call is answered with its status (401, 400) when its id can be read, so the device need not time out.
+
 After each commit the bridge publishes an ``ack`` with the stored keys to each device; only
 then does a device delete them from its outbox (end to end, whatever the broker did).
 
@@ -15,12 +20,14 @@ reason, counted, acknowledged and dropped; nothing a device sends can stop the b
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
@@ -35,7 +42,23 @@ from tenacity import (
     wait_fixed,
 )
 
-from edge.protocol import DEVICE_KINDS, SERVER_SUBSCRIPTIONS, Ack, Message, ProtocolError, decode, mqtt_address, topic
+from edge.protocol import (
+    DEVICE_KINDS,
+    REQUEST_KINDS,
+    REQUEST_SUBSCRIPTIONS,
+    SERVER_SUBSCRIPTIONS,
+    Ack,
+    Message,
+    ProtocolError,
+    VerifyCall,
+    VerifyReply,
+    VerifyRequest,
+    VerifyResponse,
+    decode,
+    mqtt_address,
+    parse_topic,
+    topic,
+)
 from server.store import Incoming, Store
 
 log = logging.getLogger("trickle.server.bridge")
@@ -98,7 +121,10 @@ class Bridge:
         self._writer = threading.Thread(target=self._write_loop, name="trickle-bridge-writer", daemon=True)
         self.connected = threading.Event()
         self.failure: str | None = None  # why the writer stopped (a bug), reported at /healthz
-        self._received = {kind: self.metrics.received.labels(kind) for kind in DEVICE_KINDS}  # children, looked up once
+        self._received = {kind: self.metrics.received.labels(kind) for kind in DEVICE_KINDS + REQUEST_KINDS}  # looked up once
+        # verification over MQTT: (device, request) -> (status, detail, response); None: no language model
+        self.on_verify: Callable[[str, VerifyRequest], tuple[int, str, VerifyResponse | None]] | None = None
+        self._requests = ThreadPoolExecutor(16, thread_name_prefix="trickle-verify-mqtt")  # rounds wait together: batched
         self.on_connected: list[Callable[[], None]] = []  # called (in paho's thread) after every (re)connect
         self._last_received = time.monotonic()
 
@@ -111,6 +137,7 @@ class Bridge:
         """Disconnect, then store what was received (and acknowledge it)."""
         self._client.disconnect()
         self._client.loop_stop()
+        self._requests.shutdown(wait=False, cancel_futures=True)
         self._queue.put(None)
         self._writer.join(timeout=30)
 
@@ -133,7 +160,7 @@ class Bridge:
         if reason.is_failure:
             log.error("broker %s:%d refused the bridge: %s", self.address.host, self.address.port, reason)
             return
-        client.subscribe([(name, 1) for name in SERVER_SUBSCRIPTIONS])
+        client.subscribe([(name, 1) for name in SERVER_SUBSCRIPTIONS] + [(name, 0) for name in REQUEST_SUBSCRIPTIONS])
         self.connected.set()
         for callback in self.on_connected:
             callback()
@@ -159,10 +186,39 @@ class Bridge:
             self.metrics.rejected.labels(reason).inc()
             log.warning("rejected a message on %s (%s): %s", msg.topic, reason, err)
             client.ack(msg.mid, msg.qos)
+            if msg.topic.endswith(tuple(f"/{kind}" for kind in REQUEST_KINDS)):
+                self._refuse(msg.topic, payload, 401 if reason in ("signature", "unknown_device") else 400, str(err))
             return
         self._received[where.kind].inc()
+        if isinstance(message, VerifyCall):  # answered at once, on a thread: rounds that wait together are batched
+            self._requests.submit(self._verify, where.fleet, where.device, message)
+            return
         self.metrics.lag.inc()
         self._queue.put((_incoming(where.kind, message, payload, received_s), msg.mid, msg.qos))
+
+    def _reply(self, fleet: str, device: str, reply: VerifyReply) -> None:
+        self._client.publish(topic(fleet, device, "verified"), reply.model_dump_json(exclude_none=True).encode(), qos=0)
+
+    def _verify(self, fleet: str, device: str, call: VerifyCall) -> None:
+        try:
+            if self.on_verify is None:
+                status, detail, result = 404, "this server serves no language model (start it with trickle serve --llm DIR)", None
+            else:
+                status, detail, result = self.on_verify(device, call.request)
+        except Exception as err:  # a bug or the target failing: the device hears it instead of timing out
+            log.exception("verification for %s failed", device)
+            status, detail, result = 500, f"{type(err).__name__}: {err}", None
+        self._reply(fleet, device, VerifyReply(id=call.key, status=status, detail=detail[:1024], result=result))
+
+    def _refuse(self, name: str, payload: bytes, status: int, detail: str) -> None:
+        """Tell a device why its verification call was refused (when its topic and id can be read)."""
+        try:
+            where = parse_topic(name)
+            key = json.loads(payload).get("key", "")
+        except (ProtocolError, ValueError, AttributeError):
+            return
+        if isinstance(key, str) and len(key) <= 96:
+            self._reply(where.fleet, where.device, VerifyReply(id=key, status=status, detail=detail[:1024]))
 
     def _write_loop(self) -> None:
         try:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import anyio
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge.errors import ConfigError, TrickleError
@@ -284,6 +284,12 @@ def llm_router(llm: LlmService, registry: CollectorRegistry) -> APIRouter:
     """The completion route over ``llm``, its metrics in ``registry``."""
     metrics = LlmMetrics(registry)
     router = APIRouter()
+    # client–server verification (server.verify): rounds verified and the batched target forwards they took
+    verified = Gauge("trickle_llm_verify_rounds", "Verification rounds answered", registry=registry)
+    forwards = Gauge("trickle_llm_verify_forwards", "Target forwards that verified them (batched across sessions)",
+                     registry=registry)
+    verified.set_function(lambda: llm._sessions.verified if llm._sessions is not None else 0)
+    forwards.set_function(lambda: llm._sessions.rounds if llm._sessions is not None else 0)
 
     def admit(body: CompletionIn) -> list[int]:
         try:

@@ -12,6 +12,7 @@ and the bridge stores and acknowledges what it holds before it disconnects.
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 import socket
 import threading
@@ -116,7 +117,18 @@ def read_or_create_token(path: Path) -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free now, below the kernel's ephemeral range (32768+ on Linux), so that an outgoing
+    connection's local port cannot take it between now and the server binding it."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: whatever the kernel gives
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
@@ -137,6 +149,11 @@ class Service:
 
             llm = LlmService.load(config.llm, config.llm_draft, config.llm_concurrency, config.llm_queue,
                                   k=config.llm_draft_k, adaptive=config.llm_adaptive_k, tree=config.llm_tree)
+        if llm is not None:
+            from server.verify import answer
+
+            service = llm
+            self.bridge.on_verify = lambda device, request: answer(service.sessions(), device, request)
         self.state = ServerState(self.store, self.admin_token, state_dir / "bundles",
                                  [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge,
                                  config.broker_url, llm)

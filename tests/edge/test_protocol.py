@@ -29,8 +29,9 @@ def token_of(fleet: str, device: str) -> str | None:
 
 def test_topics_round_trip_and_bad_names_are_refused() -> None:
     assert parse_topic(topic("f", "a", "result")) == ("f", "a", "result")
-    assert device_topics("f", "a") == {"publish": [f"trickle/v1/f/a/{k}" for k in ("telemetry", "result", "status", "event")],
-                                       "subscribe": [f"trickle/v1/f/a/{k}" for k in ("ota", "cmd", "ack")]}
+    assert device_topics("f", "a") == {"publish": [f"trickle/v1/f/a/{k}" for k in ("telemetry", "result", "status", "event",
+                                                                                   "verify")],
+                                       "subscribe": [f"trickle/v1/f/a/{k}" for k in ("ota", "cmd", "ack", "verified")]}
     for bad in ("trickle/v1/f/a", "trickle/v2/f/a/result", "trickle/v1/f/a/nope", "trickle/v1/f/a b/result"):
         with pytest.raises(ProtocolError):
             parse_topic(bad)
@@ -137,3 +138,17 @@ def test_the_first_samples_are_kept_once_for_self_tests(tmp_path: Path) -> None:
     x, y = stored
     assert x.shape == (SELFTEST_VECTORS, 4) and y is not None and list(y) == list(range(SELFTEST_VECTORS))
     assert list(tmp_path.iterdir()) == [tmp_path / "selftest.npz"]  # written atomically, nothing else left
+
+
+def test_a_verification_call_is_signed_and_may_be_larger() -> None:
+    from edge.protocol import MAX_PAYLOAD_BYTES, MAX_REQUEST_BYTES, VerifyCall, VerifyRequest
+
+    long = VerifyRequest(session="s", start=0, tokens=list(range(3000)), draft=[1, 2])
+    payload = encode(VerifyCall(key="c1", device="a", ts_s=1.0, request=long), "token-a")
+    assert MAX_PAYLOAD_BYTES < len(payload) < MAX_REQUEST_BYTES  # a long history fits a call, not a stored message
+    where, call = decode("trickle/v1/f/a/verify", payload, token_of)
+    assert where.kind == "verify" and isinstance(call, VerifyCall) and call.request == long
+    with pytest.raises(ProtocolError, match="bad signature"):
+        decode("trickle/v1/f/a/verify", encode(VerifyCall(key="c1", device="a", ts_s=1.0, request=long), "token-b"), token_of)
+    with pytest.raises(ProtocolError, match="published under"):
+        decode("trickle/v1/f/b/verify", payload, token_of)

@@ -4,6 +4,7 @@ export), fed the target's states by the server after each round, and lossless ov
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,11 +12,14 @@ import httpx
 import numpy as np
 import pytest
 
-from edge.generate import HttpLink, generate
+from bench.netem import NetemProxy
+from edge.errors import LinkError
+from edge.generate import HttpLink, MqttLink, SessionLostError, generate
 from edge.lm_draft import OnnxMoADraft, decode_states
-from edge.protocol import ROUTES
+from edge.protocol import ROUTES, VerifyRequest
+from server.service import ServeConfig, Service, free_port
 from tests.models.test_lm import corpus as corpus
-from tests.server.test_llm import Models, _serve
+from tests.server.test_llm import Models
 from tests.server.test_llm import models as models
 from tests.server.test_verify import PROMPTS, _greedy
 
@@ -27,19 +31,70 @@ def moa(models: Models, corpus: Path, tmp_path_factory: pytest.TempPathFactory) 
 
     root = tmp_path_factory.mktemp("moa")
     train_draft(models.target, "moa", corpus, root / "draft", steps=2, batch=2, context=32, checkpoint_minutes=60)
-    doc = export_moa_draft(root / "draft", models.target, root / "device")
-    assert doc["parity_max_abs_logit"] < 1e-3 and (root / "device" / "tokenizer.json").is_file()
+    manifest = export_moa_draft(root / "draft", models.target, root / "device")
+    assert manifest.parity_max_abs_logit < 1e-3 and "tokenizer.json" in manifest.files
     return root / "draft", root / "device"
 
 
 @pytest.fixture(scope="module")
-def server(models: Models, moa: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def served(models: Models, moa: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, str, str]]:
+    """(HTTP URL, the device m1's token, the embedded broker's URL)."""
     state = tmp_path_factory.mktemp("moa-server")
-    with _serve(state, llm=models.target, llm_draft=moa[0]) as url:
+    config = ServeConfig(state_dir=state, port=free_port(), mqtt_port=free_port(), llm=models.target, llm_draft=moa[0])
+    with Service(config).background():
         admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
-        r = httpx.post(url + ROUTES["devices"], json={"device": "m1"}, headers=admin)
+        r = httpx.post(config.url + ROUTES["devices"], json={"device": "m1"}, headers=admin)
         r.raise_for_status()
-        yield url, r.json()["token"]
+        yield config.url, r.json()["token"], f"mqtt://127.0.0.1:{config.mqtt_port}"
+
+
+@pytest.fixture(scope="module")
+def server(served: tuple[str, str, str]) -> tuple[str, str]:
+    return served[0], served[1]
+
+
+def test_the_moa_draft_over_mqtt_through_the_embedded_broker_is_lossless(served: tuple[str, str, str], models: Models,
+                                                                          moa: tuple[Path, Path]) -> None:
+    _, token, broker = served
+    draft = OnnxMoADraft(moa[1])
+    link = MqttLink.connect(broker, "default", "m1", token)
+    try:
+        for prompt in PROMPTS:
+            result = generate(draft, link, prompt, 16, k=4)
+            assert result.tokens == _greedy(models.target, prompt, 16) and result.verified == 16, prompt
+            assert result.offline_tokens == 0 and draft.states_held >= len(prompt) + 16 - 1
+        # a round about a session the server does not hold: 409 over MQTT too
+        with pytest.raises(SessionLostError):
+            link.verify(VerifyRequest(session="never-started", start=5, draft=[1]))
+        with pytest.raises(LinkError, match="400"):
+            link.verify(VerifyRequest(session="big", start=0, tokens=[10**6], draft=[1]))
+    finally:
+        link.close()
+    with pytest.raises(LinkError, match="refused"):
+        MqttLink.connect(broker, "default", "m1", "not-the-token", timeout_s=3)
+
+
+def test_a_dropped_mqtt_link_goes_on_offline_and_reverifies(served: tuple[str, str, str], models: Models,
+                                                            moa: tuple[Path, Path]) -> None:
+    _, token, broker = served
+    host, port = broker.removeprefix("mqtt://").split(":")
+    with NetemProxy(host, int(port), rtt_s=0.02) as proxy:
+        link = MqttLink.connect(f"mqtt://127.0.0.1:{proxy.port}", "default", "m1", token, timeout_s=2)
+        cut = {"done": False}
+
+        def drop_once(block: list[int], verified: bool) -> None:
+            if verified and not cut["done"]:
+                cut["done"] = True
+                proxy.drop()  # the connection dies mid-generation; paho reconnects through the proxy (after 1 s)
+            if not verified:
+                time.sleep(0.1)  # a device's pace, so that the link returns before the text is done
+        try:
+            result = generate(OnnxMoADraft(moa[1]), link, PROMPTS[0], 40, k=4, retry_s=0.3, on_tokens=drop_once)
+        finally:
+            link.close()
+    assert cut["done"] and result.offline_tokens > 0 and result.verified == 40
+    assert result.tokens == _greedy(models.target, PROMPTS[0], 40)  # corrected where the offline text diverged
 
 
 def test_the_onnx_moa_draft_over_http_is_lossless_and_gets_every_state(server: tuple[str, str], models: Models,
@@ -73,20 +128,38 @@ def test_the_cli_exports_and_generates_against_the_server(server: tuple[str, str
 
     from trickle.cli import main
 
-    assert main(["export", str(moa[0]), "--target", str(models.target), "--out", str(tmp_path / "device"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["parity_max_abs_logit"] < 1e-3
+    assert main(["keygen", str(tmp_path / "keys")]) == 0
+    capsys.readouterr()
+    key, pub = tmp_path / "keys" / "signing.key", tmp_path / "keys" / "signing.pub"
+    bundle = tmp_path / "device.tar"
+    assert main(["export", str(moa[0]), "--target", str(models.target), "--out", str(bundle), "--key", str(key),
+                 "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["parity_max_abs_logit"] < 1e-3 and exported["signed"] and bundle.is_file()
     url, token = server
     (tmp_path / "m1.token").write_text(token)
-    args = ["edge", "generate", "--draft", str(tmp_path / "device"), "--server", url, "--token-file", str(tmp_path / "m1.token"),
-            "--max-tokens", "12", "--json", "To be, or not"]
+    args = ["edge", "generate", "--bundle", str(bundle), "--trust", str(pub), "--server", url,
+            "--token-file", str(tmp_path / "m1.token"), "--max-tokens", "12", "--json", "To be, or not"]
     assert main(args) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["tokens"] == doc["verified"] == 12 and doc["server_calls"] >= 1 and doc["offline_tokens"] == 0
-    assert main([*args[:3], str(tmp_path / "device"), "--max-tokens", "5", "--json", "To be"]) == 0  # no server
+    assert main(["edge", "generate", "--bundle", str(bundle), "--max-tokens", "5", "--json", "To be"]) == 0  # no server
     alone = json.loads(capsys.readouterr().out)
     assert alone["verified"] == 0 and alone["offline_tokens"] == 5
-    assert main(["edge", "generate", "--draft", str(tmp_path / "device"), "--server", url, "x"]) == 1
+    assert main(["edge", "generate", "--bundle", str(bundle), "--server", url, "x"]) == 1
     assert "--token-file" in capsys.readouterr().err
+    # an unsigned bundle where a key is trusted, and a classifier's bundle, are refused in one line
+    assert main(["edge", "generate", "--bundle", str(moa[1]), "--trust", str(pub), "x"]) == 1
+    assert "signature is required" in capsys.readouterr().err
+    folder = tmp_path / "unpacked"
+    folder.mkdir()
+    import tarfile
+
+    with tarfile.open(bundle) as tar:
+        tar.extractall(folder, filter="data")
+    (folder / "tokenizer.json").write_text("{}")
+    assert main(["edge", "generate", "--bundle", str(folder), "x"]) == 1
+    assert "tokenizer.json does not match its sha256" in capsys.readouterr().err
 
 
 def test_states_survive_the_wire_to_within_int8_rounding() -> None:

@@ -186,6 +186,45 @@ def test_sampling_over_the_link_is_seeded(server: tuple[str, dict[str, str]], mo
     assert a.tokens == b.tokens and len(a.tokens) == 20 and a.verified == 20
 
 
+def test_sampling_through_the_client_draws_the_first_token_from_the_target(server: tuple[str, dict[str, str]],
+                                                                           models: Models) -> None:
+    """The split rule end to end: the device drafts and sends q, the server runs the accept tests,
+    the device draws the correction from the residual; the first token of many seeded generations
+    must follow the target's own distribution (chi-square), while a draft that differs from the
+    target (total variation checked) would pull it away."""
+    from scipy.stats import chisquare
+    from transformers import AutoModelForCausalLM
+
+    from edge.speculative import distribution
+
+    url, tokens = server
+    link = HttpLink(url, tokens["d2"])
+    draft = TorchDraft(models.draft)
+    prompt, temperature, n = PROMPTS[0], 0.05, 500
+    target = AutoModelForCausalLM.from_pretrained(models.target, local_files_only=True).eval()
+    with torch.inference_mode():
+        p = distribution(target(input_ids=torch.tensor([prompt])).logits[0, -1].double().numpy(), temperature, 1.0)
+    q = distribution(draft.next_logits(prompt), temperature, 1.0)
+    assert 0.5 * np.abs(p - q).sum() > 0.3  # the draft alone would fail the test below
+    first = np.array([generate(draft, link, prompt, 3, k=2, temperature=temperature, seed=s, session=f"chi{s}").tokens[0]
+                      for s in range(n)])
+    big = np.flatnonzero(p * n >= 5)  # bins with enough expected counts; the rest pooled
+    assert len(big) >= 2
+
+    def binned(x: np.ndarray) -> np.ndarray:
+        out = np.append(x[big], x.sum() - x[big].sum())
+        if p[big].sum() > 1 - 5 / n:  # too little left for a bin of its own: into the last big one
+            out = np.append(out[:-2], out[-2:].sum())
+        return out
+
+    observed, expected = binned(np.bincount(first, minlength=len(p)).astype(float)), binned(p) * n
+    assert chisquare(observed, expected).pvalue > 1e-3
+    from scipy.stats import chi2
+
+    drafted = binned(q) * n  # the draft's own first token, in expectation: far from the target's
+    assert chi2.sf(float(((drafted - expected) ** 2 / expected).sum()), len(expected) - 1) < 1e-6
+
+
 def test_adaptive_k_drafts_longer_blocks_over_a_slower_link() -> None:
     from edge.generate import choose_k
 
