@@ -61,9 +61,12 @@ class NetemProxy:
             for writer in list(self._writers):
                 writer.transport.abort()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
+            # the cut connections end their tasks; only what is left is cancelled (a cancelled
+            # connection task makes Python 3.11's asyncio.streams log a spurious CancelledError)
+            _, left = await asyncio.wait(tasks, timeout=1.0) if tasks else (set(), set())
+            for task in left:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*left, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)

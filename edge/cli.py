@@ -201,6 +201,7 @@ def run_generate(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         sys.stdout.write("\n")
+        sys.stdout.flush()  # the text ends before the summary starts, when both go to one terminal
         print(f"{len(result.tokens)} tokens ({result.verified} verified) in {result.seconds:.2f} s, "
               f"{result.server_calls} server calls" + (f"; diverged at {result.divergences}" if result.divergences else ""),
               file=sys.stderr)
