@@ -9,6 +9,8 @@ The server is ``trickle serve --llm runs/lm/base --draft runs/lm/draft-moa`` in 
 - **MoA client–server**: the MoA draft's bundle (``export.lm_draft``, onnxruntime) with
   ``edge.generate`` (adaptive K), states from the server, over HTTP and over MQTT (through the
   server's embedded broker);
+- **EAGLE-style client–server**: the EAGLE-style draft's bundle (``runs/lm/draft-eagle``), fed the
+  target's last hidden states of the verified tokens by the server, over HTTP;
 - **independent client–server**: the independent draft (``runs/lm/draft-independent``, run by
   transformers here, as no ONNX form of it exists yet) with the same loop over HTTP;
 - **API only**: the server generates everything (``/v1/completions``, its own MoA drafting inside);
@@ -18,8 +20,7 @@ Links: round trips 0, 20, 100 and 300 ms at 50 Mbit/s, and 100 ms at 1 Mbit/s. Q
 disconnection: the link drops after the first round and each draft writes 64 tokens alone; the
 target's mean negative log-likelihood of them (lower: closer to what the target would write).
 Throughput with 1, 2, 4 and 8 clients at once (MoA over HTTP, no emulated delay), and how many
-rounds each batched target forward verified (the server's /metrics). EAGLE-style client–server is
-not built (its draft needs the target's last hidden states on the device) and is absent.
+rounds each batched target forward verified (the server's /metrics).
 """
 
 from __future__ import annotations
@@ -183,14 +184,15 @@ def _throughput(draft_dir: Path, url: str, token: str, prompts: list[list[int]],
 
 def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS, corpus: Path | None = None) -> dict[str, Any]:
     from bench.speculative import _prompts
-    from edge.lm_draft import OnnxMoADraft
-    from export.lm_draft import export_moa_draft
+    from edge.lm_draft import OnnxEagleDraft, OnnxMoADraft
+    from export.lm_draft import export_eagle_draft, export_moa_draft
     from models.draft import load_target
 
     torch.set_num_threads(1)
     corpus = corpus or data_root() / "shakespeare" / "plays"
     target_dir, moa_dir, indep_dir = RUNS / "base", RUNS / "draft-moa", RUNS / "draft-independent"
-    for folder in (target_dir, moa_dir, indep_dir):
+    eagle_dir = RUNS / "draft-eagle"
+    for folder in (target_dir, moa_dir, eagle_dir, indep_dir):
         if not folder.is_dir():
             raise ConfigError("model", str(folder), "train it first (trickle train lm / trickle train draft; see the README)")
     n_prompts, new = (2, 24) if quick else (4, 64)
@@ -200,7 +202,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         export_moa_draft(moa_dir, target_dir, Path(tmp) / "moa")
-        moa = OnnxMoADraft(Path(tmp) / "moa")
+        export_eagle_draft(eagle_dir, target_dir, Path(tmp) / "eagle")
+        moa, eagle = OnnxMoADraft(Path(tmp) / "moa"), OnnxEagleDraft(Path(tmp) / "eagle")
         indep = IndependentDraft(indep_dir, target)
         (Path(tmp) / "state").mkdir()
         proc, url, token, mqtt_port = _serve(Path(tmp) / "state", target_dir, moa_dir)
@@ -208,7 +211,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         try:
             for rtt, bps in links:
                 for method, draft in (("moa client-server", moa), ("moa client-server (mqtt)", moa),
-                                      ("independent client-server", indep), ("api only", None)):
+                                      ("eagle client-server", eagle), ("independent client-server", indep),
+                                      ("api only", None)):
                     figures = _api(url, tok, prompts, new, rtt, bps) if draft is None else \
                         _cs(draft, mqtt_port if "mqtt" in method else port, token, prompts, new, rtt, bps,
                             mqtt="mqtt" in method)
@@ -223,6 +227,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                          "tokens_per_second": alone / (time.perf_counter() - t0), "server_calls_per_token": 0.0,
                          "bytes_per_token": 0.0})
             nll = {"moa": _offline_nll(target, moa, url, token, prompts),
+                   "eagle": _offline_nll(target, eagle, url, token, prompts),
                    "independent": _offline_nll(target, indep, url, token, prompts)}
             throughput, per_forward = {}, {}
             for clients in CLIENTS:
@@ -246,7 +251,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         "disconnected_target_nll": nll, "throughput_tokens_per_second": throughput,
         "rounds_per_target_forward": per_forward, "rows": rows,
         "settings": {"prompts": n_prompts, "new_tokens": new, "k_max_adaptive": K_MAX, "offline_tokens": OFFLINE_TOKENS},
-        "missing": ["eagle-style client-server"],
+        "missing": [],
         "goals": {k: f"{op} {g:g}" for k, (op, g) in GOALS.items()}, "quick": quick,
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
@@ -270,8 +275,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                  f"{n_prompts} held-out prompts, {new} new tokens each, greedy; the device side in one thread, the server "
                  "in its own process; links emulated by `bench/netem.py` (for MQTT, between the device and the server's "
                  "embedded broker). Offline quality: mean target NLL per token of "
-                 f"{OFFLINE_TOKENS} tokens drafted alone after a disconnection: MoA {nll['moa']:.3f}, independent "
-                 f"{nll['independent']:.3f}. Throughput with clients at once (verification batched across sessions): "
+                 f"{OFFLINE_TOKENS} tokens drafted alone after a disconnection: MoA {nll['moa']:.3f}, EAGLE-style "
+                 f"{nll['eagle']:.3f}, independent {nll['independent']:.3f}. Throughput with clients at once (verification batched across sessions): "
                  f"{scaling}.\n\n![tokens/s against round-trip time, and throughput against clients]({plot.name})\n\n"
                  + table + "\n\n| key | measured | goal | |\n| --- | ---: | --- | --- |\n" + "\n".join(verdicts) + "\n")
     print(f"wrote {results_dir / f'client_server{suffix}.json'}")

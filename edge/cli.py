@@ -62,8 +62,8 @@ GENERATE_HELP = """Generate text with a draft on this machine, verified by the s
     trickle edge generate --bundle drafts/moa --server URL --token-file F --temperature 0.8 --seed 3 "prompt"
     trickle edge generate --bundle drafts/moa "prompt"                # no server: the draft alone
 
-The bundle is a MoA draft's device form (trickle export DRAFT --target T: signed, ONNX graphs and
-the tokenizer; no torch here); with --trust it must be signed by that key. Each round drafts K
+The bundle is a MoA or EAGLE-style draft's device form (trickle export DRAFT --target T: signed,
+ONNX graphs and the tokenizer; no torch here); with --trust it must be signed by that key. Each round drafts K
 tokens and sends them for verification, over HTTP (POST /v1/llm/verify, --server) or MQTT (the
 device's verify/verified topics, --broker), with the device's token, and prints what the target
 keeps as it is kept: greedy output is the target's own, sampling is distributed as the target's.
@@ -80,7 +80,7 @@ def add_edge_arguments(p: argparse.ArgumentParser) -> None:
                          description=GENERATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", help="the text to continue")
     gen.add_argument("--bundle", "--draft", dest="bundle", type=Path, required=True,
-                     help="a MoA draft bundle, folder or .tar (trickle export DRAFT --target T)")
+                     help="a MoA or EAGLE-style draft bundle, folder or .tar (trickle export DRAFT --target T)")
     gen.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
                      help="trusted public key file; with one, the bundle must be signed by a trusted key")
     gen.add_argument("--server", help="server URL, http(s)://HOST:PORT: verify over HTTP")
@@ -154,7 +154,7 @@ def run_generate(args: argparse.Namespace) -> int:
     import sys
 
     from edge.generate import HttpLink, Link, MqttLink, generate
-    from edge.lm_draft import OnnxMoADraft
+    from edge.lm_draft import load_lm_draft
 
     if args.server is not None and args.broker is not None:
         raise ConfigError("--server/--broker", (args.server, args.broker), "give one: verify over HTTP or over MQTT")
@@ -164,7 +164,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise ConfigError("--device", None, "needed with --broker (the device id the token belongs to)")
     if args.max_tokens < 1 or args.k < 1:
         raise ConfigError("--max-tokens/--k", (args.max_tokens, args.k), "must be >= 1")
-    draft = OnnxMoADraft(args.bundle, trust=args.trust)
+    draft = load_lm_draft(args.bundle, trust=args.trust)
     tokenizer = draft.tokenizer()
     prompt = tokenizer.encode(args.prompt).ids
     if not prompt:

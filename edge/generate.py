@@ -272,7 +272,8 @@ def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_to
         q_of = None if temperature == 0 else [float(q[t]) for q, t in zip(qs, drafted)]  # type: ignore[index]
         request = VerifyRequest(session=session, start=server_has, tokens=base[server_has:], draft=drafted, q=q_of,
                                 temperature=temperature, top_p=top_p, seed=seed,
-                                states_from=draft.states_held if wants else None)  # type: ignore[attr-defined]
+                                states_from=draft.states_held if wants else None,  # type: ignore[attr-defined]
+                                state_kind=getattr(draft, "state_kind", "moa"))
         t0 = time.perf_counter()
         try:
             answer = link.verify(request)

@@ -226,13 +226,14 @@ class LmDraftManifest(_Model):
 
     schema_version: Literal[1]
     kind: Literal["lm-draft"]
-    model: Literal["moa"]
-    """The draft's architecture (Mixture of Attentions: it reads the target's states)."""
+    model: Literal["moa", "eagle"]
+    """The draft's architecture: Mixture of Attentions (reads the target's projected states) or
+    EAGLE-style (reads the target's last hidden states)."""
     files: dict[FileName, Sha256] = Field(min_length=1)
     creator: str
     bundle_version: PositiveInt
     hidden: PositiveInt
-    """Width of the target states the server sends (int8 + a float16 scale per token)."""
+    """Width of the target states (MoA) or features (EAGLE) the server sends (int8 + a float16 scale per token)."""
     heads: PositiveInt
     vocab_size: PositiveInt
     """The draft vocabulary's size; ``vocab_rows`` are its token ids in the target's vocabulary."""

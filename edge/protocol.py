@@ -198,7 +198,10 @@ class VerifyRequest(_Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int = Field(0, ge=0, lt=2**63)
     states_from: int | None = Field(None, ge=0, le=MAX_HISTORY)
-    """A MoA draft on the device: it holds the target states of history[:states_from]; send the rest."""
+    """A draft that reads target states holds those of history[:states_from]; send the rest."""
+    state_kind: Literal["moa", "features"] = "moa"
+    """Which states: the MoA draft's (its Layer Self-Attention over the target's keys/values,
+    projected: needs the server's MoA draft) or the target's last hidden states (EAGLE-style)."""
 
 
 class VerifyResponse(_Strict):
@@ -216,8 +219,8 @@ class VerifyResponse(_Strict):
     target_ms: float = Field(ge=0)
     states: str | None = None
     """Base64 (m, 2 + hidden) bytes, per token a float16 scale and int8 values
-    (``edge.lm_draft.encode_states``): the target states (the MoA draft's projected Layer
-    Self-Attention) of history tokens states_from.. that the target's cache holds."""
+    (``edge.lm_draft.encode_states``): the target states of the request's ``state_kind`` of
+    history tokens states_from.. that the target's cache holds."""
     states_from: int | None = Field(None, ge=0)
 
 

@@ -86,15 +86,15 @@ def run_export_draft(args: argparse.Namespace) -> int:
         raise ConfigError("checkpoint", str(args.checkpoint), "not a draft folder (no draft.json; trickle train draft)")
     if args.bundle_version < 1:
         raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
-    from export.lm_draft import export_moa_draft
+    from export.lm_draft import export_lm_draft
 
     out = args.out.with_suffix(".tar") if args.tar and args.out.suffix != ".tar" else args.out
-    manifest = export_moa_draft(args.checkpoint, args.target, out, key=args.key, bundle_version=args.bundle_version)
+    manifest = export_lm_draft(args.checkpoint, args.target, out, key=args.key, bundle_version=args.bundle_version)
     if args.json:
         print(json.dumps({"bundle": str(out), "signed": args.key is not None,
                           "parity_max_abs_logit": manifest.parity_max_abs_logit}))
     else:
-        print(f"wrote {out} (MoA draft bundle, ONNX, {'signed' if args.key else 'unsigned'}; "
+        print(f"wrote {out} ({manifest.model} draft bundle, ONNX, {'signed' if args.key else 'unsigned'}; "
               f"parity with torch: {manifest.parity_max_abs_logit:.1e})")
     return 0
 

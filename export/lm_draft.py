@@ -166,6 +166,13 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | N
     device = OnnxMoADraft(LmDraftBundle(LmDraftManifest.from_json(unsigned[MANIFEST]), files, None))
     states = draft.target_states(lm.cache, len(ids) - 1).detach().float()[0].numpy()
     device.add_states(0, states)
+    doc["parity_max_abs_logit"] = _parity(drafter, device, ids)
+    return _write(doc, files, signer, out)
+
+
+def _parity(drafter: Any, device: Any, ids: list[int]) -> float:
+    """The largest logit difference between the torch drafter and the device's graphs, after
+    ``ids`` (verified) along the torch draft's own greedy path of 6 tokens; ExportError past PARITY_ATOL."""
     worst = 0.0
     path: list[int] = []
     for _ in range(6):
@@ -177,8 +184,11 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | N
         worst = max(worst, float(np.abs(want[finite] - got[finite]).max()))
         path.append(int(np.argmax(want)))
     if worst > PARITY_ATOL:
-        raise ExportError(f"the ONNX MoA draft misses parity with torch: logits differ by {worst:.2e} > {PARITY_ATOL:g}")
-    doc["parity_max_abs_logit"] = worst
+        raise ExportError(f"the ONNX draft misses parity with torch: logits differ by {worst:.2e} > {PARITY_ATOL:g}")
+    return worst
+
+
+def _write(doc: dict[str, Any], files: dict[str, bytes], signer: Any, out: Path) -> LmDraftManifest:
     members = pack(doc, files, signer)
     if out.suffix == ".tar":
         write_bundle(members, out)
@@ -191,3 +201,90 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | N
             shutil.rmtree(out)
         fresh.rename(out)
     return LmDraftManifest.from_json(members[MANIFEST])
+
+
+class _EagleBlock(nn.Module):
+    embed: torch.Tensor
+    head: torch.Tensor
+
+    def __init__(self, eagle: Any, embed: torch.Tensor, head: torch.Tensor) -> None:
+        super().__init__()
+        self.fuse, self.layer = eagle.fuse, eagle.layer
+        self.register_buffer("embed", embed)
+        self.register_buffer("head", head)
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, past_k: torch.Tensor,
+                past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = self.fuse(torch.cat([features, nn.functional.embedding(tokens, self.embed)], -1))
+        m = tokens.shape[1]
+        positions = start + torch.arange(m)
+        k, v = self.layer.memory(x, positions)
+        seen = torch.cat([torch.ones(m, past_k.shape[2], dtype=torch.bool), torch.ones(m, m, dtype=torch.bool).tril()], 1)
+        out = self.layer.attend(x, torch.cat([past_k, k], 2), torch.cat([past_v, v], 2), mask=seen, positions=positions)
+        return k, v, out, nn.functional.linear(out[:, -1], self.head)
+
+
+def export_eagle_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | None = None, bundle_version: int = 1,
+                       parity_ids: list[int] | None = None) -> LmDraftManifest:
+    """The EAGLE-style draft in ``draft_dir`` as an lm-draft bundle: one graph, ``eagle_block``
+    (features (1, m, H) and the tokens after them (1, m) at positions start.., the cached keys
+    and values → their keys and values, the predicted next features (1, m, H) and the last
+    position's logits over the draft vocabulary); the device feeds the target's features of the
+    verified tokens, then its own predicted features along a drafted path."""
+    from edge import __version__
+    from edge.lm_draft import OnnxEagleDraft
+    from models.draft import load_drafter, load_target
+    from models.eagle import EagleDrafter
+    from models.speculative import _CachedLM
+
+    torch.set_num_threads(1)
+    signer = load_private_key(key) if key is not None else None
+    target, _ = load_target(target_dir)
+    drafter = load_drafter(draft_dir, target)
+    if not isinstance(drafter, EagleDrafter):
+        raise ExportError(f"{draft_dir}: not an EAGLE-style draft (trickle train draft --kind eagle)")
+    draft = drafter.draft
+    assert draft.embed is not None and draft.head is not None
+    rows = drafter.head.rows if drafter.head.rows is not None else np.arange(drafter.head.size)
+    eagle = _exportable(draft)
+    embed = draft.embed.weight.detach().float().clone()
+    head = draft.head.weight.detach().float()[torch.from_numpy(rows)].clone()
+    hidden, heads = eagle.fuse.out_features, eagle.layer.heads
+    block = _onnx(_EagleBlock(eagle, embed, head),
+                  (torch.zeros(1, 3, hidden), torch.tensor([[1, 2, 3]]), torch.tensor(4),
+                   *(torch.zeros(1, heads, 4, hidden // heads),) * 2),
+                  ["features", "tokens", "start", "past_k", "past_v"], ["k", "v", "predicted", "logits"],
+                  {"features": {1: "m"}, "tokens": {1: "m"}, "past_k": {2: "n"}, "past_v": {2: "n"}, "k": {2: "m"},
+                   "v": {2: "m"}, "predicted": {1: "m"}})
+    files = {"eagle_block.onnx": block, TOKENIZER: (target_dir / "tokenizer.json").read_bytes()}
+    doc = {"schema_version": 1, "kind": "lm-draft", "model": "eagle", "creator": f"trickle {__version__}",
+           "bundle_version": bundle_version, "hidden": hidden, "heads": heads,
+           "vocab_size": int(drafter.head.size), "vocab_rows": [int(r) for r in rows],
+           "context": int(target.config.max_position_embeddings), "target": target_dir.name, "parity_max_abs_logit": 0.0}
+    ids = parity_ids or list(range(1, 25))
+    lm = _CachedLM(target, keep_hidden=True)
+    lm.reset()
+    lm.logits(ids, upto=len(ids) - 1)
+    drafter.reset(ids)
+    drafter.attach_target(lm)
+    drafter.prepare(ids)
+    unsigned = pack(doc, files)
+    device = OnnxEagleDraft(LmDraftBundle(LmDraftManifest.from_json(unsigned[MANIFEST]), files, None))
+    assert lm.hidden is not None
+    device.add_states(0, lm.hidden.detach().float().numpy())
+    doc["parity_max_abs_logit"] = _parity(drafter, device, ids)
+    return _write(doc, files, signer, out)
+
+
+def export_lm_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | None = None,
+                    bundle_version: int = 1) -> LmDraftManifest:
+    """A MoA or EAGLE-style draft folder (``trickle train draft``), whichever it is, as a bundle."""
+    import json
+
+    kind = json.loads((draft_dir / "draft.json").read_text()).get("kind") if (draft_dir / "draft.json").is_file() else None
+    if kind == "eagle":
+        return export_eagle_draft(draft_dir, target_dir, out, key, bundle_version)
+    if kind == "moa":
+        return export_moa_draft(draft_dir, target_dir, out, key, bundle_version)
+    raise ExportError(f"{draft_dir}: a {kind or 'independent'} draft; devices take MoA and EAGLE-style drafts "
+                      "(trickle train draft --kind moa|eagle)")

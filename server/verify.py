@@ -165,7 +165,7 @@ class VerifySessions:
         job.key = (job.owner, req.session)
         session = self.sessions.get(job.key)
         if req.start == 0:  # a (re)start: the history is what the client sends (held once it checks out)
-            session = _Session(_CachedLM(self.target), rng=np.random.default_rng(req.seed))
+            session = _Session(_CachedLM(self.target, keep_hidden=True), rng=np.random.default_rng(req.seed))
             session.lm.reset()
         elif session is None:
             raise SessionLost(f"session {req.session!r} is not held here (evicted or never started): "
@@ -179,7 +179,7 @@ class VerifySessions:
         if len(history) + len(req.draft) > self.context:
             raise BadVerify(f"history of {len(history)} + draft of {len(req.draft)} tokens is over the target's "
                             f"context of {self.context}")
-        if req.states_from is not None and self.moa is None:
+        if req.states_from is not None and req.state_kind == "moa" and self.moa is None:
             raise BadVerify("states_from: this server has no MoA draft to compute target states with (serve --draft)")
         if req.states_from is not None and req.states_from > len(history):
             raise BadVerify(f"states_from = {req.states_from}: past the history of {len(history)} tokens")
@@ -246,7 +246,8 @@ class VerifySessions:
                         keys[i, :, :c], values[i, :, :c] = lm.cache.layers[layer].keys[0], lm.cache.layers[layer].values[0]
                 cache.update(keys, values, layer)
         with torch.inference_mode():
-            out = self.target(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions)
+            out = self.target(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions,
+                              output_hidden_states=True)
         result = []
         for i, (job, lm, feed, c) in enumerate(zip(jobs, lms, feeds, past)):
             mine = DynamicCache(config=self.target.config)
@@ -258,6 +259,8 @@ class VerifySessions:
                     new_k, new_v = torch.cat([old.keys[:, :, :c], new_k], 2), torch.cat([old.values[:, :, :c], new_v], 2)
                 mine.update(new_k.contiguous(), new_v.contiguous(), layer)
             lm.cache = mine
+            last = out.hidden_states[-1][i, : len(feed)]  # the features EAGLE-style drafts read
+            lm.hidden = last if not c or lm.hidden is None else torch.cat([lm.hidden[:c], last])
             result.append(out.logits[i, len(feed) - len(job.req.draft) - 1 : len(feed)].double().numpy())
         return result
 
@@ -283,21 +286,25 @@ class VerifySessions:
         self.sessions.move_to_end(job.key)
         states = None
         if req.states_from is not None:
-            states = self._states(session, req.states_from)
+            states = self._states(session, req.states_from, req.state_kind)
         return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took,
                               states=states, states_from=req.states_from if states is not None else None)
 
-    def _states(self, session: _Session, start: int) -> str | None:
-        """The device's MoA draft's target states of history tokens start.. in the target's cache."""
+    def _states(self, session: _Session, start: int, kind: str = "moa") -> str | None:
+        """The target states (``kind``: the MoA draft's or the target's features) of history
+        tokens start.. that the target's cache holds."""
         import torch
 
         from edge.lm_draft import encode_states
 
-        if self.moa is None:
-            raise BadVerify("states_from: this server has no MoA draft to compute target states with (serve --draft)")
         upto = session.lm.cached
         if start > upto:
             raise BadVerify(f"states_from = {start}: the target holds states of {upto} history tokens")
+        if kind == "features":  # the target's last hidden states, as EAGLE-style drafts read them
+            assert session.lm.hidden is not None
+            return encode_states(session.lm.hidden[start:upto].float().numpy())
+        if self.moa is None:
+            raise BadVerify("states_from: this server has no MoA draft to compute target states with (serve --draft)")
         if start == upto:
             return encode_states(np.zeros((0, self.moa.project.out_features)))
         with torch.inference_mode():

@@ -43,6 +43,17 @@ class NodeResult:
     task_log: np.ndarray | None = None  # (k, 3) int: sensing event, variant, within deadline
     task_done_s: np.ndarray | None = None  # (k,) when each logged task finished
     task_latency_s: np.ndarray | None = None  # (k,) finish - sensing event
+    on_at_s: np.ndarray | None = None  # when each on-period began (the load connected at v_on)
+    off_at_s: np.ndarray | None = None  # when each ended in a power failure
+
+    def periods(self) -> tuple[np.ndarray, np.ndarray]:
+        """(on-periods, off-periods) in s: every complete on-time (boot to power failure) and every
+        complete off-time (power failure to the next boot); the charge from t = 0 and a period cut
+        by the end of the run are not periods."""
+        on = np.zeros(0) if self.on_at_s is None else self.on_at_s
+        off = np.zeros(0) if self.off_at_s is None else self.off_at_s
+        ended = off[: len(on)]  # the k-th failure ends the k-th on-period
+        return ended - on[: len(ended)], on[1 : len(off) + 1] - off[: max(len(on) - 1, 0)]
 
 
 @dataclass
@@ -192,7 +203,7 @@ def _result(node: Node) -> NodeResult:
     done_s = np.asarray(node.task_done_s, dtype=np.float64)
     latency_s = np.asarray(node.task_latency_s, dtype=np.float64)
     return NodeResult(node.spec.node_id, node.spec.harvest_scale, node.finish(), packets, trace, task_log, done_s,
-                      latency_s)
+                      latency_s, np.asarray(node.on_at, dtype=np.float64), np.asarray(node.off_at, dtype=np.float64))
 
 
 def _shards(n_nodes: int, n_shards: int) -> list[range]:

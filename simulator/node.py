@@ -140,6 +140,8 @@ class Node:
         self.next_sense_s = self._sense_time(0)
         self.stats = NodeStats(v_initial_v=self.v)
         self.packets: list[tuple[float, float, float]] = []  # (start_s, airtime_s, deadline_s)
+        self.on_at: list[float] = []  # when the load was connected (each boot starts an on-period)
+        self.off_at: list[float] = []  # when power failed (each ends one)
         self.trace_t: list[float] = []
         self.trace_v: list[float] = []
         self.trace_mode: list[int] = []
@@ -253,10 +255,12 @@ class Node:
 
     def _power_on(self) -> None:
         self.stats.boots += 1
+        self.on_at.append(self.t)
         self._enter(BOOT, self.boot)
 
     def _power_fail(self) -> None:
         self.stats.power_cycles += 1
+        self.off_at.append(self.t)
         if self.task_release_s is not None:
             self._roll_back()
         self.jit_armed = True

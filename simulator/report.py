@@ -18,7 +18,7 @@ from edge.files import write_atomic
 from edge.tables import markdown_table
 from simulator.fleet import SimulationResult
 from simulator.node import Mode
-from simulator.summary import PACKET_OUTCOMES
+from simulator.summary import PACKET_OUTCOMES, period_stats
 
 SCHEMA_VERSION = 1
 
@@ -29,8 +29,10 @@ def result_dict(result: SimulationResult) -> dict[str, Any]:
     per_node_net = {k: dict(zip(res.node_id.tolist(), getattr(res, k).tolist())) for k in PACKET_OUTCOMES}
     nodes = []
     for r in result.nodes:
+        on, off = r.periods()
         record: dict[str, Any] = {"node_id": r.node_id, "harvest_scale": r.harvest_scale,
-                                  "distance_m": float(result.distances_m[r.node_id]), **asdict(r.stats)}
+                                  "distance_m": float(result.distances_m[r.node_id]), **asdict(r.stats),
+                                  **period_stats(on, "on_period"), **period_stats(off, "off_period")}
         for k in PACKET_OUTCOMES:
             record[f"packets_{k}"] = per_node_net[k].get(r.node_id, 0)
         nodes.append(record)
@@ -76,6 +78,12 @@ _SUMMARY_ROWS = (
     ("duration_s", "simulated time per node (h)", "h"),
     ("availability", "availability (on-time fraction)", "{:.3f}"),
     ("power_cycles", "power failures", "{:.0f}"),
+    ("on_period_mean_s", "on-period, mean (s; boot to power failure)", "{:.4g}"),
+    ("on_period_min_s", "on-period, min (s)", "{:.4g}"),
+    ("on_period_max_s", "on-period, max (s)", "{:.4g}"),
+    ("off_period_mean_s", "off-period, mean (s; power failure to boot)", "{:.4g}"),
+    ("off_period_min_s", "off-period, min (s)", "{:.4g}"),
+    ("off_period_max_s", "off-period, max (s)", "{:.4g}"),
     ("released", "sensing events", "{:.0f}"),
     ("completed", "results within deadline", "{:.0f}"),
     ("missed", "results after deadline", "{:.0f}"),
@@ -151,6 +159,9 @@ def write_plots(result: SimulationResult, out_dir: Path) -> list[Path]:
         paths.append(_save(_voltage_figure(result, traced), out_dir / "voltage.png"))
         paths.append(_save(_timeline_figure(result, traced), out_dir / "timeline.png"))
     paths.append(_save(_energy_figure(result), out_dir / "energy.png"))
+    periods = [r.periods() for r in result.nodes]
+    if any(len(on) or len(off) for on, off in periods):
+        paths.append(_save(_cycles_figure(result, periods), out_dir / "cycles.png"))
     return paths
 
 
@@ -233,5 +244,31 @@ def _energy_figure(result: SimulationResult) -> Any:
     ax.set_xscale("log")
     ax.set_xlim(min(values) / 2, values[0] * 50)
     ax.set(xlabel="energy, whole fleet (J, log scale)", title="where the harvested energy went")
+    fig.tight_layout()
+    return fig
+
+
+def _cycles_figure(result: SimulationResult, periods: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+    """Histograms of every on-period and off-period, fleet-wide, on log-spaced bins: what a
+    logic-analyser capture of the power rail is compared against."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, which, name, color in ((axes[0], 0, "on-periods (boot to power failure)", "#2a9d8f"),
+                                   (axes[1], 1, "off-periods (power failure to boot)", "#8d99ae")):
+        x = np.concatenate([p[which] for p in periods])
+        x = x[x > 0]
+        if len(x):
+            lo, hi = float(x.min()), float(x.max())
+            bins = np.geomspace(lo, hi * 1.0001, 30) if hi > lo * 1.01 else 10
+            ax.hist(x, bins=bins, color=color)
+            if hi > lo * 1.01:
+                ax.set_xscale("log")
+            ax.axvline(float(x.mean()), color="black", lw=0.8, ls="--")
+            ax.set_title(f"{name}\n{len(x)} periods, mean {x.mean():.3g} s, min {lo:.3g} s, max {hi:.3g} s", fontsize=9)
+        else:
+            ax.set_title(f"{name}: none", fontsize=9)
+        ax.set(xlabel="duration (s)", ylabel="count")
+    fig.suptitle(f"{result.scenario.name}: power cycles", fontsize=10)
     fig.tight_layout()
     return fig

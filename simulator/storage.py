@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from edge.config import Config
 from edge.errors import ConfigError
@@ -44,7 +44,7 @@ class StorageConfig(Config):
     v_initial_v: float = Field(0.0, ge=0, le=50)
     """Voltage at t = 0."""
     leakage_r_ohm: float | None = Field(1e6, gt=0)
-    """Resistive leakage (parallel resistance); None for none."""
+    """Resistive leakage (parallel resistance); "none" (TOML has no null) or inf for none."""
     leakage_a: float = Field(0.0, ge=0, le=1)
     """Constant leakage current of the dielectric."""
     quiescent_a: float = Field(0.5e-6, ge=0, le=1)
@@ -53,6 +53,15 @@ class StorageConfig(Config):
     """MPPT/boost converter efficiency, harvester → capacitor."""
     output_efficiency: float = Field(0.9, gt=0, le=1)
     """Buck/LDO efficiency, capacitor → load."""
+
+    @field_validator("leakage_r_ohm", mode="before")
+    @classmethod
+    def _none_written(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return None
+        if isinstance(value, float | int) and math.isinf(value) and value > 0:
+            return None
+        return value
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> StorageConfig:

@@ -39,12 +39,30 @@ def summarize(result: SimulationResult) -> dict[str, float | int]:
     summary["inferences_per_node_hour"] = done / n / (duration / 3600.0)
     summary["load_energy_per_result_j"] = totals["load_j"] / done if done else math.nan
     summary["mean_latency_s"] = totals["latency_sum_s"] / done if done else math.nan
+    summary.update(period_summary(result.nodes))
     res = result.resolution
     for k in PACKET_OUTCOMES:
         summary[f"packets_{k}"] = int(getattr(res, k).sum())
     if result.model is not None:
         summary.update(_accuracy_summary(result, result.model))
     return summary
+
+
+def period_stats(periods: np.ndarray, prefix: str) -> dict[str, float | int]:
+    """``{prefix}_count``, ``_mean_s``, ``_min_s``, ``_max_s`` of some on- or off-periods (NaN when none)."""
+    if not len(periods):
+        return {f"{prefix}_count": 0, f"{prefix}_mean_s": math.nan, f"{prefix}_min_s": math.nan, f"{prefix}_max_s": math.nan}
+    return {f"{prefix}_count": len(periods), f"{prefix}_mean_s": float(periods.mean()), f"{prefix}_min_s": float(periods.min()),
+            f"{prefix}_max_s": float(periods.max())}
+
+
+def period_summary(nodes: list[NodeResult]) -> dict[str, float | int]:
+    """Every node's complete on-periods (boot to power failure) and off-periods (failure to the
+    next boot), pooled: what a logic-analyser capture of the power rail shows."""
+    pairs = [r.periods() for r in nodes]
+    on = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0)
+    off = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0)
+    return {**period_stats(on, "on_period"), **period_stats(off, "off_period")}
 
 
 def sample_indices(seed: int, node: NodeResult, n_test: int) -> np.ndarray:

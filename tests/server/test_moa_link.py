@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from bench.netem import NetemProxy
 from edge.errors import LinkError
@@ -34,6 +35,18 @@ def moa(models: Models, corpus: Path, tmp_path_factory: pytest.TempPathFactory) 
     manifest = export_moa_draft(root / "draft", models.target, root / "device")
     assert manifest.parity_max_abs_logit < 1e-3 and "tokenizer.json" in manifest.files
     return root / "draft", root / "device"
+
+
+@pytest.fixture(scope="module")
+def eagle(models: Models, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export.lm_draft import export_lm_draft
+    from models.draft import train_draft
+
+    root = tmp_path_factory.mktemp("eagle")
+    train_draft(models.target, "eagle", corpus, root / "draft", steps=2, batch=2, context=32, checkpoint_minutes=60)
+    manifest = export_lm_draft(root / "draft", models.target, root / "device.tar")
+    assert manifest.model == "eagle" and manifest.parity_max_abs_logit < 1e-3
+    return root / "device.tar"
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +119,32 @@ def test_the_onnx_moa_draft_over_http_is_lossless_and_gets_every_state(server: t
         result = generate(draft, link, prompt, 24, k=4)
         assert result.tokens == _greedy(models.target, prompt, 24), prompt
         assert draft.states_held >= len(prompt) + 24 - 1  # every verified token but the last (the server may hold more)
+
+
+def test_the_onnx_eagle_draft_over_http_is_lossless_on_the_targets_features(server: tuple[str, str], models: Models,
+                                                                             eagle: Path) -> None:
+    from edge.lm_draft import OnnxEagleDraft, load_lm_draft
+
+    url, token = server
+    draft = load_lm_draft(eagle)
+    assert isinstance(draft, OnnxEagleDraft) and draft.state_kind == "features"
+    link = HttpLink(url, token)
+    for prompt in PROMPTS:
+        result = generate(draft, link, prompt, 24, k=4)
+        assert result.tokens == _greedy(models.target, prompt, 24), prompt
+        assert draft.states_held >= len(prompt) + 24 - 1
+    # the features are the target's own last hidden states, to within int8 rounding
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(models.target, local_files_only=True).eval()
+    with torch.inference_mode():
+        want = target(input_ids=torch.tensor([PROMPTS[2]]), output_hidden_states=True).hidden_states[-1][0].numpy()
+    r = httpx.post(url + ROUTES["verify"], json={"session": "feat", "start": 0, "tokens": PROMPTS[2], "draft": [],
+                                                 "states_from": 0, "state_kind": "features"},
+                   headers={"Authorization": f"Bearer {token}"})
+    got = decode_states(r.json()["states"], draft.hidden)
+    assert got.shape == (len(PROMPTS[2]), draft.hidden)  # the prompt's: the server's next token follows it
+    np.testing.assert_allclose(got, want, atol=float(np.abs(want).max()) / 127)
 
 
 def test_states_are_compact_and_only_for_what_the_target_holds(server: tuple[str, str], moa: tuple[Path, Path]) -> None:

@@ -51,6 +51,7 @@ def test_a_padded_batch_gives_each_session_its_own_logits_and_cache(models: Mode
         (want,) = solo._logits([alone])
         np.testing.assert_allclose(logits, want, atol=1e-9)
         assert job.session is not None and job.session.lm.cached == alone.session.lm.cached
+        np.testing.assert_allclose(job.session.lm.hidden.numpy(), alone.session.lm.hidden.numpy(), atol=1e-9)
         for mine, theirs in zip(job.session.lm.cache.layers, alone.session.lm.cache.layers):
             np.testing.assert_allclose(mine.keys.numpy(), theirs.keys.numpy(), atol=1e-9)
             np.testing.assert_allclose(mine.values.numpy(), theirs.values.numpy(), atol=1e-9)

@@ -61,3 +61,14 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
     f.write_text("[run\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_scenario(f)
+
+
+@pytest.mark.parametrize("written", ['"none"', '"None"', "inf"])
+def test_no_resistive_leakage_is_writable_in_toml(tmp_path: Path, written: str) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text(f"[storage]\nleakage_r_ohm = {written}\n")
+    sc = load_scenario(f)
+    assert sc.storage.leakage_r_ohm is None and sc.storage.conductance_s == 0.0
+    f.write_text('[storage]\nleakage_r_ohm = "lots"\n')
+    with pytest.raises(ConfigError, match="storage.leakage_r_ohm = 'lots'"):
+        load_scenario(f)

@@ -143,6 +143,26 @@ def test_charged_node_without_harvest_drains_from_v_on_to_cut_off_in_closed_form
         assert st.v_final_v == pytest.approx(v_cut, rel=1e-12)
 
 
+def test_every_on_and_off_period_takes_its_closed_form_time() -> None:
+    """1 µW into 100 µF, no leakage, no tasks: the node boots at v_on, sleeps (LPM3 draws more than
+    the harvest) down to the cut-off, charges back to v_on, and so on; each period is energy over power."""
+    c, p_in, u_on, u_cut = 100e-6, ETA_IN * 1e-6, 3.0**2, 2.0**2
+    off_s = c * (u_on - u_cut) / (2 * p_in)
+    u_boot = u_on + 2 * (p_in - ACTIVE_W / ETA_OUT) * BOOT_S / c
+    on_s = BOOT_S + c * (u_boot - u_cut) / (2 * (SLEEP_W / ETA_OUT - p_in))
+    storage = {"capacitance_f": c, "v_max_v": 3.3, "v_on_v": 3.0, "v_off_v": 2.0, "v_initial_v": 3.0, **NO_LEAK}
+    r = run_one(run={"duration_s": 3600.0}, harvester={"kind": "constant", "power_w": 1e-6}, storage=storage,
+                workload=NO_TASKS)
+    on, off = r.periods()
+    assert len(on) == r.stats.power_cycles >= 5 and len(off) == len(on) - (r.stats.boots == r.stats.power_cycles)
+    np.testing.assert_allclose(on, on_s, rtol=1e-9)
+    np.testing.assert_allclose(off, off_s, rtol=1e-9)
+    summary = simulate(scenario(run={"duration_s": 3600.0}, harvester={"kind": "constant", "power_w": 1e-6},
+                                storage=storage, workload=NO_TASKS)).summary
+    assert summary["on_period_count"] == len(on) and summary["on_period_mean_s"] == pytest.approx(on_s, rel=1e-9)
+    assert summary["off_period_min_s"] == pytest.approx(off_s, rel=1e-9)
+
+
 def test_clamp_wastes_the_surplus_at_v_max() -> None:
     # 10 mW into 10 mF with 10 kΩ leakage only: every stretch is the RC law in u = v², solved here by hand
     c, g, p_in, v_max, duration_s = 10e-3, 1e-4, ETA_IN * 10e-3, 3.6, 60.0
