@@ -276,7 +276,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                  "in its own process; links emulated by `bench/netem.py` (for MQTT, between the device and the server's "
                  "embedded broker). Offline quality: mean target NLL per token of "
                  f"{OFFLINE_TOKENS} tokens drafted alone after a disconnection: MoA {nll['moa']:.3f}, EAGLE-style "
-                 f"{nll['eagle']:.3f}, independent {nll['independent']:.3f}. Throughput with clients at once (verification batched across sessions): "
+                 f"{nll['eagle']:.3f}, independent {nll['independent']:.3f}. Throughput with clients at once "
+                 "(verification batched across sessions): "
                  f"{scaling}.\n\n![tokens/s against round-trip time, and throughput against clients]({plot.name})\n\n"
                  + table + "\n\n| key | measured | goal | |\n| --- | ---: | --- | --- |\n" + "\n".join(verdicts) + "\n")
     print(f"wrote {results_dir / f'client_server{suffix}.json'}")

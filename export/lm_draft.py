@@ -115,27 +115,59 @@ def _onnx(module: nn.Module, args: tuple[torch.Tensor, ...], inputs: list[str], 
         return path.read_bytes()
 
 
+def _prepare(draft_dir: Path, target_dir: Path, kind: type, what: str) -> tuple[Any, Any, Any, torch.Tensor, torch.Tensor,
+                                                                            np.ndarray]:
+    """(target, drafter, its float32 exportable draft, the embedding, the draft vocabulary's head
+    rows, those rows' token ids) of the draft in ``draft_dir``, which must be a ``kind``."""
+    from models.draft import load_drafter, load_target
+
+    torch.set_num_threads(1)
+    target, _ = load_target(target_dir)
+    loaded = load_drafter(draft_dir, target)
+    if not isinstance(loaded, kind):
+        raise ExportError(f"{draft_dir}: not {what}")
+    drafter: Any = loaded
+    draft = drafter.draft
+    assert draft.embed is not None and draft.head is not None
+    rows = drafter.head.rows if drafter.head.rows is not None else np.arange(drafter.head.size)
+    embed = draft.embed.weight.detach().float().clone()
+    head = draft.head.weight.detach().float()[torch.from_numpy(rows)].clone()
+    return target, drafter, _exportable(draft), embed, head, rows
+
+
+def _manifest(model: str, hidden: int, heads: int, drafter: Any, rows: np.ndarray, target: Any, target_dir: Path,
+              bundle_version: int) -> dict[str, Any]:
+    from edge import __version__
+
+    return {"schema_version": 1, "kind": "lm-draft", "model": model, "creator": f"trickle {__version__}",
+            "bundle_version": bundle_version, "hidden": hidden, "heads": heads, "vocab_size": int(drafter.head.size),
+            "vocab_rows": [int(r) for r in rows], "context": int(target.config.max_position_embeddings),
+            "target": target_dir.name, "parity_max_abs_logit": 0.0}
+
+
+def _verified(target: Any, drafter: Any, ids: list[int], keep_hidden: bool) -> Any:
+    """The target's cache after ``ids`` (all but the last fed), the drafter prepared on it."""
+    from models.speculative import _CachedLM
+
+    lm = _CachedLM(target, keep_hidden=keep_hidden)
+    lm.reset()
+    lm.logits(ids, upto=len(ids) - 1)
+    drafter.reset(ids)
+    drafter.attach_target(lm)
+    drafter.prepare(ids)
+    return lm
+
+
 def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | None = None, bundle_version: int = 1,
                      parity_ids: list[int] | None = None) -> LmDraftManifest:
     """Write the device form of the MoA draft in ``draft_dir`` (for the target in ``target_dir``)
     to the bundle ``out`` (signed with ``key``); return its manifest (with the parity measured)."""
-    from edge import __version__
-    from models.draft import load_drafter, load_target
     from models.moa import MoADrafter
-    from models.speculative import _CachedLM
 
-    torch.set_num_threads(1)
     signer = load_private_key(key) if key is not None else None
-    target, _ = load_target(target_dir)
-    drafter = load_drafter(draft_dir, target)
-    if not isinstance(drafter, MoADrafter):
-        raise ExportError(f"{draft_dir}: not a MoA draft (trickle train draft --kind moa)")
+    target, drafter, moa, embed, head, rows = _prepare(draft_dir, target_dir, MoADrafter,
+                                                       "a MoA draft (trickle train draft --kind moa)")
     draft = drafter.draft
-    assert draft.embed is not None and draft.head is not None
-    rows = drafter.head.rows if drafter.head.rows is not None else np.arange(drafter.head.size)
-    moa = _exportable(draft)
-    embed = draft.embed.weight.detach().float().clone()
-    head = draft.head.weight.detach().float()[torch.from_numpy(rows)].clone()
     heads, dim = moa.self_attention.heads, moa.project.out_features // moa.self_attention.heads
     graphs = {
         "self_kv": _onnx(_SelfKV(moa, embed), (torch.tensor([[1, 2, 3]]), torch.tensor(4)), ["tokens", "start"], ["k", "v"],
@@ -149,19 +181,11 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | N
     }
     files = {f"moa_{name}.onnx": data for name, data in graphs.items()}
     files[TOKENIZER] = (target_dir / "tokenizer.json").read_bytes()
-    doc = {"schema_version": 1, "kind": "lm-draft", "model": "moa", "creator": f"trickle {__version__}",
-           "bundle_version": bundle_version, "hidden": moa.project.out_features, "heads": heads,
-           "vocab_size": int(drafter.head.size), "vocab_rows": [int(r) for r in rows],
-           "context": int(target.config.max_position_embeddings), "target": target_dir.name, "parity_max_abs_logit": 0.0}
+    doc = _manifest("moa", moa.project.out_features, heads, drafter, rows, target, target_dir, bundle_version)
 
     # parity: the same drafted logits from torch and from the graphs, after a verified sequence
     ids = parity_ids or list(range(1, 25))
-    lm = _CachedLM(target)
-    lm.reset()
-    lm.logits(ids, upto=len(ids) - 1)
-    drafter.reset(ids)
-    drafter.attach_target(lm)
-    drafter.prepare(ids)
+    lm = _verified(target, drafter, ids, keep_hidden=False)
     unsigned = pack(doc, files)
     device = OnnxMoADraft(LmDraftBundle(LmDraftManifest.from_json(unsigned[MANIFEST]), files, None))
     states = draft.target_states(lm.cache, len(ids) - 1).detach().float()[0].numpy()
@@ -231,24 +255,12 @@ def export_eagle_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path |
     and values → their keys and values, the predicted next features (1, m, H) and the last
     position's logits over the draft vocabulary); the device feeds the target's features of the
     verified tokens, then its own predicted features along a drafted path."""
-    from edge import __version__
     from edge.lm_draft import OnnxEagleDraft
-    from models.draft import load_drafter, load_target
     from models.eagle import EagleDrafter
-    from models.speculative import _CachedLM
 
-    torch.set_num_threads(1)
     signer = load_private_key(key) if key is not None else None
-    target, _ = load_target(target_dir)
-    drafter = load_drafter(draft_dir, target)
-    if not isinstance(drafter, EagleDrafter):
-        raise ExportError(f"{draft_dir}: not an EAGLE-style draft (trickle train draft --kind eagle)")
-    draft = drafter.draft
-    assert draft.embed is not None and draft.head is not None
-    rows = drafter.head.rows if drafter.head.rows is not None else np.arange(drafter.head.size)
-    eagle = _exportable(draft)
-    embed = draft.embed.weight.detach().float().clone()
-    head = draft.head.weight.detach().float()[torch.from_numpy(rows)].clone()
+    target, drafter, eagle, embed, head, rows = _prepare(draft_dir, target_dir, EagleDrafter,
+                                                         "an EAGLE-style draft (trickle train draft --kind eagle)")
     hidden, heads = eagle.fuse.out_features, eagle.layer.heads
     block = _onnx(_EagleBlock(eagle, embed, head),
                   (torch.zeros(1, 3, hidden), torch.tensor([[1, 2, 3]]), torch.tensor(4),
@@ -257,17 +269,9 @@ def export_eagle_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path |
                   {"features": {1: "m"}, "tokens": {1: "m"}, "past_k": {2: "n"}, "past_v": {2: "n"}, "k": {2: "m"},
                    "v": {2: "m"}, "predicted": {1: "m"}})
     files = {"eagle_block.onnx": block, TOKENIZER: (target_dir / "tokenizer.json").read_bytes()}
-    doc = {"schema_version": 1, "kind": "lm-draft", "model": "eagle", "creator": f"trickle {__version__}",
-           "bundle_version": bundle_version, "hidden": hidden, "heads": heads,
-           "vocab_size": int(drafter.head.size), "vocab_rows": [int(r) for r in rows],
-           "context": int(target.config.max_position_embeddings), "target": target_dir.name, "parity_max_abs_logit": 0.0}
+    doc = _manifest("eagle", hidden, heads, drafter, rows, target, target_dir, bundle_version)
     ids = parity_ids or list(range(1, 25))
-    lm = _CachedLM(target, keep_hidden=True)
-    lm.reset()
-    lm.logits(ids, upto=len(ids) - 1)
-    drafter.reset(ids)
-    drafter.attach_target(lm)
-    drafter.prepare(ids)
+    lm = _verified(target, drafter, ids, keep_hidden=True)
     unsigned = pack(doc, files)
     device = OnnxEagleDraft(LmDraftBundle(LmDraftManifest.from_json(unsigned[MANIFEST]), files, None))
     assert lm.hidden is not None
