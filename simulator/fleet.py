@@ -22,7 +22,6 @@ from edge.errors import DataError
 from simulator import network
 from simulator.config import Scenario
 from simulator.data import resolve_data_file
-from simulator.devices import RADIOS
 from simulator.harvesters import build_trace
 from simulator.node import END, SENSE, Node, NodeSpec, NodeStats, apply_event, next_event
 from simulator.reference import run_fixed_step
@@ -98,7 +97,7 @@ class DynInferChooser:
 def tx_timing(scenario: Scenario) -> tuple[float, float, float]:
     """(on-air time, radio-on time, radio power) of one result packet."""
     net = scenario.network
-    radio = RADIOS[net.radio]
+    radio = net.radio_profile
     airtime_s = network.packet_airtime_s(net)
     repeats = 3 if net.radio == "ble" else 1  # BLE advertising: the same PDU on the three channels
     return airtime_s, repeats * (radio.startup_s + airtime_s), radio.tx_a * radio.vdd_v

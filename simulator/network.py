@@ -11,7 +11,7 @@ and decides every packet's fate. Its randomness is keyed by packet identity
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import IntEnum
 from typing import ClassVar, Literal
 
@@ -24,6 +24,8 @@ from simulator.devices import (
     BLE_SENSITIVITY_DBM,
     LORA_BANDWIDTHS_HZ,
     LORA_SENSITIVITY_DBM,
+    RADIOS,
+    RadioProfile,
     ble_adv_airtime_s,
     lora_airtime_s,
 )
@@ -35,11 +37,28 @@ _DISTANCE_STREAM = 0x7D15  # separates node-distance draws from every other use 
 _SHADOW_STREAM_A, _SHADOW_STREAM_B, _LOSS_STREAM = 1, 2, 3
 
 
+class RadioParams(Config):
+    """Your own radio's figures (``[network.radio_params]``), replacing the named profile's
+    (``simulator.devices.RADIOS``); the link layer (LoRa or BLE airtime, sensitivity) stays."""
+
+    name: str | None = None
+    vdd_v: float | None = Field(None, gt=0, le=50)
+    tx_a: float | None = Field(None, gt=0, le=5)
+    """Current while transmitting (A)."""
+    rx_a: float | None = Field(None, gt=0, le=5)
+    sleep_a: float | None = Field(None, ge=0, le=1)
+    startup_s: float | None = Field(None, ge=0, le=10)
+    """Sleep to the first transmitted bit, charged at tx_a (s)."""
+    source: str = "the scenario file"
+
+
 class NetworkConfig(Config):
     """The radio link and the gateway every node of a fleet shares."""
 
     radio: Literal["lora", "ble"] = "lora"
     """Link layer; "ble" means legacy advertising on the three advertising channels."""
+    radio_params: RadioParams | None = None
+    """Your own radio: these fields replace the named profile's."""
     spreading_factor: int = Field(7, ge=7, le=12)
     """LoRa spreading factor used by every node."""
     bandwidth_hz: float = Field(125e3, gt=0.0, le=500e3)
@@ -84,6 +103,15 @@ class NetworkConfig(Config):
 
     def channel_count(self) -> int:
         return BLE_ADV_CHANNELS if self.radio == "ble" else self.channels
+
+    @property
+    def radio_profile(self) -> RadioProfile:
+        """The radio's power figures: the named profile, with ``radio_params`` in place of its own."""
+        base = RADIOS[self.radio]
+        if self.radio_params is None:
+            return base
+        given = self.radio_params.model_dump(exclude_none=True)
+        return replace(base, **{**given, "name": given.get("name", f"{base.name} (customised)")})
 
 
 def packet_airtime_s(cfg: NetworkConfig) -> float:

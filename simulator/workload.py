@@ -19,7 +19,7 @@ what a power failure rolls back to:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -89,11 +89,36 @@ DEFAULT_LAYERS = (
 )
 
 
+class McuParams(Config):
+    """Your own MCU, in the scenario file (``[workload.mcu_params]``): any field of
+    ``simulator.devices.McuProfile``; the fields not given come from the named ``workload.mcu``."""
+
+    name: str | None = None
+    vdd_v: float | None = Field(None, gt=0, le=50)
+    """Supply the currents are quoted at (V)."""
+    clock_hz: float | None = Field(None, gt=0, le=1e10)
+    active_a_per_hz: float | None = Field(None, gt=0, le=1e-3)
+    """Active current per clock rate (A/Hz; a datasheet's µA/MHz × 1e-12)."""
+    sleep_a: float | None = Field(None, ge=0, le=1)
+    """Retention sleep current (A)."""
+    brown_out_v: float | None = Field(None, gt=0, le=50)
+    boot_s: float | None = Field(None, gt=0, le=60)
+    """Power-up to main (s), at full active power."""
+    cycles_per_mac: float | None = Field(None, gt=0, le=1e6)
+    nvm_write_j_per_byte: float | None = Field(None, gt=0, le=1)
+    nvm_read_j_per_byte: float | None = Field(None, gt=0, le=1)
+    nvm_write_s_per_byte: float | None = Field(None, gt=0, le=1)
+    nvm_read_s_per_byte: float | None = Field(None, gt=0, le=1)
+    source: str = "the scenario file"
+
+
 class WorkloadConfig(Config):
     """Sensing, the inference task, and the intermittent-execution policy."""
 
     mcu: str = "msp430fr5994"
     """MCU profile (see simulator.devices.MCUS)."""
+    mcu_params: McuParams | None = None
+    """Your own MCU: these fields replace the named profile's (``[workload.mcu_params]``)."""
     sense_period_s: float = Field(60.0, gt=0, le=86400)
     """Period of the sensing events."""
     sense_offset_s: float | None = Field(None, ge=0)
@@ -148,7 +173,11 @@ class WorkloadConfig(Config):
 
     @property
     def mcu_profile(self) -> McuProfile:
-        return MCUS[self.mcu]
+        base = MCUS[self.mcu]
+        if self.mcu_params is None:
+            return base
+        given = self.mcu_params.model_dump(exclude_none=True)
+        return replace(base, **{**given, "name": given.get("name", f"{base.name} (customised)")})
 
     @property
     def total_macs(self) -> int:

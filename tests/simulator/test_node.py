@@ -163,6 +163,40 @@ def test_every_on_and_off_period_takes_its_closed_form_time() -> None:
     assert summary["off_period_min_s"] == pytest.approx(off_s, rel=1e-9)
 
 
+def test_your_own_mcu_from_the_scenario_file_sets_the_drain() -> None:
+    """The closed-form drain of a charged node without harvest (boot, then sleep to the cut-off)
+    with a customised MCU: twice the sleep current, a longer boot, a brown-out above v_off."""
+    sleep_a, boot_s, brown_out_v, c = 1.0e-6, 2e-3, 2.2, 10e-3
+    p_boot, p_sleep = -ACTIVE_W / ETA_OUT, -sleep_a * 3.0 / ETA_OUT
+    u_boot = 3.0**2 + 2 * p_boot * boot_s / c
+    expected_s = boot_s + c * (u_boot - brown_out_v**2) / (2 * -p_sleep)
+    storage = {"capacitance_f": c, "v_max_v": 3.6, "v_on_v": 3.0, "v_off_v": 2.0, "v_initial_v": 3.0, **NO_LEAK}
+    r = run_one(run={"duration_s": round(2 * expected_s)}, harvester={"kind": "constant", "power_w": 0.0}, storage=storage,
+                workload={**NO_TASKS, "mcu_params": {"sleep_a": sleep_a, "boot_s": boot_s, "brown_out_v": brown_out_v}})
+    assert (r.stats.boots, r.stats.power_cycles) == (1, 1)
+    assert r.stats.on_time_s == pytest.approx(expected_s, rel=1e-10)
+    with pytest.raises(ConfigError, match=r"^workload.mcu_params.sleep_a = -1: should be greater than or equal to 0"):
+        scenario(workload={"mcu_params": {"sleep_a": -1}})
+    with pytest.raises(ConfigError, match=r"^workload.mcu_params.flash_kb = 1: Extra inputs"):
+        scenario(workload={"mcu_params": {"flash_kb": 1}})
+
+
+def test_your_own_radio_costs_its_transmit_current_per_packet() -> None:
+    """Plenty of harvest, so both runs send the same packets; the load differs by exactly the
+    packets' radio-on time at the difference in transmit power."""
+    from simulator.fleet import tx_timing
+
+    base = {"run": {"duration_s": 600.0}, "harvester": {"kind": "constant", "power_w": 0.05},
+            "storage": {"v_initial_v": 3.0, "capacitance_f": 0.1}, "workload": {"send_packet": True}}
+    plain = simulate(scenario(**base)).nodes[0].stats
+    custom_sc = scenario(**base, network={"radio_params": {"tx_a": 40e-3}})
+    custom = simulate(custom_sc).nodes[0].stats
+    assert plain.packets_sent == custom.packets_sent > 0 and plain.power_cycles == custom.power_cycles == 0
+    _, on_s, _ = tx_timing(custom_sc)
+    assert custom.load_j - plain.load_j == pytest.approx(custom.packets_sent * on_s * (40e-3 - 29e-3) * 3.3, rel=1e-9)
+    assert custom_sc.network.radio_profile.tx_a == 40e-3 and "customised" in custom_sc.network.radio_profile.name
+
+
 def test_clamp_wastes_the_surplus_at_v_max() -> None:
     # 10 mW into 10 mF with 10 kΩ leakage only: every stretch is the RC law in u = v², solved here by hand
     c, g, p_in, v_max, duration_s = 10e-3, 1e-4, ETA_IN * 10e-3, 3.6, 60.0
