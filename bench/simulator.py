@@ -13,6 +13,10 @@ Keys of bench/results/simulator.json (goals in GOALS):
 - network_packets_resolved_per_second: the LoRa gateway's collision/capture resolution of a
   fleet-hour log of 300,000 packets (was a wall-clock assertion in the unit tests; its goal is
   that test's bound, 300k packets in 2 s on one core).
+- ray_vs_local_fleet_throughput_ratio: the same fleet_1000 run as Ray tasks on a local Ray with
+  as many CPUs as the local run's processes (its start-up included), against the local run.
+- cli_help_seconds: ``trickle simulate --help`` in a fresh interpreter, the median of 5;
+  ``cli_tiny_scenario_seconds`` (context): a one-node, one-minute scenario end to end.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ GOALS = {
     "exact_vs_fixed_step_on_time_rel_err": ("<=", 0.01),
     "exact_vs_fixed_step_power_cycles_rel_err": ("<=", 0.01),
     "exact_speedup_vs_fixed_step": (">=", 100.0),
-    "fleet_node_seconds_per_wall_second": (">=", 1e6),
+    "fleet_node_seconds_per_wall_second": (">=", 2e6),
     "network_packets_resolved_per_second": (">=", 1.5e5),
+    "ray_vs_local_fleet_throughput_ratio": (">=", 0.8),
+    "cli_help_seconds": ("<=", 0.5),
 }
 
 # ---- closed forms ----------------------------------------------------------------------
@@ -170,6 +176,37 @@ def fleet_speed(quick: bool) -> dict[str, float]:
     }
 
 
+def ray_speed(quick: bool, local_wall_s: float) -> dict[str, float]:
+    """The fleet of ``fleet_speed`` as Ray tasks (a local Ray, started and stopped inside the timing)."""
+    from simulator.fleet import simulate as run
+
+    overrides = {"nodes": {"count": 50}, "run": {"duration_s": 7200.0}} if quick else {}
+    sc = load_scenario(scenario_path("fleet_1000"), **overrides)
+    t0 = time.perf_counter()
+    run(sc, cluster="ray")
+    wall = time.perf_counter() - t0
+    return {"ray_vs_local_fleet_throughput_ratio": local_wall_s / wall, "ray_fleet_wall_s": wall}
+
+
+def cli_speed() -> dict[str, float]:
+    """Fresh-interpreter times of ``trickle simulate --help`` (median of 5) and of a tiny scenario."""
+    import statistics
+    import subprocess
+    import sys
+    import tempfile
+
+    def timed(args: list[str]) -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "trickle.cli", *args], check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    help_s = statistics.median(timed(["simulate", "--help"]) for _ in range(5))
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny_s = statistics.median(timed(["simulate", "--scenario", "rf_powercast", "--nodes", "1", "--duration-s", "60",
+                                          "--workers", "1", "--no-plots", "--out", tmp]) for _ in range(3))
+    return {"cli_help_seconds": help_s, "cli_tiny_scenario_seconds": tiny_s}
+
+
 def network_speed() -> dict[str, float]:
     """Packets per second through ``simulator.network.resolve`` on a random fleet-hour log."""
     import numpy as np
@@ -203,7 +240,9 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     # millisecond, so the ratio grows as tasks get rarer; here at the fleet's 60 s sensing period
     out["at_60s_sensing"] = engine_comparison(quick, sense_period_s=60.0)
     out.update(fleet_speed(quick))
+    out.update(ray_speed(quick, out["fleet_wall_s"]))
     out.update(network_speed())
+    out.update(cli_speed())
     out["goals"] = {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()}
     out["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     out["quick"] = quick

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, help="override run.duration_s (simulated seconds)")
     p.add_argument("--engine", choices=("exact", "fixed_step"), help="override run.engine")
     p.add_argument("--workers", type=int, help="override run.workers (processes; default all cores)")
+    p.add_argument("--cluster", metavar="ray[:ADDRESS]",
+                   help="run the shards as Ray tasks: 'ray' starts a local Ray (run.workers CPUs), 'ray:ADDRESS' joins "
+                        "a cluster (e.g. ray:auto); same results as the local run (needs trickle[cluster])")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any field, value in TOML syntax (repeatable), e.g. --set workload.policy='\"jit\"'")
     p.add_argument("--data", type=Path, help="shared data folder for the data files a scenario names "
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / scenario.name
     started = time.perf_counter()
     with _progress(scenario, disable=args.no_progress) as bar:
-        result = simulate(scenario, progress=bar.update, model=model)
+        result = simulate(scenario, progress=bar.update, model=model, cluster=args.cluster)
     wall_s = time.perf_counter() - started
     paths = write_outputs(result, out, plots=not args.no_plots)
     report = None

@@ -18,7 +18,7 @@ import numpy as np
 import simpy
 
 from edge.dyninfer import Variant, choose_variant, usable_energy_j
-from edge.errors import DataError
+from edge.errors import ConfigError, DataError
 from simulator import network
 from simulator.config import Scenario
 from simulator.data import resolve_data_file
@@ -211,18 +211,24 @@ def _shards(n_nodes: int, n_shards: int) -> list[range]:
 
 
 def simulate(
-    scenario: Scenario, progress: Callable[[int], None] | None = None, model: InferenceModel | None = None
+    scenario: Scenario, progress: Callable[[int], None] | None = None, model: InferenceModel | None = None,
+    cluster: str | None = None,
 ) -> SimulationResult:
     """Run ``scenario``; ``progress`` is called with the number of nodes each finished shard held.
 
     With ``model`` the task runs that trained model's variants (DynInfer picks one per task when
-    the model is adaptive) and the summary adds accuracy-within-deadline.
+    the model is adaptive) and the summary adds accuracy-within-deadline. ``cluster``
+    "ray[:ADDRESS]" runs the same shards as Ray tasks (a local Ray with ``run.workers`` CPUs, or
+    the cluster at ADDRESS, e.g. ``auto`` or ``ray://head:10001``); the results are identical to
+    the local run's, as every node's randomness is keyed by (seed, node id).
     """
     shared = _shared(scenario, model)
     n = scenario.nodes.count
     workers = min(scenario.run.workers or os.cpu_count() or 1, n)
     shards = _shards(n, min(n, max(workers * 8, 1)))
-    if workers == 1:
+    if cluster is not None:
+        parts = _run_ray(shared, shards, cluster, scenario.run.workers, progress)
+    elif workers == 1:
         parts = []
         for shard in shards:
             parts.append(run_shard(shared, shard))
@@ -249,6 +255,40 @@ def _run_pool(
             if progress:
                 progress(len(part))
     return parts
+
+
+def _run_ray(shared: _Shared, shards: list[range], cluster: str, cpus: int | None,
+             progress: Callable[[int], None] | None) -> list[list[NodeResult]]:
+    """The shards as Ray tasks, gathered in shard order (so the output is the local run's)."""
+    kind, _, address = cluster.partition(":")
+    if kind != "ray":
+        raise ConfigError("--cluster", cluster, "must be ray or ray:ADDRESS (e.g. ray:auto, ray://head:10001)")
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--cluster", cluster, "needs Ray: pip install 'trickle[cluster]'") from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:  # a local Ray: a head and run.workers worker slots (every core when not set)
+                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        except Exception as err:  # Ray raises its own types (RpcError, ConnectionError, ...) for a cluster it cannot reach
+            raise ConfigError("--cluster", cluster, f"Ray could not start or connect: {err}") from None
+    try:
+        task = ray.remote(run_shard)
+        held = ray.put(shared)
+        pending = [task.remote(held, shard) for shard in shards]
+        parts = []
+        for ref in pending:
+            parts.append(ray.get(ref))
+            if progress:
+                progress(len(parts[-1]))
+        return parts
+    finally:
+        if started:
+            ray.shutdown()
 
 
 _WORKER_SHARED: _Shared | None = None
