@@ -18,10 +18,9 @@ import zoneinfo
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, field_validator
 
 from edge.config import Config
@@ -29,6 +28,9 @@ from edge.errors import ConfigError, DataError
 from simulator.data import resolve_data_dir, resolve_data_file
 from simulator.radio import received_power_w
 from simulator.trace import PowerTrace
+
+if TYPE_CHECKING:  # pandas costs ~0.6 s to import: only the CSV-reading sources import it
+    import pandas as pd
 
 DAY_S = 86_400.0
 _MAX_SEGMENTS = 5_000_000  # beyond this a trace no longer fits the exact engine's memory comfortably
@@ -294,6 +296,8 @@ def _build_constant(cfg: ConstantHarvester, duration_s: float, rng: np.random.Ge
 
 
 def _csv_column(table: pd.DataFrame, name: str, path: Path, field: str) -> np.ndarray:
+    import pandas as pd
+
     if name not in table.columns:
         raise ConfigError(field, name, f"{path} has columns {list(table.columns)}")
     values = pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=np.float64)
@@ -303,6 +307,8 @@ def _csv_column(table: pd.DataFrame, name: str, path: Path, field: str) -> np.nd
 
 
 def _build_csv_trace(cfg: TraceHarvester, duration_s: float, rng: np.random.Generator, field: str) -> PowerTrace:
+    import pandas as pd
+
     path = resolve_data_file(cfg.path, f"{field}.path")
     try:
         table = pd.read_csv(path)
@@ -323,6 +329,8 @@ def _build_csv_trace(cfg: TraceHarvester, duration_s: float, rng: np.random.Gene
 @functools.lru_cache(maxsize=8)
 def _read_nrel(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(seconds since midnight of the 1st of the month, GHI W/m^2), read-only arrays."""
+    import pandas as pd
+
     try:
         table = pd.read_csv(path, dtype=str)
         day = pd.to_datetime(table.iloc[:, 0], format="%m/%d/%Y")
@@ -420,6 +428,7 @@ def _build_iv_curve(cfg: IvCurveHarvester, duration_s: float, rng: np.random.Gen
 
 @functools.lru_cache(maxsize=4)
 def _read_tmy3_ghi(path: Path) -> np.ndarray:
+    import pandas as pd
     import pvlib
 
     try:
@@ -448,6 +457,7 @@ def _build_tmy(cfg: PanelHarvester, duration_s: float, field: str) -> PowerTrace
 
 
 def _build_clearsky(cfg: PanelHarvester, duration_s: float, field: str) -> PowerTrace:
+    import pandas as pd
     import pvlib
 
     minutes = math.ceil(duration_s / 60.0)
