@@ -112,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
                          default=float))
         return 0
     _print_summary(result.summary, wall_s)
-    print(f"wrote {', '.join(str(p) for p in paths[:2])}" + (f" and {len(paths) - 2} plots" if len(paths) > 2 else ""))
+    plots = [p for p in paths if p.suffix == ".png"]
+    traces = [p for p in paths if p.parent.name == "traces"]
+    print(f"wrote {', '.join(str(p) for p in paths[:3])}" + (f", {len(traces)} node traces" if traces else "")
+          + (f" and {len(plots)} plots" if plots else ""))
     if report is not None:
         print(f"published {report.messages} messages of {report.devices} devices to {args.live} in {report.seconds:.1f} s "
               f"({report.messages_per_s:.0f} msg/s)")

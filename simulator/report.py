@@ -46,6 +46,29 @@ def result_dict(result: SimulationResult) -> dict[str, Any]:
     return _finite(doc)
 
 
+def cycles_csv(result: SimulationResult) -> str:
+    """One row per on-period of every node: when it booted and when power failed (empty when the
+    run ended first): the power rail's edges, as a logic analyser records them."""
+    rows = ["node_id,boot_s,power_failure_s,on_s"]
+    for r in result.nodes:
+        on = r.on_at_s if r.on_at_s is not None else np.zeros(0)
+        off = r.off_at_s if r.off_at_s is not None else np.zeros(0)
+        for k, boot in enumerate(on.tolist()):
+            fail = off[k] if k < len(off) else None
+            rows.append(f"{r.node_id},{boot!r},{'' if fail is None else repr(float(fail))},"
+                        f"{'' if fail is None else repr(float(fail) - boot)}")
+    return "\n".join(rows) + "\n"
+
+
+def trace_csv(trace: dict[str, Any]) -> str:
+    """A recorded node's voltage and mode at every event (the mode holds until the next row)."""
+    rows = ["time_s,voltage_v,mode"]
+    names = {int(m): m.name.lower() for m in Mode}
+    for t, v, m in zip(trace["time_s"], trace["voltage_v"], trace["mode"]):
+        rows.append(f"{float(t)!r},{float(v)!r},{names[int(m)]}")
+    return "\n".join(rows) + "\n"
+
+
 def _finite(x: Any) -> Any:
     """JSON has no NaN or infinity: they become null."""
     if isinstance(x, dict):
@@ -62,10 +85,15 @@ def to_json(result: SimulationResult) -> str:
 
 
 def write_outputs(result: SimulationResult, out_dir: str | Path, plots: bool = True) -> list[Path]:
-    """results.json, report.md and (optionally) plots/*.png in ``out_dir``; returns the paths."""
+    """results.json, report.md, cycles.csv, traces/node-N.csv (the nodes ``nodes.record_traces``
+    names) and (optionally) plots/*.png in ``out_dir``; returns the paths."""
     out = Path(out_dir)
-    written = [out / "results.json", out / "report.md"]
+    written = [out / "results.json", out / "report.md", out / "cycles.csv"]
     write_atomic(written[0], to_json(result))
+    write_atomic(written[2], cycles_csv(result))
+    for r in result.nodes:
+        if r.trace is not None:
+            written.append(write_atomic(out / "traces" / f"node-{r.node_id}.csv", trace_csv(r.trace)))
     images = write_plots(result, out / "plots") if plots else []
     write_atomic(written[1], markdown(result, [p.relative_to(out) for p in images]))
     return written + images

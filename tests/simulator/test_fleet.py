@@ -42,8 +42,9 @@ def test_node_draws_do_not_depend_on_fleet_size(tiny_overrides: dict) -> None:
 def test_outputs_written(tiny_overrides: dict, tmp_path: Path) -> None:
     result = simulate(load_scenario(None, **tiny_overrides))
     paths = write_outputs(result, tmp_path / "out")
-    names = sorted(p.name for p in paths)
-    assert names == ["energy.png", "report.md", "results.json", "timeline.png", "voltage.png"]
+    names = sorted(p.relative_to(tmp_path / "out").as_posix() for p in paths)
+    assert names == ["cycles.csv", "plots/energy.png", "plots/timeline.png", "plots/voltage.png", "report.md", "results.json",
+                     "traces/node-0.csv", "traces/node-1.csv"]
     for p in paths:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -63,3 +64,22 @@ def test_summary_totals_match_nodes(tiny_overrides: dict) -> None:
     # every transmitted packet has exactly one fate at the gateway
     fates = s["packets_delivered"] + s["packets_collided"] + s["packets_lost"] + s["packets_below_sensitivity"]
     assert fates == s["packets_sent"] > 0
+
+
+def test_cycles_and_traces_as_csv_match_the_results(tmp_path: Path) -> None:
+    import csv
+
+    from simulator.config import SCENARIO_DIR
+
+    sc = load_scenario(SCENARIO_DIR / "rf_powercast.toml", run={"duration_s": 600.0, "workers": 1},
+                       nodes={"count": 2, "record_traces": 1})
+    result = simulate(sc)
+    write_outputs(result, tmp_path, plots=False)
+    rows = list(csv.DictReader((tmp_path / "cycles.csv").open()))
+    node0 = [r for r in rows if r["node_id"] == "0"]
+    on, _ = result.nodes[0].periods()
+    assert len(node0) == result.nodes[0].stats.boots and len(on) == result.nodes[0].stats.power_cycles > 0
+    assert [float(r["on_s"]) for r in node0 if r["on_s"]] == on.tolist()  # repr round-trips floats exactly
+    trace = list(csv.DictReader((tmp_path / "traces" / "node-0.csv").open()))
+    assert [float(r["voltage_v"]) for r in trace] == result.nodes[0].trace["voltage_v"]  # type: ignore[index]
+    assert {r["mode"] for r in trace} >= {"off", "boot", "run"} and not (tmp_path / "traces" / "node-1.csv").exists()
