@@ -22,6 +22,7 @@ recorded and, with ``on_divergence="correct"``, the text from there is replaced 
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -100,8 +101,6 @@ class MqttLink:
     MQTT needs no second connection."""
 
     def __init__(self, client: Any, fleet: str, device: str, token: str, timeout_s: float = 5.0) -> None:
-        import threading
-
         self.client, self.fleet, self.device, self.token, self.timeout_s = client, fleet, device, token, timeout_s
         self._replies: dict[str, tuple[Any, list[VerifyReply]]] = {}
         self._lock = threading.Lock()
@@ -111,8 +110,6 @@ class MqttLink:
     @classmethod
     def connect(cls, broker: str, fleet: str, device: str, token: str, timeout_s: float = 5.0) -> MqttLink:
         """Its own paho connection to ``mqtt://HOST:PORT`` as ``device``; LinkError when refused."""
-        import threading
-
         import paho.mqtt.client as mqtt
 
         host, port = mqtt_address(broker)
@@ -153,8 +150,6 @@ class MqttLink:
             waiting[0].set()
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        import threading
-
         if not self.client.is_connected():
             raise LinkError("MQTT: not connected to the broker")
         call = VerifyCall(key=uuid.uuid4().hex, device=self.device, ts_s=time.time(), request=request)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,7 +67,7 @@ def _session(model: bytes, name: str) -> Any:
         raise BundleError(f"onnxruntime cannot load {name}: {err}") from None
 
 
-class _OnnxDraft:
+class _OnnxDraft(ABC):
     """An lm-draft bundle's graphs on onnxruntime (a path, checked against ``trust`` when keys are
     given, or a loaded bundle); an ``edge.generate.DraftModel`` that reads target states
     (``wants_states``; ``state_kind`` says which the server sends)."""
@@ -91,8 +92,9 @@ class _OnnxDraft:
                        for name in self.files}
         self.reset()
 
+    @abstractmethod
     def reset(self) -> None:
-        raise NotImplementedError
+        """Forget the sequence and the states held (a new generation)."""
 
     def tokenizer(self) -> Any:
         """The target's tokenizer (``tokenizers.Tokenizer``, no torch), from the bundle."""

@@ -75,15 +75,22 @@ class _CrossKV(nn.Module):
         return k, v
 
 
-class _Step(nn.Module):
+class _Vocab(nn.Module):
+    """A graph with the token embedding and the draft vocabulary's LM-head rows as constants."""
+
     embed: torch.Tensor
     head: torch.Tensor
 
-    def __init__(self, moa: Any, embed: torch.Tensor, head: torch.Tensor) -> None:
+    def __init__(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         super().__init__()
-        self.self_attention, self.cross_attention = moa.self_attention, moa.cross_attention
         self.register_buffer("embed", embed)
         self.register_buffer("head", head)
+
+
+class _Step(_Vocab):
+    def __init__(self, moa: Any, embed: torch.Tensor, head: torch.Tensor) -> None:
+        super().__init__(embed, head)
+        self.self_attention, self.cross_attention = moa.self_attention, moa.cross_attention
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, self_k: torch.Tensor, self_v: torch.Tensor,
                 cross_k: torch.Tensor, cross_v: torch.Tensor) -> torch.Tensor:
@@ -227,15 +234,10 @@ def _write(doc: dict[str, Any], files: dict[str, bytes], signer: Any, out: Path)
     return LmDraftManifest.from_json(members[MANIFEST])
 
 
-class _EagleBlock(nn.Module):
-    embed: torch.Tensor
-    head: torch.Tensor
-
+class _EagleBlock(_Vocab):
     def __init__(self, eagle: Any, embed: torch.Tensor, head: torch.Tensor) -> None:
-        super().__init__()
+        super().__init__(embed, head)
         self.fuse, self.layer = eagle.fuse, eagle.layer
-        self.register_buffer("embed", embed)
-        self.register_buffer("head", head)
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, past_k: torch.Tensor,
                 past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

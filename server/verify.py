@@ -98,10 +98,6 @@ class VerifySessions:
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
 
-    @property
-    def mean_batch(self) -> float:
-        return self.verified / self.rounds if self.rounds else 0.0
-
     def verify(self, owner: str, req: VerifyRequest) -> VerifyResponse:
         """One round for ``owner``'s session: queued, verified in the next batch, answered."""
         bad = [t for t in (*req.tokens, *req.draft) if t >= self.vocab]
@@ -205,10 +201,7 @@ class VerifySessions:
         self.rounds += 1
         self.verified += len(ready)
         for job, logits in zip(ready, all_logits):
-            try:
-                job.result = self._finish(job, logits, took)
-            except BadVerify as err:
-                job.error = err
+            job.result = self._finish(job, logits, took)
 
     def _logits(self, jobs: list[_Job]) -> list[np.ndarray]:
         """Per job, the (K + 1, V) target logits after its last history token and each draft token,
@@ -220,7 +213,7 @@ class VerifySessions:
             assert job.session is not None
             seq = job.history + job.req.draft
             return [job.session.lm.logits(seq).numpy()[-len(job.req.draft) - 1 :]]
-        lms = [job.session.lm for job in jobs if job.session is not None]
+        lms = [job.session.lm for job in jobs]  # type: ignore[union-attr]  # _open gave every job its session
         past = [lm.cached for lm in lms]
         feeds = [(job.history + job.req.draft)[c:] for job, c in zip(jobs, past)]
         b, lmax, nmax = len(jobs), max(past), max(map(len, feeds))
@@ -290,21 +283,18 @@ class VerifySessions:
         return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took,
                               states=states, states_from=req.states_from if states is not None else None)
 
-    def _states(self, session: _Session, start: int, kind: str = "moa") -> str | None:
+    def _states(self, session: _Session, start: int, kind: str = "moa") -> str:
         """The target states (``kind``: the MoA draft's or the target's features) of history
         tokens start.. that the target's cache holds."""
         import torch
 
         from edge.lm_draft import encode_states
 
-        upto = session.lm.cached
-        if start > upto:
-            raise BadVerify(f"states_from = {start}: the target holds states of {upto} history tokens")
+        upto = session.lm.cached  # >= start: _open refused a states_from past the history
         if kind == "features":  # the target's last hidden states, as EAGLE-style drafts read them
             assert session.lm.hidden is not None
             return encode_states(session.lm.hidden[start:upto].float().numpy())
-        if self.moa is None:
-            raise BadVerify("states_from: this server has no MoA draft to compute target states with (serve --draft)")
+        assert self.moa is not None  # _open refused MoA states without a MoA draft
         if start == upto:
             return encode_states(np.zeros((0, self.moa.project.out_features)))
         with torch.inference_mode():
