@@ -17,6 +17,7 @@ from edge.config import Config, merge, read_toml, validate
 from edge.errors import ConfigError
 from simulator.harvesters import HarvesterConfig, PanelHarvester
 from simulator.network import NetworkConfig
+from simulator.power import InputConfig, OutputConfig, Thresholds, thresholds
 from simulator.storage import StorageConfig
 from simulator.workload import WorkloadConfig
 
@@ -64,21 +65,55 @@ class Scenario(Config):
     """Shown in reports."""
     run: RunConfig = RunConfig()
     harvester: HarvesterConfig = PanelHarvester()
+    input: InputConfig = InputConfig()
+    """How the source is coupled to the capacitor."""
     storage: StorageConfig = StorageConfig()
+    output: OutputConfig = OutputConfig()
+    """The stage between the capacitor and the load."""
     workload: WorkloadConfig = WorkloadConfig()
     network: NetworkConfig = NetworkConfig()
     nodes: NodesConfig = NodesConfig()
 
+    @property
+    def thresholds(self) -> Thresholds:
+        return thresholds(self.storage, self.input, self.output, self.workload.mcu_profile.brown_out_v)
+
+    @property
+    def simple_power_path(self) -> bool:
+        """Converters on both sides: every term of eq. (1) but the storage's own is a power."""
+        return self.input.kind == "converter" and self.output.kind == "converter"
+
     @model_validator(mode="after")
     def _jit_between_thresholds(self) -> Scenario:
-        w, s = self.workload, self.storage
-        cut_v = s.cut_off_v(w.mcu_profile)
-        if w.policy == "jit" and not cut_v < w.jit_threshold_v < s.v_on_v:
+        w, th = self.workload, self.thresholds
+        jit_v = w.jit_load.threshold_v if w.jit_load is not None else w.jit_threshold_v
+        field = "workload.jit_load.threshold_v" if w.jit_load is not None else "workload.jit_threshold_v"
+        if (w.policy == "jit" or w.jit_load is not None) and not th.v_cut < jit_v < th.v_on:
             raise ConfigError(
-                "workload.jit_threshold_v", w.jit_threshold_v,
-                f"must lie between the cut-off max(storage.v_off_v, {w.mcu} brown-out) = {cut_v} V "
-                f"and storage.v_on_v ({s.v_on_v})",
+                field, jit_v,
+                f"must lie between the cut-off ({th.v_cut:g} V: storage.v_off_v, or the {w.mcu} brown-out "
+                f"behind the output stage) and the switch-on voltage ({th.v_on:g} V)",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _source_fits_coupling(self) -> Scenario:
+        kind, source = self.input.kind, self.harvester.kind
+        with_curve = source in ("current", "iv_curve")
+        if kind == "converter" and source == "current":
+            raise ConfigError("input.kind", kind, "a current source delivers a current, not a power: "
+                              "use input.kind = \"direct\" or \"diode\"")
+        if kind in ("direct", "diode") and not with_curve:
+            raise ConfigError("input.kind", kind, f"needs a source with a current-voltage characteristic "
+                              f"(harvester.kind current or iv_curve), not {source}")
+        if kind == "bq25570" and source == "current":
+            raise ConfigError("input.kind", kind, "MPPT needs an open-circuit voltage; a current source has none")
+        if kind == "bq25570" and not with_curve and self.input.input_v is None:
+            raise ConfigError("input.input_v", None, f"bq25570 with a power source ({source}) needs the voltage "
+                              "it delivers at (input.input_v)")
+        if self.run.engine == "fixed_step" and not self.simple_power_path:
+            raise ConfigError("run.engine", "fixed_step", "the fixed-step reference models converters only "
+                              "(input.kind and output.kind = \"converter\"); use the exact engine")
         return self
 
 
@@ -102,4 +137,4 @@ def build_scenario(data: dict[str, Any], source: str = "scenario") -> Scenario:
     return validate(Scenario, data, source, HARVESTER_KINDS)
 
 
-HARVESTER_KINDS = frozenset({"constant", "trace", "nrel", "iv_curve", "panel", "rf", "thermoelectric", "piezo"})
+HARVESTER_KINDS = frozenset({"constant", "current", "trace", "nrel", "iv_curve", "panel", "rf", "thermoelectric", "piezo"})

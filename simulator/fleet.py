@@ -22,12 +22,13 @@ from edge.errors import ConfigError, DataError
 from simulator import network
 from simulator.config import Scenario
 from simulator.data import resolve_data_file
-from simulator.harvesters import build_trace
-from simulator.node import END, SENSE, Node, NodeSpec, NodeStats, apply_event, next_event
+from simulator.harvesters import build_curves, build_trace
+from simulator.node import END, SENSE, Node, NodeSpec, NodeStats, PowerPath, apply_event, next_event
+from simulator.power import curve_regions, mppt_point
 from simulator.reference import run_fixed_step
 from simulator.summary import summarize
 from simulator.trace import PowerTrace
-from simulator.workload import InferenceModel, Phase, build_plan
+from simulator.workload import InferenceModel, Phase, build_plan, jit_load_phases, program_phases
 
 _NODE_STREAM = 1  # rng stream of per-node draws; the network uses its own
 
@@ -77,6 +78,9 @@ class _Shared:
     sense_times_s: np.ndarray | None
     variant_plans: tuple[tuple[Phase, ...], ...] = ()
     chooser: DynInferChooser | None = None
+    path: PowerPath | None = None
+    boot_seq: tuple[Phase, ...] = ()
+    loop_at: int = -1
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,18 @@ def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
     v_cut = st.cut_off_v(work.mcu_profile)
     # QuantaTasks fit half of what a full charge delivers to the load
     budget_j = 0.5 * usable_energy_j(st.v_on_v, st.capacitance_f, v_cut) * st.output_efficiency
+    path = _power_path(scenario, harvest)
+    if work.program:
+        if model is not None:
+            raise ConfigError("workload.program", "a program", "runs your own phases; it cannot also run a trained "
+                              "model's variants (drop --model, or the program)")
+        boot_seq, task = program_phases(work, scenario.output.v_out_v)
+        loop_at = next((k for k, p in enumerate(work.program) if p.run == "repeat"), -1)
+        sense_times = _sense_times(scenario) if task else np.zeros(0)  # no periodic phases: no sensing events
+        return _Shared(scenario, harvest, task, airtime_s, sense_times, path=path, boot_seq=boot_seq, loop_at=loop_at)
     if model is None:
         plan = build_plan(work, on_s, tx_w, quanta_budget_j=budget_j)
-        return _Shared(scenario, harvest, plan, airtime_s, _sense_times(scenario))
+        return _Shared(scenario, harvest, plan, airtime_s, _sense_times(scenario), path=path)
     plans = tuple(build_plan(work, on_s, tx_w, bits=v.bits, layers=v.layers, quanta_budget_j=budget_j)
                   for v in model.variants)
     chooser = None
@@ -120,7 +133,25 @@ def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
         costs = tuple(Variant(v.bits, v.drop, sum(p.energy_j for p in plan), v.accuracy)
                       for v, plan in zip(model.variants, plans))
         chooser = DynInferChooser(costs, st.capacitance_f, v_cut, st.output_efficiency, model.margin)
-    return _Shared(scenario, harvest, plans[0], airtime_s, _sense_times(scenario), plans, chooser)
+    return _Shared(scenario, harvest, plans[0], airtime_s, _sense_times(scenario), plans, chooser, path=path)
+
+
+def _power_path(scenario: Scenario, harvest: PowerTrace) -> PowerPath | None:
+    """What a general power path shares across nodes; None for converters on both sides."""
+    if scenario.simple_power_path:
+        return None
+    inp, out, eff = scenario.input, scenario.output, scenario.storage.output_efficiency
+    if inp.kind == "converter":
+        return PowerPath(inp, out, eff, "power", harvest.time_s, np.zeros(len(harvest.time_s), dtype=np.int64))
+    if inp.kind == "bq25570" and scenario.harvester.kind != "iv_curve":
+        return PowerPath(inp, out, eff, "bq_power", harvest.time_s, np.zeros(len(harvest.time_s), dtype=np.int64))
+    curves = build_curves(scenario.harvester, scenario.run.duration_s)
+    if inp.kind == "bq25570":
+        mppt = tuple(mppt_point(v, i, inp.mppt_fraction) for v, i in curves.curves)
+        return PowerPath(inp, out, eff, "bq_curve", curves.time_s, curves.index, mppt=mppt)
+    drop = inp.diode_drop_v if inp.kind == "diode" else 0.0
+    regions = tuple(curve_regions(v, i, drop) for v, i in curves.curves)
+    return PowerPath(inp, out, eff, "curve", curves.time_s, curves.index, regions=regions, drop_v=drop)
 
 
 def _sense_times(scenario: Scenario) -> np.ndarray | None:
@@ -154,11 +185,17 @@ def _node_spec(shared: _Shared, node_id: int) -> NodeSpec:
     offset = sc.workload.sense_offset_s
     if offset is None:
         offset = float(rng.uniform(0.0, sc.workload.sense_period_s))
+    jit = sc.workload.jit_load
+    v_out = sc.output.v_out_v
     return NodeSpec(
         node_id=node_id, storage=sc.storage, work=sc.workload, plan=shared.plan, harvest=shared.harvest,
         harvest_scale=scale, sense_times_s=shared.sense_times_s, sense_offset_s=offset,
         airtime_s=shared.airtime_s, record_trace=node_id < sc.nodes.record_traces,
-        variant_plans=shared.variant_plans, choose_variant=shared.chooser,
+        variant_plans=shared.variant_plans, choose_variant=shared.chooser, thresholds=sc.thresholds,
+        path=shared.path, boot_seq=shared.boot_seq, loop_at=shared.loop_at,
+        jit_phases=None if jit is None else jit_load_phases(jit, v_out),
+        jit_threshold_v=None if jit is None else jit.threshold_v,
+        hold=None if jit is None or jit.hold_a is None else (jit.hold_a * v_out, jit.hold_a),
     )
 
 

@@ -16,6 +16,7 @@ import json
 import math
 import zoneinfo
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -43,6 +44,33 @@ class ConstantHarvester(Config):
     kind: Literal["constant"] = "constant"
     power_w: float = Field(default=1e-3, ge=0.0, le=100.0)
     """Delivered power (W)."""
+
+
+class CurrentHarvester(Config):
+    """A current source: constant (a bench source-measure unit), or a recorded trace of current.
+
+    It delivers its current at whatever voltage the circuit imposes, so it needs
+    ``input.kind = "direct"`` or ``"diode"``; with a trace, each row's current holds until the next."""
+
+    kind: Literal["current"] = "current"
+    current_a: float = Field(default=100e-6, ge=0.0, le=10.0)
+    """Delivered current (A) when no trace is given."""
+    period_s: float | None = Field(default=None, gt=0.0, le=86400.0)
+    """Switch the source on and off with this period (s); None: always on."""
+    duty: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Fraction of each period the source is on (from the period's start)."""
+    path: str | None = None
+    """CSV of currents; relative paths resolve against the working directory, then the shared data folder."""
+    time_column: str = "time"
+    """Name of the column of sample times (numbers in ``time_unit``)."""
+    value_column: str = "current_a"
+    """Name of the column of currents (A)."""
+    time_unit: Literal["s", "min", "h"] = "s"
+    """Unit of the time column."""
+    start_s: float = Field(default=0.0, ge=0.0)
+    """Offset into the trace (s, from its first row) that becomes simulation time 0."""
+    repeat: bool = False
+    """Tile the trace when it is shorter than the simulation; otherwise that is an error."""
 
 
 class TraceHarvester(Config):
@@ -243,6 +271,7 @@ class PiezoHarvester(Config):
 
 HarvesterConfig = Annotated[
     ConstantHarvester
+    | CurrentHarvester
     | TraceHarvester
     | NrelHarvester
     | IvCurveHarvester
@@ -423,6 +452,94 @@ def _build_iv_curve(cfg: IvCurveHarvester, duration_s: float, rng: np.random.Gen
     return _tiled(time_s, _mpp_at(lux, levels_lux, levels_w), DAY_S, 0.0, duration_s, f"{field}.schedule")
 
 
+# --- sources with a current-voltage characteristic (input.kind direct, diode, bq25570) -----------
+
+
+@dataclass(frozen=True)
+class CurveTrace:
+    """A source's I-V curve over time: ``curves[index[k]]`` holds on ``[time_s[k], time_s[k+1])``.
+
+    A curve is (v, i): cell voltages increasing from 0 and the current delivered there (A, >= 0),
+    linear in between and 0 past the last point (V_oc); a single point is a current source."""
+
+    time_s: np.ndarray
+    index: np.ndarray
+    curves: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+
+def _build_current(cfg: CurrentHarvester, duration_s: float, field: str) -> PowerTrace:
+    """The source's current over time (A, in a PowerTrace's value column)."""
+    if cfg.path is None and cfg.period_s is not None and cfg.duty < 1.0:
+        return _tiled(np.array([0.0, cfg.duty * cfg.period_s]), np.array([cfg.current_a, 0.0]), cfg.period_s, 0.0,
+                      duration_s, f"{field}.period_s")
+    if cfg.path is None:
+        return PowerTrace.constant(cfg.current_a, duration_s)
+    as_trace = TraceHarvester(path=cfg.path, time_column=cfg.time_column, value_column=cfg.value_column,
+                              time_unit=cfg.time_unit, start_s=cfg.start_s, repeat=cfg.repeat)
+    return _build_csv_trace(as_trace, duration_s, np.random.default_rng(0), field)
+
+
+def build_curves(cfg: HarvesterConfig, duration_s: float, field: str = "harvester") -> CurveTrace:
+    """The I-V curves of a current or iv_curve source over ``[0, duration_s)``; a ConfigError for
+    sources that are powers only."""
+    if isinstance(cfg, CurrentHarvester):
+        current = _build_current(cfg, duration_s, field)
+        curves = tuple((np.zeros(1), np.array([a])) for a in current.power_w)
+        return CurveTrace(current.time_s, np.arange(len(curves)), curves)
+    if isinstance(cfg, IvCurveHarvester):
+        day_s, lux = _daily_lux(cfg)
+        levels = _cell_curves(resolve_data_dir(cfg.curves_dir, f"{field}.curves_dir"), cfg.cell, field)
+        distinct = sorted(set(lux.tolist()))
+        curves = tuple(_curve_at(levels, x) for x in distinct)
+        days = np.arange(math.ceil(duration_s / DAY_S))
+        time_s = (day_s[None, :] + DAY_S * days[:, None]).ravel()
+        index = np.tile(np.searchsorted(distinct, lux), days.size)
+        keep = time_s < duration_s
+        return CurveTrace(time_s[keep], index[keep], curves)
+    raise ConfigError(f"{field}.kind", cfg.kind, "delivers a power, not a current at a voltage: "
+                      "input.kind direct, diode and bq25570 need harvester.kind current or iv_curve "
+                      "(or, for bq25570, input.input_v)")
+
+
+@functools.lru_cache(maxsize=16)
+def _cell_curves(curves_dir: Path, cell: str, field: str) -> tuple[tuple[float, np.ndarray, np.ndarray], ...]:
+    """((lux, v, i delivered), ...) of every measured level, increasing lux, v from 0 (the first
+    measured current held down to 0 V)."""
+    levels = []
+    for path in curves_dir.glob(f"{cell}_lux*.json"):
+        try:
+            lux = float(path.stem.rsplit("_lux", 1)[1])
+            sweep = json.loads(path.read_text())["0"]
+            v = np.array([float(k) for k in sweep], dtype=np.float64)
+            i = -np.array([float(a) for a in sweep.values()], dtype=np.float64)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DataError(f"{path} is not an I-V curve ({{'0': {{volts: amps}}}}): {err}") from err
+        order = np.argsort(v)
+        v, i = v[order], np.clip(i[order], 0.0, None)
+        if v[0] > 0:
+            v, i = np.concatenate(([0.0], v)), np.concatenate(([i[0]], i))
+        levels.append((lux, v, i))
+    if not levels:
+        raise DataError(f"{field}.cell = {cell!r}: no curves {cell}_lux*.json in {curves_dir}")
+    return tuple(sorted(levels, key=lambda level: level[0]))
+
+
+def _curve_at(levels: tuple[tuple[float, np.ndarray, np.ndarray], ...], lux: float) -> tuple[np.ndarray, np.ndarray]:
+    """The I-V curve at ``lux``: between measured levels the currents mix linearly in log(lux) on the
+    union of their voltages; outside, the nearest curve's current scales with lux (V_oc kept)."""
+    if lux <= 0:
+        return np.zeros(1), np.zeros(1)
+    luxes = [level[0] for level in levels]
+    if lux <= luxes[0] or lux >= luxes[-1]:
+        ref, v, i = levels[0] if lux <= luxes[0] else levels[-1]
+        return v, i * (lux / ref)
+    k = int(np.searchsorted(luxes, lux, side="right")) - 1
+    (la, va, ia), (lb, vb, ib) = levels[k], levels[k + 1]
+    w = math.log(lux / la) / math.log(lb / la)
+    v = np.union1d(va, vb)
+    return v, (1.0 - w) * np.interp(v, va, ia, right=0.0) + w * np.interp(v, vb, ib, right=0.0)
+
+
 # --- outdoor panel from pvlib (imported inside: it takes about a second, and only panels need it)
 
 
@@ -525,6 +642,7 @@ def _build_piezo(cfg: PiezoHarvester, duration_s: float, rng: np.random.Generato
 
 _BUILDERS: dict[type, Callable[..., PowerTrace]] = {
     ConstantHarvester: _build_constant,
+    CurrentHarvester: lambda cfg, duration_s, rng, field: _build_current(cfg, duration_s, field),
     TraceHarvester: _build_csv_trace,
     NrelHarvester: _build_nrel,
     IvCurveHarvester: _build_iv_curve,

@@ -10,14 +10,16 @@ fixed grid.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
 
 from simulator import storage
+from simulator.power import CurveRegions, InputConfig, LoadTerms, OutputConfig, Thresholds, load_terms
 from simulator.storage import StorageConfig
 from simulator.trace import PowerTrace
 from simulator.workload import Phase, WorkloadConfig, boot_phase, checkpoint_phase, restore_phase
@@ -31,6 +33,7 @@ class Mode(IntEnum):
     CHECKPOINT = 4  # jit: saving volatile state
     IDLE = 5  # sleeping until the next sensing event
     HIBERNATE = 6  # jit: sleeping on a checkpoint until the voltage recovers
+    SEQ = 7  # running a phase of the program's boot sequence (once_per_boot, repeat, until_power_fails)
 
 
 class Event(IntEnum):
@@ -42,12 +45,14 @@ class Event(IntEnum):
     V_CUT = 5  # voltage falls to the cut-off: power failure
     V_JIT = 6  # voltage falls to the jit threshold
     V_MAX = 7  # voltage reaches the clamp
+    V_SEG = 8  # voltage crosses an edge of the power path's regions (a cell's I-V segment, cold start)
+    MPPT = 9  # the charger stops to sample V_oc, or starts again
 
 
 # Looking up an enum member costs ~0.1 µs in CPython 3.11, ten times a global: the hot
 # paths below use these aliases.
-OFF, BOOT, RESTORE, RUN, CHECKPOINT, IDLE, HIBERNATE = Mode
-END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX = Event
+OFF, BOOT, RESTORE, RUN, CHECKPOINT, IDLE, HIBERNATE, SEQ = Mode
+END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX, V_SEG, MPPT = Event
 
 
 @dataclass
@@ -76,6 +81,7 @@ class NodeStats:
     v_initial_v: float = 0.0
     v_final_v: float = 0.0
     stored_delta_j: float = 0.0
+    phase_counts: dict[str, int] = field(default_factory=dict)  # completions per phase name (a packet: a tx/send)
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,29 @@ class NodeSpec:
     record_trace: bool = False
     variant_plans: tuple[tuple[Phase, ...], ...] = ()  # one plan per model variant (adaptive inference)
     choose_variant: Callable[[float], int] | None = None  # capacitor voltage -> variant, at task start
+    thresholds: Thresholds | None = None  # of the whole power path (None: the storage's and the MCU's)
+    path: PowerPath | None = None  # a power path beyond converters (None: eq. 1 terms are powers)
+    boot_seq: tuple[Phase, ...] = ()  # the program's once_per_boot, repeat and until_power_fails phases
+    loop_at: int = -1  # index in boot_seq of the first repeat phase
+    jit_phases: tuple[Phase, Phase] | None = None  # (checkpoint, restore) of a JitLoad
+    jit_threshold_v: float | None = None
+    hold: tuple[float, float] | None = None  # (power W, current A) while holding on a JitLoad checkpoint
+
+
+@dataclass(frozen=True)
+class PowerPath:
+    """A scenario's input and output parts, with what every node shares precomputed."""
+
+    inp: InputConfig
+    out: OutputConfig
+    out_eff: float  # storage.output_efficiency, for the converter output
+    source: str  # "curve" (direct, diode), "bq_curve" (bq25570 on an I-V curve), "bq_power" (bq25570, input_v),
+    # "power" (the converter input in front of another output stage)
+    seg_time_s: np.ndarray  # start of each source segment
+    seg_curve: np.ndarray  # curve index of each segment (curve sources)
+    regions: tuple[CurveRegions, ...] = ()  # per curve, on the capacitor's voltage axis
+    mppt: tuple[tuple[float, float], ...] = ()  # per curve: (V_in, I_in) where the MPPT holds the cell
+    drop_v: float = 0.0  # the diode's
 
 
 @dataclass
@@ -108,14 +137,35 @@ class Node:
     def __init__(self, spec: NodeSpec, end_s: float) -> None:
         s, w = spec.storage, spec.work
         self.spec, self.end_s = spec, end_s
+        path = self.path = spec.path
+        self.simple = path is None
         self.c_f, self.i_a, self.g_s = s.capacitance_f, s.current_draw_a, s.conductance_s
+        if path is not None:
+            self.i_a += path.out.gate_quiescent_a
         self.eta_in, self.eta_out = s.input_efficiency, s.output_efficiency
-        self.v_on, self.v_max = s.v_on_v, s.v_max_v
-        self.v_cut = s.cut_off_v(w.mcu_profile)
-        self.v_jit = w.jit_threshold_v if w.policy == "jit" else -1.0
+        th = spec.thresholds
+        if th is None:
+            th = Thresholds(s.v_on_v, s.cut_off_v(w.mcu_profile), s.v_max_v)
+        self.v_on, self.v_cut, self.v_max = th.v_on, th.v_cut, th.v_max
+        self.v_jit = -1.0
+        if spec.jit_threshold_v is not None:
+            self.v_jit = spec.jit_threshold_v
+        elif w.policy == "jit":
+            self.v_jit = w.jit_threshold_v
         self.sleep_w = w.mcu_profile.sleep_power_w()
+        self.hold = spec.hold if spec.hold is not None else (self.sleep_w, 0.0)
         self.boot, self.ckpt = boot_phase(w), checkpoint_phase(w)
-        self.v = min(s.v_initial_v, s.v_max_v)
+        self.restore_jit: Phase | None = None
+        if spec.jit_phases is not None:
+            self.ckpt, self.restore_jit = spec.jit_phases
+        # the program's boot sequence: position, durable completions, a jit checkpoint of it
+        self.seq, self.loop_at = spec.boot_seq, spec.loop_at
+        self.seq_i = -1
+        self.seq_done: set[int] = set()
+        self.seq_ckpt: tuple[int, float] | None = None  # (phase, remaining s) saved in NVM
+        self.seq_saving: tuple[int, float] | None = None  # what a checkpoint in progress saves
+        self.seq_t0 = 0.0  # when the current boot-sequence phase started
+        self.v = min(s.v_initial_v, self.v_max)
         self.t = 0.0
         self.mode = OFF
         self.load_w = 0.0  # load power of the current mode, at the load
@@ -134,8 +184,20 @@ class Node:
         self.task_latency_s: list[float] = []  # and how long after its sensing event
         self.jit_armed = True
         self.seg = 0
+        self.seg_time_s = spec.harvest.time_s if path is None or path.source == "bq_power" else path.seg_time_s
         self.harvest_w = float(spec.harvest.power_w[0]) * spec.harvest_scale
         self.next_harvest_s = self._next_harvest_s()
+        # eq. (1) terms: p, i, g; in a general power path, the source's and the load's parts
+        self.p, self.i, self.g = self.eta_in * self.harvest_w, self.i_a, self.g_s
+        self.src_p = self.src_i = self.src_g = 0.0
+        self.src_a = self.src_b = 0.0  # a cell's current a - b v on the capacitor side (for booking)
+        self.load = LoadTerms(0.0, 0.0, 0.0, 0.0)
+        self.edges: tuple[float, ...] = ()
+        self.region = 0
+        self.regions: CurveRegions | None = None
+        self.sampling = False
+        self.next_mppt_s = math.inf
+        self._load_cache: dict[tuple[float, float, bool], LoadTerms] = {}
         self.next_sense_idx = 0
         self.next_sense_s = self._sense_time(0)
         self.stats = NodeStats(v_initial_v=self.v)
@@ -146,6 +208,11 @@ class Node:
         self.trace_v: list[float] = []
         self.trace_mode: list[int] = []
         self.tracing = spec.record_trace
+        if path is not None:
+            if path.source in ("bq_curve", "bq_power") and path.inp.mppt_sample_s > 0:
+                self.next_mppt_s = 0.0
+            self._source_segment()
+            self._set_load(0.0, 0.0, False)
         self.record()
         if self.v >= self.v_on:
             self._power_on()
@@ -156,8 +223,65 @@ class Node:
         """The constant-power part p_w of eq. (1)."""
         return self.eta_in * self.harvest_w - self.load_w / self.eta_out
 
-    def clamped(self, p_w: float) -> bool:
-        return self.v >= self.v_max and storage.rate(self.v_max, p_w, self.i_a, self.g_s) > 0.0
+    def _coeffs(self) -> None:
+        """Refresh eq. (1)'s p, i, g after the load, the source or the region changed."""
+        if self.simple:
+            self.p = self.eta_in * self.harvest_w - self.load_w / self.eta_out
+        else:
+            load = self.load
+            self.p = self.src_p - load.p_w
+            self.i = self.src_i + load.i_a + self.i_a
+            self.g = self.src_g + self.g_s
+
+    def _set_load(self, power_w: float, current_a: float, on: bool) -> None:
+        key = (power_w, current_a, on)
+        load = self._load_cache.get(key)
+        if load is None:
+            assert self.path is not None
+            load = self._load_cache[key] = load_terms(self.path.out, self.path.out_eff, power_w, current_a, on)
+        self.load = load
+
+    # ---- the source side of a general power path ---------------------------------
+
+    def _source_segment(self) -> None:
+        """A new source segment: its curve's regions (or the charger's), and the region v lies in."""
+        path = self.path
+        assert path is not None
+        if path.source == "curve":
+            self.regions = path.regions[int(path.seg_curve[self.seg])]
+            self.edges = self.regions.edges
+        elif path.source == "power":
+            self.edges = ()
+        else:
+            self.edges = (path.inp.vstor_chgen_v,)
+        self.region = bisect_right(self.edges, self.v) if self.edges else 0
+        self._source_terms()
+
+    def _source_terms(self) -> None:
+        path = self.path
+        assert path is not None
+        scale = self.spec.harvest_scale
+        if path.source == "curve":
+            assert self.regions is not None
+            a, b = self.regions.a[self.region] * scale, self.regions.b[self.region] * scale
+            self.src_a, self.src_b = a, b
+            self.src_p, self.src_i, self.src_g = 0.0, -a, b
+        elif path.source == "power":  # a power source through the converter (storage.input_efficiency)
+            self.harvest_w = float(self.spec.harvest.power_w[self.seg]) * scale
+            self.src_p = self.eta_in * self.harvest_w
+        else:
+            if path.source == "bq_curve":
+                v_in, i_in = path.mppt[int(path.seg_curve[self.seg])]
+                p_in = v_in * i_in * scale
+            else:
+                v_in = path.inp.input_v or 0.0
+                p_in = float(self.spec.harvest.power_w[self.seg]) * scale
+            cold = self.region == 0
+            if self.sampling and not cold:  # the charger is off while it samples V_oc
+                p_in = 0.0
+            self.harvest_w = p_in
+            self.src_p = path.inp.charger_power_w(v_in, p_in, cold) if p_in > 0 else 0.0
+        self._coeffs()
 
     # ---- scheduled (non-voltage) events ------------------------------------------
 
@@ -168,7 +292,7 @@ class Node:
         return self.spec.sense_offset_s + k * self.spec.work.sense_period_s
 
     def _next_harvest_s(self) -> float:
-        times = self.spec.harvest.time_s
+        times = self.seg_time_s
         return float(times[self.seg + 1]) if self.seg + 1 < len(times) else math.inf
 
     def scheduled(self) -> tuple[float, Event]:
@@ -180,6 +304,8 @@ class Node:
             best, kind = self.next_sense_s, SENSE
         if self.remaining_s != math.inf and self.t + self.remaining_s < best:
             best, kind = self.t + self.remaining_s, PHASE
+        if self.next_mppt_s < best:
+            best, kind = self.next_mppt_s, MPPT
         return best, kind
 
     # ---- accounting --------------------------------------------------------------
@@ -202,6 +328,41 @@ class Node:
                     self.pos.elapsed_s += dt
         self.v, self.t = v_new, self.t + dt
 
+    def account_general(self, dt: float, v_new: float, wasted_j: float) -> None:
+        """``account`` for a general power path: currents take I·∫v dt and conductances G·∫v² dt
+        (``storage.voltage_moments``); leakage is again the balance."""
+        st = self.stats
+        v0 = self.v
+        if wasted_j > 0.0 or v_new == v0:
+            m1, m2 = v0 * dt, v0 * v0 * dt
+        else:
+            m1, m2 = storage.voltage_moments(v0, v_new, dt, self.p, self.i, self.g, self.c_f)
+        delta_j = 0.5 * self.c_f * (v_new - v0) * (v_new + v0)
+        into_j = self.src_p * dt - self.src_i * m1 - self.src_g * m2  # from the source into the capacitor
+        load = self.load
+        out_j = load.p_w * dt + load.i_a * m1  # into the output stage
+        if self.path is not None and self.path.source == "curve":
+            drop = self.path.drop_v  # the cell sits at v + drop: it delivers (a - b v)(v + drop)
+            harvested_j = self.src_a * (m1 + drop * dt) - self.src_b * (m2 + drop * m1)
+        else:
+            harvested_j = self.harvest_w * dt
+        delivered_j = load.load_w * dt + load.load_a * m1
+        st.harvested_j += harvested_j
+        st.input_loss_j += harvested_j - into_j
+        st.load_j += delivered_j
+        st.output_loss_j += out_j - delivered_j
+        st.wasted_j += wasted_j
+        st.leaked_j += into_j - out_j - delta_j - wasted_j
+        st.stored_delta_j += delta_j
+        mode = self.mode
+        if mode != OFF:
+            st.on_time_s += dt
+            if self.remaining_s != math.inf:
+                self.remaining_s -= dt
+                if mode == RUN:
+                    self.pos.elapsed_s += dt
+        self.v, self.t = v_new, self.t + dt
+
     def record(self) -> None:
         if self.tracing:
             self.trace_t.append(self.t)
@@ -213,8 +374,12 @@ class Node:
     def handle(self, kind: Event) -> None:
         if kind == HARVEST:
             self.seg += 1
-            self.harvest_w = float(self.spec.harvest.power_w[self.seg]) * self.spec.harvest_scale
             self.next_harvest_s = self._next_harvest_s()
+            if self.simple:
+                self.harvest_w = float(self.spec.harvest.power_w[self.seg]) * self.spec.harvest_scale
+                self.p = self.eta_in * self.harvest_w - self.load_w / self.eta_out
+            else:
+                self._source_segment()
         elif kind == SENSE:
             self._sense()
         elif kind == PHASE:
@@ -225,7 +390,19 @@ class Node:
             self._power_fail()
         elif kind == V_JIT:
             self.jit_armed = False
+            if self.mode == SEQ:
+                self.seq_saving = (self.seq_i, self.remaining_s)
             self._enter(CHECKPOINT, self.ckpt)
+        elif kind == V_SEG:
+            up = self.region < len(self.edges) and self.v >= self.edges[self.region]
+            self.region += 1 if up else -1
+            self._source_terms()
+        elif kind == MPPT:
+            assert self.path is not None
+            inp = self.path.inp
+            self.sampling = not self.sampling
+            self.next_mppt_s += inp.mppt_sample_s if self.sampling else inp.mppt_period_s - inp.mppt_sample_s
+            self._source_terms()
         if self.tracing:
             self.record()
 
@@ -234,8 +411,16 @@ class Node:
         self.remaining_s = math.inf if phase is None else (phase.duration_s if remaining_s is None else remaining_s)
         if phase is not None:
             self.load_w = phase.power_w
+        elif mode == HIBERNATE:
+            self.load_w = self.hold[0]
         else:
             self.load_w = 0.0 if mode == OFF else self.sleep_w
+        if self.simple:
+            self.p = self.eta_in * self.harvest_w - self.load_w / self.eta_out
+        else:
+            current = phase.current_a if phase is not None else (self.hold[1] if mode == HIBERNATE else 0.0)
+            self._set_load(self.load_w, current, mode != OFF)
+            self._coeffs()
 
     def _sense(self) -> None:
         st = self.stats
@@ -261,6 +446,11 @@ class Node:
     def _power_fail(self) -> None:
         self.stats.power_cycles += 1
         self.off_at.append(self.t)
+        if self.mode == SEQ:
+            assert self.phase is not None
+            if self.phase.duration_s != math.inf:
+                self.stats.lost_work_j += self.phase.power_w * (self.t - self.seq_t0)
+        self.seq_i, self.seq_saving = -1, None
         if self.task_release_s is not None:
             self._roll_back()
         self.jit_armed = True
@@ -281,24 +471,97 @@ class Node:
 
     def _phase_done(self) -> None:
         mode = self.mode
-        if mode == BOOT:
-            if self.task_release_s is not None and self.restore_bytes > 0:
-                self._enter(RESTORE, restore_phase(self.spec.work, self.restore_bytes))
+        if mode == SEQ:
+            self._seq_next()
+        elif mode == BOOT:
+            if self.seq_ckpt is not None and self.restore_jit is not None:
+                self._enter(RESTORE, self.restore_jit)
+            elif self.seq:
+                self._seq_enter(self._seq_skip(0))
+            else:
+                self._after_boot()
+        elif mode == RESTORE:
+            if self.seq_ckpt is not None:
+                self._seq_resume()
             else:
                 self._continue()
-        elif mode == RESTORE:
-            self._continue()
         elif mode == CHECKPOINT:
             self.stats.checkpoints += 1
-            self.durable = _Progress(self.pos.phase, self.pos.elapsed_s)
-            self.restore_bytes = self.ckpt.restore_bytes
+            if self.seq_saving is not None:
+                self.seq_ckpt, self.seq_saving = self.seq_saving, None
+            else:
+                self.durable = _Progress(self.pos.phase, self.pos.elapsed_s)
+                self.restore_bytes = self.ckpt.restore_bytes
             self._enter(HIBERNATE)
         else:
             self._next_phase()
 
+    def _after_boot(self) -> None:
+        """After the boot (and the program's boot sequence): restore the task in progress, else go on."""
+        if self.task_release_s is not None and self.restore_bytes > 0:
+            restore = self.restore_jit or restore_phase(self.spec.work, self.restore_bytes)
+            self._enter(RESTORE, restore)
+        else:
+            self._continue()
+
     def _resume(self) -> None:
         self.jit_armed = True
-        self._continue()
+        if self.seq_ckpt is not None:
+            self._seq_resume()
+        else:
+            self._continue()
+
+    # ---- the program's boot sequence ---------------------------------------------
+
+    def _seq_enter(self, i: int, remaining_s: float | None = None) -> None:
+        if i >= len(self.seq):  # every phase of a sequence without a loop is done
+            self.seq_i = -1
+            self.seq_done.clear()
+            self._after_boot()
+            return
+        self.seq_i, self.seq_t0 = i, self.t
+        self._enter(SEQ, self.seq[i], remaining_s)
+
+    def _seq_resume(self) -> None:
+        assert self.seq_ckpt is not None
+        i, remaining_s = self.seq_ckpt
+        self.seq_ckpt = None  # a checkpoint is used once
+        self._seq_enter(i, remaining_s)
+
+    def _seq_skip(self, j: int) -> int:
+        """The first phase from j on that must run: durable ones finished in this pass are skipped;
+        passing the end of the boot phases, or of the loop, ends a pass."""
+        n, loop = len(self.seq), self.loop_at
+        once_end = loop if loop >= 0 else n
+        for _ in range(2 * n + 1):
+            if j == once_end and once_end < n:
+                self.seq_done.difference_update(range(once_end))
+            if j >= n and loop >= 0:
+                self.seq_done.difference_update(range(loop, n))
+                j = loop
+            if j < n and j in self.seq_done:
+                j += 1
+                continue
+            return j
+        return j
+
+    def _seq_next(self) -> None:
+        i = self.seq_i
+        done = self.seq[i]
+        self._completed(done, math.inf)
+        if done.durable_end:
+            self.seq_done.add(i)
+        self._seq_enter(self._seq_skip(i + 1))
+
+    def _completed(self, done: Phase, deadline_s: float) -> None:
+        """Count a finished phase; a finished tx phase is a packet on the air."""
+        counts = self.stats.phase_counts
+        name = done.name or done.kind
+        counts[name] = counts.get(name, 0) + 1
+        if done.kind == "tx":
+            self.stats.packets_sent += 1
+            airtime_s = min(self.spec.airtime_s, done.duration_s)
+            self.packets.append((self.t - airtime_s, airtime_s, deadline_s))
 
     def _continue(self) -> None:
         """Carry on with the task in progress, else the next one, else sleep."""
@@ -327,10 +590,7 @@ class Node:
         if done.durable_end:
             self.durable = _Progress(self.pos.phase, 0.0)
             self.restore_bytes = done.restore_bytes
-        if done.kind == "tx":
-            self.stats.packets_sent += 1
-            airtime_s = self.spec.airtime_s
-            self.packets.append((self.t - airtime_s, airtime_s, self._deadline()))
+        self._completed(done, self._deadline())
         if self.pos.phase == len(plan):
             self._task_done()
         else:
@@ -359,8 +619,9 @@ class Node:
         st = self.stats
         st.unfinished = len(self.queue) + (self.task_release_s is not None)
         st.v_final_v = self.v
-        st.input_loss_j = (1.0 - self.eta_in) * st.harvested_j
-        st.output_loss_j = st.load_j * (1.0 / self.eta_out - 1.0)
+        if self.simple:  # a general path booked its losses as it went
+            st.input_loss_j = (1.0 - self.eta_in) * st.harvested_j
+            st.output_loss_j = st.load_j * (1.0 / self.eta_out - 1.0)
         return st
 
 
@@ -382,8 +643,10 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
     before the next scheduled event exactly when the voltage then lies past it; only then
     is the crossing time (eq. 2 of storage.py) needed.
     """
+    if not node.simple:
+        return _next_event_general(node)
     t_next, kind = node.scheduled()
-    p_w = node.net_power_w()
+    p_w = node.p
     v, c, i, g = node.v, node.c_f, node.i_a, node.g_s
     f = p_w - i * v - g * v * v
     if v >= node.v_max and f > 0.0:
@@ -395,7 +658,7 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
         crossed = v_next >= v_th
     elif f < 0.0 and node.mode != OFF:
         v_th, ev = node.v_cut, V_CUT
-        if node.mode == RUN and node.jit_armed and v > node.v_jit > node.v_cut:
+        if (node.mode == RUN or node.mode == SEQ) and node.jit_armed and v > node.v_jit > node.v_cut:
             v_th, ev = node.v_jit, V_JIT
         crossed = v_next <= v_th
     else:
@@ -410,12 +673,50 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
     return t_next, kind, v_next, False
 
 
+def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
+    """``next_event`` with currents, conductances and region edges (a general power path)."""
+    t_next, kind = node.scheduled()
+    p, i, g, c, v = node.p, node.i, node.g, node.c_f, node.v
+    d = storage.direction(v, p, i, g)
+    if d == 0:
+        return t_next, kind, v, False
+    if v >= node.v_max and d > 0:
+        return t_next, kind, node.v_max, True
+    v_next = storage.voltage_after(v, t_next - node.t, p, i, g, c)
+    edges, k = node.edges, node.region
+    mode = node.mode
+    if d > 0:
+        v_th, ev = (node.v_on, V_ON) if mode == OFF or mode == HIBERNATE else (node.v_max, V_MAX)
+        if k < len(edges) and edges[k] < v_th:
+            v_th, ev = edges[k], V_SEG
+        crossed = v_next >= v_th
+    else:
+        v_th, ev = -math.inf, END
+        if mode != OFF:
+            v_th, ev = node.v_cut, V_CUT
+            if (mode == RUN or mode == SEQ) and node.jit_armed and v > node.v_jit > node.v_cut:
+                v_th, ev = node.v_jit, V_JIT
+        if k > 0 and edges[k - 1] > v_th:
+            v_th, ev = edges[k - 1], V_SEG
+        crossed = v_next <= v_th
+    if crossed:
+        t_cross = node.t + storage.time_to(v, v_th, p, i, g, c)
+        if t_cross < t_next:
+            return t_cross, ev, v_th, False
+        return t_next, kind, v_th, False
+    return t_next, kind, v_next, False
+
+
 def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: bool) -> None:
     """Book the stretch up to ``t_next`` and apply the event found by ``next_event``."""
-    p_w = node.net_power_w()
     dt = t_next - node.t
-    wasted_j = storage.rate(node.v_max, p_w, node.i_a, node.g_s) * dt if clamped else 0.0
-    node.account(dt, v_new, p_w, wasted_j)
+    if node.simple:
+        p_w = node.p
+        wasted_j = storage.rate(node.v_max, p_w, node.i_a, node.g_s) * dt if clamped else 0.0
+        node.account(dt, v_new, p_w, wasted_j)
+    else:
+        wasted_j = storage.rate(node.v_max, node.p, node.i, node.g) * dt if clamped else 0.0
+        node.account_general(dt, v_new, wasted_j)
     node.t = t_next  # the exact event time, free of accumulated rounding
     if kind == V_MAX:
         if node.tracing:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.node import END, HIBERNATE, OFF, RUN, V_CUT, V_JIT, V_ON, Event, Node
+from simulator.node import END, HIBERNATE, OFF, RUN, SEQ, V_CUT, V_JIT, V_ON, Event, Node
 
 
 def run_fixed_step(node: Node, step_s: float = 1e-3) -> None:
@@ -34,7 +34,7 @@ def _integrate(node: Node, t_end: float, dt: float) -> Event | None:
     mode = node.mode
     u_up = node.v_on**2 if mode in (OFF, HIBERNATE) else math.inf
     u_cut = node.v_cut**2 if mode != OFF else -math.inf
-    jit = mode == RUN and node.jit_armed and node.v > node.v_jit > node.v_cut
+    jit = mode in (RUN, SEQ) and node.jit_armed and node.v > node.v_jit > node.v_cut
     u_down = node.v_jit**2 if jit else u_cut
     span = t_end - node.t
     n_full = max(int(span / dt), 0)

@@ -27,9 +27,13 @@ def summarize(result: SimulationResult) -> dict[str, float | int]:
     """Fleet totals and the rates a reader looks for first."""
     sc = result.scenario
     totals: dict[str, float] = {}
+    completions: dict[str, int] = {}
     for r in result.nodes:
         for k, v in asdict(r.stats).items():
-            if k not in ("v_initial_v", "v_final_v"):
+            if k == "phase_counts":
+                for name, count in v.items():
+                    completions[name] = completions.get(name, 0) + count
+            elif k not in ("v_initial_v", "v_final_v"):
                 totals[k] = totals.get(k, 0) + v
     n, duration = len(result.nodes), sc.run.duration_s
     done = totals["completed"] + totals["missed"]
@@ -40,6 +44,8 @@ def summarize(result: SimulationResult) -> dict[str, float | int]:
     summary["load_energy_per_result_j"] = totals["load_j"] / done if done else math.nan
     summary["mean_latency_s"] = totals["latency_sum_s"] / done if done else math.nan
     summary.update(period_summary(result.nodes))
+    for name in sorted(completions):  # per-phase completion counts ("a packet is a completed SEND")
+        summary[f"phase_{name}_completed"] = completions[name]
     res = result.resolution
     for k in PACKET_OUTCOMES:
         summary[f"packets_{k}"] = int(getattr(res, k).sum())

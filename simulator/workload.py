@@ -112,6 +112,62 @@ class McuParams(Config):
     source: str = "the scenario file"
 
 
+RunKind = Literal["once_per_boot", "repeat", "until_power_fails", "periodic"]
+
+
+class ProgramPhase(Config):
+    """One phase of the firmware you write (``[[workload.program]]``).
+
+    ``run`` says when it runs: ``once_per_boot`` phases run first at every boot, in order (INIT);
+    then the ``repeat`` phases loop until the power fails (a sense-and-send loop), or the one
+    ``until_power_fails`` phase holds (radio listen, a burn load); ``periodic`` phases form a
+    task released by every sensing event (``workload.sense_period_s`` or ``sense_trace``), run
+    after the boot phases, as today's built-in task is.
+
+    ``durable``: finishing it is written to NVM, so a power failure does not make it run again
+    until the pass it belongs to (the boot phases, or one pass of the loop) has finished."""
+
+    name: str = Field(min_length=1, max_length=40)
+    """Shown in reports; completion counts are kept per name."""
+    run: RunKind = "repeat"
+    duration_s: float | None = Field(None, gt=0, le=86400)
+    """How long the phase runs (not for until_power_fails)."""
+    current_a: float | None = Field(None, ge=0, le=10)
+    """Load current at the output (give this or power_w)."""
+    power_w: float | None = Field(None, ge=0, le=100)
+    """Load power (give this or current_a)."""
+    durable: bool = False
+    packet: bool = False
+    """A completed phase is one packet sent (the network's airtime at its end)."""
+
+    @model_validator(mode="after")
+    def _load_and_duration(self) -> ProgramPhase:
+        where = f"workload.program[{self.name}]"
+        if (self.current_a is None) == (self.power_w is None):
+            raise ConfigError(f"{where}.current_a", self.current_a, "give exactly one of current_a and power_w")
+        if self.run == "until_power_fails" and self.duration_s is not None:
+            raise ConfigError(f"{where}.duration_s", self.duration_s, "an until_power_fails phase has no duration")
+        if self.run != "until_power_fails" and self.duration_s is None:
+            raise ConfigError(f"{where}.duration_s", None, f"a {self.run} phase needs a duration")
+        return self
+
+
+class JitLoad(Config):
+    """Just-in-time checkpointing (Hibernus/ENGAGE style) with your own figures (``[workload.jit_load]``):
+    when V_cap falls to ``threshold_v`` while a phase runs, checkpoint, then hold until the voltage
+    recovers to v_on (resume) or the power fails (restore on the next boot). Replaces the jit policy's
+    derived checkpoint (workload.state_bytes through the MCU's NVM) and MCU-sleep hold."""
+
+    threshold_v: float = Field(gt=0, le=50)
+    checkpoint_s: float = Field(gt=0, le=60)
+    checkpoint_a: float = Field(ge=0, le=10)
+    """Current while checkpointing (at the output)."""
+    restore_s: float = Field(gt=0, le=60)
+    restore_a: float = Field(ge=0, le=10)
+    hold_a: float | None = Field(None, ge=0, le=10)
+    """Current while holding after a checkpoint (default: the MCU's sleep current)."""
+
+
 class WorkloadConfig(Config):
     """Sensing, the inference task, and the intermittent-execution policy."""
 
@@ -150,6 +206,11 @@ class WorkloadConfig(Config):
     send_packet: bool = True
     """Transmit each result to the gateway."""
 
+    program: tuple[ProgramPhase, ...] = ()
+    """Your own firmware as phases (``[[workload.program]]``): replaces the built-in sense-infer-send task."""
+    jit_load: JitLoad | None = None
+    """Just-in-time checkpointing with your own checkpoint/restore figures."""
+
     bundle: str | None = None
     """A bundle (folder or .tar) with recorded instruction counts: its variant's layers, with
     measured cycles, replace ``layers`` (see ``trickle flash --record``)."""
@@ -171,6 +232,26 @@ class WorkloadConfig(Config):
             data = {**data, "layers": layers_from_bundle(str(data["bundle"]), mcu, data.get("bundle_variant"))}
         return data
 
+    @field_validator("program")
+    @classmethod
+    def _program_order(cls, program: tuple[ProgramPhase, ...]) -> tuple[ProgramPhase, ...]:
+        order = {"once_per_boot": 0, "repeat": 1, "until_power_fails": 1, "periodic": 1}
+        runs = [p.run for p in program]
+        for a, b in zip(runs, runs[1:]):
+            if order[b] < order[a]:
+                raise ConfigError("workload.program", b, f"once_per_boot phases come first (a {b} phase precedes one)")
+        endless = [r for r in runs if r in ("repeat", "until_power_fails")]
+        if "until_power_fails" in runs and (runs.count("until_power_fails") > 1 or runs[-1] != "until_power_fails"
+                                            or "repeat" in runs):
+            raise ConfigError("workload.program", "until_power_fails",
+                              "one until_power_fails phase, last, and no repeat phases (they would never end)")
+        if endless and "periodic" in runs:
+            raise ConfigError("workload.program", "periodic", "periodic phases never run after a repeat loop or an "
+                              "until_power_fails phase: the node never becomes idle")
+        if len({p.name for p in program}) != len(program):
+            raise ConfigError("workload.program", [p.name for p in program], "phase names must differ")
+        return program
+
     @property
     def mcu_profile(self) -> McuProfile:
         base = MCUS[self.mcu]
@@ -190,10 +271,12 @@ class Phase:
 
     kind: str
     duration_s: float
-    power_w: float
+    power_w: float  # at the load; for a phase given as a current, current_a x the output voltage
     granule_s: float = 0.0  # progress inside the phase survives a failure in whole granules (0: none)
     durable_end: bool = False  # finishing the phase commits progress to NVM
     restore_bytes: int = 0  # what a reboot must read back when progress rests at the end of this phase
+    name: str = ""  # completion counts are kept per name (the kind when empty)
+    current_a: float = 0.0  # > 0: the load is this current at the output (power_w is then nominal)
 
     @property
     def energy_j(self) -> float:
@@ -258,6 +341,27 @@ def _quanta_phases(mcu: McuProfile, layers: tuple[LayerSpec, ...], bits: int, bu
         phases.append(Phase("compute", compute_s, mcu.active_power_w()))
         phases.append(_nvm_phase("commit", mcu, outputs, write=True, durable_end=True, restore_bytes=outputs))
     return phases
+
+
+def program_phases(work: WorkloadConfig, v_out_v: float) -> tuple[tuple[Phase, ...], tuple[Phase, ...]]:
+    """(boot sequence, periodic task) of ``work.program``: the once_per_boot, repeat and until_power_fails
+    phases in order, and the periodic phases (each durable one commits the task's progress)."""
+    def phase(p: ProgramPhase) -> Phase:
+        current = p.current_a or 0.0
+        power = p.power_w if p.power_w is not None else current * v_out_v
+        duration = math.inf if p.duration_s is None else p.duration_s
+        return Phase("tx" if p.packet else "program", duration, power, durable_end=p.durable, name=p.name,
+                     current_a=current)
+    boot = tuple(phase(p) for p in work.program if p.run != "periodic")
+    task = tuple(phase(p) for p in work.program if p.run == "periodic")
+    return boot, task
+
+
+def jit_load_phases(jit: JitLoad, v_out_v: float) -> tuple[Phase, Phase]:
+    """(checkpoint, restore) of a JitLoad."""
+    return (Phase("checkpoint", jit.checkpoint_s, jit.checkpoint_a * v_out_v, durable_end=True, name="checkpoint",
+                  current_a=jit.checkpoint_a),
+            Phase("restore", jit.restore_s, jit.restore_a * v_out_v, name="restore", current_a=jit.restore_a))
 
 
 def checkpoint_phase(work: WorkloadConfig) -> Phase:

@@ -38,7 +38,7 @@ def test_toml_overrides_defaults(tmp_path: Path) -> None:
         ("[storage]\nv_on_v = 1.5\n", "storage.v_on_v = 1.5: must satisfy v_off_v (2.0) < v_on_v <= v_max_v (3.6)"),
         ("[storage]\nbogus = 1\n", "storage.bogus = 1: Extra inputs are not permitted"),
         ("[harvester]\nkind = \"rf\"\ndistance_m = 0.1\n", "harvester.distance_m = 0.1: should be greater than or equal to 1"),
-        ("[harvester]\nkind = \"solar_wind\"\n", "harvester.kind = 'solar_wind': must be one of 'constant', 'trace'"),
+        ("[harvester]\nkind = \"solar_wind\"\n", "harvester.kind = 'solar_wind': must be one of 'constant', 'current', 'trace'"),
         ("[workload]\nmcu = \"z80\"\n", "workload.mcu = 'z80': must be one of"),
         ("[workload]\npolicy = \"jit\"\njit_threshold_v = 3.3\n", "workload.jit_threshold_v = 3.3: must lie between"),
         ("[network]\nspreading_factor = 13\n", "network.spreading_factor = 13: should be less than or equal to 12"),

@@ -50,7 +50,19 @@ def _teg_pipe(s: dict[str, Any]) -> None:  # browns out as the pipe cools, deliv
     assert s["power_cycles"] > 0 and s["completed"] > 0 and s["packets_delivered"] > 0
 
 
-HEADLINES = {"fleet_1000": _fleet_1000, "indoor_office": _indoor_office, "nrel_24h": _nrel_24h,
+def _botoks_sense_send(s: dict[str, Any]) -> None:  # browns out every second or so, still sends each on-period
+    assert s["power_cycles"] > 100 and s["packets_delivered"] > 0.5 * s["power_cycles"]
+    assert s["phase_init_completed"] >= s["power_cycles"]  # INIT runs at every boot
+    assert s["on_period_max_s"] < 1.0 < s["off_period_mean_s"]
+
+
+def _jit_checkpoint(s: dict[str, Any]) -> None:  # every failure falls on a checkpoint: nothing rolled back
+    assert s["power_cycles"] > 0 and s["checkpoints"] >= s["power_cycles"] and s["lost_work_j"] == 0
+    assert s["phase_init_completed"] < s["boots"]  # boots after a checkpoint restore instead of re-running INIT
+    assert s["phase_send_completed"] > 0 and s["packets_delivered"] > 0
+
+
+HEADLINES = {"botoks_sense_send": _botoks_sense_send, "jit_checkpoint": _jit_checkpoint, "fleet_1000": _fleet_1000, "indoor_office": _indoor_office, "nrel_24h": _nrel_24h,
              "piezo_machine": _piezo_machine, "rf_powercast": _rf_powercast, "teg_pipe": _teg_pipe}
 
 
