@@ -518,7 +518,8 @@ def _cell_curves(curves_dir: Path, cell: str, field: str) -> tuple[tuple[float, 
         v, i = v[order], np.clip(i[order], 0.0, None)
         if v[0] > 0:
             v, i = np.concatenate(([0.0], v)), np.concatenate(([i[0]], i))
-        levels.append((lux, v, i))
+        last = int(np.flatnonzero(i > 0)[-1]) + 2 if np.any(i > 0) else 1  # up to the first 0 A point: V_oc
+        levels.append((lux, v[:last], i[:last]))
     if not levels:
         raise DataError(f"{field}.cell = {cell!r}: no curves {cell}_lux*.json in {curves_dir}")
     return tuple(sorted(levels, key=lambda level: level[0]))
@@ -536,6 +537,8 @@ def _curve_at(levels: tuple[tuple[float, np.ndarray, np.ndarray], ...], lux: flo
     k = int(np.searchsorted(luxes, lux, side="right")) - 1
     (la, va, ia), (lb, vb, ib) = levels[k], levels[k + 1]
     w = math.log(lux / la) / math.log(lb / la)
+    if w == 0.0:
+        return va, ia
     v = np.union1d(va, vb)
     return v, (1.0 - w) * np.interp(v, va, ia, right=0.0) + w * np.interp(v, vb, ib, right=0.0)
 

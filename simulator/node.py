@@ -211,8 +211,8 @@ class Node:
         if path is not None:
             if path.source in ("bq_curve", "bq_power") and path.inp.mppt_sample_s > 0:
                 self.next_mppt_s = 0.0
-            self._source_segment()
             self._set_load(0.0, 0.0, False)
+            self._source_segment()
         self.record()
         if self.v >= self.v_on:
             self._power_on()
@@ -686,7 +686,7 @@ def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
     edges, k = node.edges, node.region
     mode = node.mode
     if d > 0:
-        v_th, ev = (node.v_on, V_ON) if mode == OFF or mode == HIBERNATE else (node.v_max, V_MAX)
+        v_th, ev = (node.v_on, V_ON) if mode in (OFF, HIBERNATE) else (node.v_max, V_MAX)
         if k < len(edges) and edges[k] < v_th:
             v_th, ev = edges[k], V_SEG
         crossed = v_next >= v_th
@@ -694,7 +694,7 @@ def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
         v_th, ev = -math.inf, END
         if mode != OFF:
             v_th, ev = node.v_cut, V_CUT
-            if (mode == RUN or mode == SEQ) and node.jit_armed and v > node.v_jit > node.v_cut:
+            if (mode in (RUN, SEQ)) and node.jit_armed and v > node.v_jit > node.v_cut:
                 v_th, ev = node.v_jit, V_JIT
         if k > 0 and edges[k - 1] > v_th:
             v_th, ev = edges[k - 1], V_SEG

@@ -25,6 +25,7 @@ storage's v_on_v/v_off_v hysteresis plus ``gate_quiescent_a``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -106,7 +107,7 @@ class InputConfig(Config):
             raise ConfigError("input.efficiency_table", f"{len(self.efficiency_table)} rows",
                               f"needs {rows} rows (efficiency_vin_v) of {cols} values (efficiency_iin_a)")
         for name, axis in (("efficiency_vin_v", self.efficiency_vin_v), ("efficiency_iin_a", self.efficiency_iin_a)):
-            if not axis or any(b <= a for a, b in zip(axis, axis[1:])) or axis[0] <= 0:
+            if not axis or any(b <= a for a, b in itertools.pairwise(axis)) or axis[0] <= 0:
                 raise ConfigError(f"input.{name}", list(axis), "must be positive and strictly increasing")
         if any(not 0 < e <= 1 for r in self.efficiency_table for e in r):
             raise ConfigError("input.efficiency_table", "a value", "efficiencies must lie in (0, 1]")
@@ -158,7 +159,7 @@ class OutputConfig(Config):
     def _curve(cls, points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
         if not points or any(i <= 0 or not 0 < e <= 1 for i, e in points):
             raise ValueError("needs (current > 0, 0 < efficiency <= 1) points")
-        if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+        if any(b[0] <= a[0] for a, b in itertools.pairwise(points)):
             raise ValueError("currents must increase")
         return points
 

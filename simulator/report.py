@@ -39,7 +39,9 @@ def result_dict(result: SimulationResult) -> dict[str, Any]:
     doc = {
         "schema_version": SCHEMA_VERSION,
         "scenario": result.scenario.model_dump(mode="json"),
-        "harvest_mean_power_w": result.harvest.mean_power_w(),
+        # a current source's trace is its current (A); every other source's, its power at MPP (W)
+        ("harvest_mean_current_a" if result.scenario.harvester.kind == "current" else "harvest_mean_power_w"):
+            result.harvest.mean_power_w(),
         "summary": result.summary,
         "nodes": nodes,
     }
@@ -144,16 +146,24 @@ def _fmt(value: float | int | None, style: str) -> str:
 
 def markdown(result: SimulationResult, images: list[Path]) -> str:
     sc, s = result.scenario, result.summary
+    th = sc.thresholds
+    mean = result.harvest.mean_power_w()
+    source = f"mean {mean * 1e3:.3f} mA" if sc.harvester.kind == "current" else f"mean {mean * 1e3:.3f} mW at MPP"
+    task = (f"program `{' → '.join(p.name for p in sc.workload.program)}`" if sc.workload.program
+            else f"policy `{sc.workload.policy}`")
+    completions = [(k.removeprefix("phase_").removesuffix("_completed"), s[k]) for k in s if k.startswith("phase_")]
     lines = [
         f"# Simulation: {sc.name}",
         "",
-        f"Harvester `{sc.harvester.kind}` (mean {result.harvest.mean_power_w() * 1e3:.3f} mW before per-node scaling), "
-        f"{sc.storage.capacitance_f * 1e3:g} mF between {sc.storage.v_off_v} V and {sc.storage.v_on_v} V, "
-        f"MCU `{sc.workload.mcu}`, policy `{sc.workload.policy}`, radio `{sc.network.radio}`, "
+        f"Harvester `{sc.harvester.kind}` ({source} before per-node scaling) through `{sc.input.kind}`, "
+        f"{sc.storage.capacitance_f * 1e3:g} mF switching the load on at {th.v_on:g} V and off at {th.v_cut:g} V "
+        f"through `{sc.output.kind}`, MCU `{sc.workload.mcu}`, {task}, radio `{sc.network.radio}`, "
         f"seed {sc.run.seed}, engine `{sc.run.engine}`.",
         "",
         markdown_table(["quantity", "value"], [(label, _fmt(s.get(key), style)) for key, label, style in _SUMMARY_ROWS],
                        align="lr"),
+        "", "## Phases completed (whole fleet)", "",
+        markdown_table(["phase", "completed"], completions, align="lr") if completions else "(none)",
         "", "## Energy (J, whole fleet)", "",
         markdown_table(["term", "J"], [(k.removesuffix("_j").replace("_", " "), f"{s[k]:.6g}") for k in _ENERGY_ROWS],
                        align="lr"),
@@ -174,7 +184,8 @@ def markdown(result: SimulationResult, images: list[Path]) -> str:
 # ---- plots ---------------------------------------------------------------------------
 
 _MODE_COLORS = {Mode.OFF: "#dddddd", Mode.BOOT: "#f4a259", Mode.RESTORE: "#f4a259", Mode.RUN: "#2a9d8f",
-                Mode.CHECKPOINT: "#e76f51", Mode.IDLE: "#8ecae6", Mode.HIBERNATE: "#6a4c93"}
+                Mode.CHECKPOINT: "#e76f51", Mode.IDLE: "#8ecae6", Mode.HIBERNATE: "#6a4c93",
+                Mode.SEQ: "#52b788"}
 
 
 def write_plots(result: SimulationResult, out_dir: Path) -> list[Path]:

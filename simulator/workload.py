@@ -18,6 +18,7 @@ what a power failure rolls back to:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -237,7 +238,7 @@ class WorkloadConfig(Config):
     def _program_order(cls, program: tuple[ProgramPhase, ...]) -> tuple[ProgramPhase, ...]:
         order = {"once_per_boot": 0, "repeat": 1, "until_power_fails": 1, "periodic": 1}
         runs = [p.run for p in program]
-        for a, b in zip(runs, runs[1:]):
+        for a, b in itertools.pairwise(runs):
             if order[b] < order[a]:
                 raise ConfigError("workload.program", b, f"once_per_boot phases come first (a {b} phase precedes one)")
         endless = [r for r in runs if r in ("repeat", "until_power_fails")]

@@ -62,7 +62,8 @@ def _jit_checkpoint(s: dict[str, Any]) -> None:  # every failure falls on a chec
     assert s["phase_send_completed"] > 0 and s["packets_delivered"] > 0
 
 
-HEADLINES = {"botoks_sense_send": _botoks_sense_send, "jit_checkpoint": _jit_checkpoint, "fleet_1000": _fleet_1000, "indoor_office": _indoor_office, "nrel_24h": _nrel_24h,
+HEADLINES = {"botoks_sense_send": _botoks_sense_send, "jit_checkpoint": _jit_checkpoint,
+             "fleet_1000": _fleet_1000, "indoor_office": _indoor_office, "nrel_24h": _nrel_24h,
              "piezo_machine": _piezo_machine, "rf_powercast": _rf_powercast, "teg_pipe": _teg_pipe}
 
 
