@@ -1,7 +1,7 @@
 """One energy-harvesting node: the state machine shared by the exact and the fixed-step engines.
 
 The node is always in one mode; each mode draws a constant load, so with the harvest
-trace piecewise constant, eq. (1) of ``storage.py`` has constant coefficients between
+trace piecewise constant, eq. (1) of ``capacitor.py`` has constant coefficients between
 events. The exact engine (``next_event`` then ``apply_event``) jumps from event to event
 with closed-form crossing times; ``simulator.reference`` steps the same machine on a
 fixed grid.
@@ -18,7 +18,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from simulator import storage
+from simulator import capacitor
 from simulator.power import CurveRegions, InputConfig, LoadTerms, OutputConfig, Thresholds, load_terms
 from simulator.storage import StorageConfig
 from simulator.trace import PowerTrace
@@ -330,13 +330,13 @@ class Node:
 
     def account_general(self, dt: float, v_new: float, wasted_j: float) -> None:
         """``account`` for a general power path: currents take I·∫v dt and conductances G·∫v² dt
-        (``storage.voltage_moments``); leakage is again the balance."""
+        (``capacitor.voltage_moments``); leakage is again the balance."""
         st = self.stats
         v0 = self.v
         if wasted_j > 0.0 or v_new == v0:
             m1, m2 = v0 * dt, v0 * v0 * dt
         else:
-            m1, m2 = storage.voltage_moments(v0, v_new, dt, self.p, self.i, self.g, self.c_f)
+            m1, m2 = capacitor.voltage_moments(v0, v_new, dt, self.p, self.i, self.g, self.c_f)
         delta_j = 0.5 * self.c_f * (v_new - v0) * (v_new + v0)
         into_j = self.src_p * dt - self.src_i * m1 - self.src_g * m2  # from the source into the capacitor
         load = self.load
@@ -641,7 +641,7 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
 
     The voltage moves monotonically under constant coefficients, so a threshold is crossed
     before the next scheduled event exactly when the voltage then lies past it; only then
-    is the crossing time (eq. 2 of storage.py) needed.
+    is the crossing time (eq. 2 of capacitor.py) needed.
     """
     if not node.simple:
         return _next_event_general(node)
@@ -651,7 +651,7 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
     f = p_w - i * v - g * v * v
     if v >= node.v_max and f > 0.0:
         return t_next, kind, node.v_max, True
-    v_next = storage.voltage_after(v, t_next - node.t, p_w, i, g, c)
+    v_next = capacitor.voltage_after(v, t_next - node.t, p_w, i, g, c)
     if f > 0.0:
         waiting = node.mode == OFF or node.mode == HIBERNATE
         v_th, ev = (node.v_on, V_ON) if waiting else (node.v_max, V_MAX)
@@ -664,7 +664,7 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
     else:
         return t_next, kind, v_next, False
     if crossed:
-        t_cross = node.t + storage.time_to(v, v_th, p_w, i, g, c)
+        t_cross = node.t + capacitor.time_to(v, v_th, p_w, i, g, c)
         if t_cross < t_next:
             return t_cross, ev, v_th, False
         # a tie (or rounding between eq. 2 and its inverse): the scheduled event goes first and
@@ -677,12 +677,12 @@ def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
     """``next_event`` with currents, conductances and region edges (a general power path)."""
     t_next, kind = node.scheduled()
     p, i, g, c, v = node.p, node.i, node.g, node.c_f, node.v
-    d = storage.direction(v, p, i, g)
+    d = capacitor.direction(v, p, i, g)
     if d == 0:
         return t_next, kind, v, False
     if v >= node.v_max and d > 0:
         return t_next, kind, node.v_max, True
-    v_next = storage.voltage_after(v, t_next - node.t, p, i, g, c)
+    v_next = capacitor.voltage_after(v, t_next - node.t, p, i, g, c)
     edges, k = node.edges, node.region
     mode = node.mode
     if d > 0:
@@ -700,7 +700,7 @@ def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
             v_th, ev = edges[k - 1], V_SEG
         crossed = v_next <= v_th
     if crossed:
-        t_cross = node.t + storage.time_to(v, v_th, p, i, g, c)
+        t_cross = node.t + capacitor.time_to(v, v_th, p, i, g, c)
         if t_cross < t_next:
             return t_cross, ev, v_th, False
         return t_next, kind, v_th, False
@@ -712,10 +712,10 @@ def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: b
     dt = t_next - node.t
     if node.simple:
         p_w = node.p
-        wasted_j = storage.rate(node.v_max, p_w, node.i_a, node.g_s) * dt if clamped else 0.0
+        wasted_j = capacitor.rate(node.v_max, p_w, node.i_a, node.g_s) * dt if clamped else 0.0
         node.account(dt, v_new, p_w, wasted_j)
     else:
-        wasted_j = storage.rate(node.v_max, node.p, node.i, node.g) * dt if clamped else 0.0
+        wasted_j = capacitor.rate(node.v_max, node.p, node.i, node.g) * dt if clamped else 0.0
         node.account_general(dt, v_new, wasted_j)
     node.t = t_next  # the exact event time, free of accumulated rounding
     if kind == V_MAX:
