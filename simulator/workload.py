@@ -360,8 +360,9 @@ def program_phases(work: WorkloadConfig, v_out_v: float) -> tuple[tuple[Phase, .
 
 def jit_load_phases(jit: JitLoad, v_out_v: float) -> tuple[Phase, Phase]:
     """(checkpoint, restore) of a JitLoad."""
-    return (Phase("checkpoint", jit.checkpoint_s, jit.checkpoint_a * v_out_v, durable_end=True, name="checkpoint",
-                  current_a=jit.checkpoint_a),
+    # restore_bytes = 1 marks a restore as due after the checkpoint; its cost is the JitLoad's, not per byte
+    return (Phase("checkpoint", jit.checkpoint_s, jit.checkpoint_a * v_out_v, durable_end=True, restore_bytes=1,
+                  name="checkpoint", current_a=jit.checkpoint_a),
             Phase("restore", jit.restore_s, jit.restore_a * v_out_v, name="restore", current_a=jit.restore_a))
 
 

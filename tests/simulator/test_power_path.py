@@ -304,3 +304,32 @@ def test_voltage_moments_match_a_fine_quadrature(p: float, i: float, g: float) -
 def test_bad_power_path_values_get_one_clear_error(sections: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         scenario(**sections)
+
+
+def test_a_jit_load_with_the_jit_policys_own_figures_runs_the_same_node() -> None:
+    # where they overlap, [workload.jit_load] matches the jit policy: its checkpoint and restore derived from
+    # state_bytes through the MSP430's FRAM, its hold the MCU's sleep current (converter output at 3.0 V)
+    from simulator.devices import MCUS
+
+    mcu, state = MCUS["msp430fr5994"], 2048
+    write_w = mcu.nvm_write_j_per_byte / mcu.nvm_write_s_per_byte
+    read_w = mcu.nvm_read_j_per_byte / mcu.nvm_read_s_per_byte
+    jit = {"threshold_v": 2.4, "checkpoint_s": state * mcu.nvm_write_s_per_byte, "checkpoint_a": write_w / 3.0,
+           "restore_s": state * mcu.nvm_read_s_per_byte, "restore_a": read_w / 3.0}
+    common: dict[str, Any] = {
+        "harvester": {"kind": "piezo", "rate_hz": 0.01, "mean_burst_s": 5.0, "median_power_w": 2e-3},
+        "input": {"kind": "converter"},
+        "output": {"kind": "converter", "v_out_v": 3.0},
+        "storage": {"capacitance_f": 470e-6, "v_max_v": 3.3, "v_on_v": 3.0, "v_off_v": 2.0},
+        "run": {"duration_s": 3600.0, "workers": 1, "seed": 0},
+    }
+    work = {"policy": "jit", "jit_threshold_v": 2.4, "state_bytes": state, "send_packet": False,
+            "sense_period_s": 20.0, "sense_offset_s": 5.0, "program": (),
+            "layers": [{"name": f"l{k}", "macs": 120_000, "output_bytes": 256} for k in range(4)]}
+    derived = simulate(scenario(**common, workload=work)).nodes[0].stats
+    given = simulate(scenario(**common, workload={**work, "jit_load": jit})).nodes[0].stats
+    assert derived.checkpoints > 0 and derived.power_cycles > 0
+    for field in ("checkpoints", "power_cycles", "boots", "completed", "missed", "lost_off"):
+        assert getattr(given, field) == getattr(derived, field), field
+    for field in ("on_time_s", "load_j", "harvested_j", "lost_work_j"):
+        assert getattr(given, field) == pytest.approx(getattr(derived, field), rel=1e-9, abs=1e-15), field
