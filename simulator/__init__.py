@@ -14,28 +14,48 @@ path-loss model RF harvesting and the gateway share), ``network`` (gateway, coll
 Markdown, plots), ``config`` (the typed scenario).
 """
 
+import importlib.machinery
+import importlib.util
+import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 from edge.errors import ConfigError, DataError
 
-NATIVE_MODULES = ("capacitor", "node")  # compiled with mypyc by `make native` when a C compiler is there
+# compiled with mypyc by `make native` when a C compiler is there; TRICKLE_PURE_PYTHON=1 runs their source
+NATIVE_MODULES = ("capacitor", "node")
 
 
 def stale_native_modules() -> list[str]:
     """Compiled modules older than their Python source: Python would import the stale build."""
     here = Path(__file__).parent
     stale = []
+    # mypyc puts the compiled code of the group in one library; each module's own .so is a shim
+    library = max((p.stat().st_mtime for p in here.glob("_native__mypyc.*.so")), default=0.0)
     for name in NATIVE_MODULES:
         source = here / f"{name}.py"
         for built in here.glob(f"{name}.*.so"):
-            if built.stat().st_mtime < source.stat().st_mtime:
+            if max(built.stat().st_mtime, library) < source.stat().st_mtime:
                 stale.append(built.name)
     return stale
 
 
-if stale_native_modules():
+class _PythonCore(importlib.machinery.PathFinder):
+    """Imports the compiled modules from their Python source (TRICKLE_PURE_PYTHON=1)."""
+
+    @classmethod
+    def find_spec(cls, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in {f"simulator.{m}" for m in NATIVE_MODULES}:
+            return None
+        source = Path(__file__).parent / f"{name.rsplit('.', 1)[1]}.py"
+        return importlib.util.spec_from_file_location(name, source)
+
+
+if os.environ.get("TRICKLE_PURE_PYTHON"):
+    sys.meta_path.insert(0, _PythonCore)
+elif stale_native_modules():
     warnings.warn(f"simulator: compiled {', '.join(stale_native_modules())} older than the source; "
                   "run `make native` (or delete them to run as Python)", stacklevel=2)
 
@@ -49,6 +69,4 @@ __all__ = ["ConfigError", "DataError", *_LAZY]
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'simulator' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(_LAZY[name]), name)

@@ -23,7 +23,7 @@ from simulator import network
 from simulator.config import Scenario
 from simulator.data import resolve_data_file
 from simulator.harvesters import build_curves, build_trace
-from simulator.node import END, SENSE, Node, NodeSpec, NodeStats, PowerPath, apply_event, next_event
+from simulator.node import END, Node, NodeSpec, NodeStats, PowerPath, apply_event, next_event
 from simulator.power import curve_regions, mppt_point
 from simulator.reference import run_fixed_step
 from simulator.summary import summarize
@@ -199,10 +199,12 @@ def _node_spec(shared: _Shared, node_id: int) -> NodeSpec:
     )
 
 
-# Events where the node meets the world (a sensing event, the end); its internal events
-# (harvest steps, phases, voltage crossings) are applied in closed form without a round
-# trip through the event queue, since no other process observes them.
-_SYNC = (SENSE, END)
+# Events where a node process yields to SimPy's queue. Nodes do not interact (their packets meet
+# only at the gateway, resolved after the run), so only the end is one; every other event
+# (harvest steps, sensing, phases, voltage crossings) is applied in closed form without a round
+# trip through the queue, since no other process observes it. An interaction between nodes
+# would add its event kinds here.
+_SYNC = (END,)
 
 
 def _node_process(env: simpy.Environment, node: Node) -> Generator[simpy.Event, None, None]:

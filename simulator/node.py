@@ -474,8 +474,8 @@ class Node:
         if mode == SEQ:
             self._seq_next()
         elif mode == BOOT:
-            if self.seq_ckpt is not None and self.restore_jit is not None:
-                self._enter(RESTORE, self.restore_jit)
+            if self.seq_ckpt is not None:  # a checkpoint of the boot sequence: restore it, don't start over
+                self._enter(RESTORE, self.restore_jit or restore_phase(self.spec.work, self.ckpt.restore_bytes))
             elif self.seq:
                 self._seq_enter(self._seq_skip(0))
             else:

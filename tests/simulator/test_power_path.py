@@ -333,3 +333,16 @@ def test_a_jit_load_with_the_jit_policys_own_figures_runs_the_same_node() -> Non
         assert getattr(given, field) == getattr(derived, field), field
     for field in ("on_time_s", "load_j", "harvested_j", "lost_work_j"):
         assert getattr(given, field) == pytest.approx(getattr(derived, field), rel=1e-9, abs=1e-15), field
+
+
+def test_the_jit_policy_checkpoints_a_program_and_restores_it_after_a_failure() -> None:
+    # no jit_load: the policy's own checkpoint (state_bytes through FRAM) and restore serve the program
+    program = [{"name": "init", "run": "once_per_boot", "duration_s": 1e-3, "current_a": 1e-3},
+               {"name": "compute", "run": "repeat", "duration_s": 5.0, "current_a": 1e-3}]
+    src = {"kind": "current", "current_a": 100e-6, "period_s": 100.0, "duty": 0.5}
+    r = run_one(harvester=src, output={"kind": "direct"}, storage={**QUIET, "leakage_r_ohm": 1e5},
+                workload={"program": program, "policy": "jit", "jit_threshold_v": 2.3},
+                run={"duration_s": 1000.0, "workers": 1, "seed": 0})
+    st = r.stats
+    assert st.power_cycles > 0 and st.checkpoints >= st.power_cycles and st.lost_work_j == 0.0
+    assert st.phase_counts["init"] < st.boots  # a boot with a checkpoint restores instead of starting over
