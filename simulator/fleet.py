@@ -235,7 +235,7 @@ def run_shard(shared: _Shared, node_ids: range) -> list[NodeResult]:
 def _result(node: Node) -> NodeResult:
     trace: dict[str, list[float] | list[int]] | None = None
     if node.spec.record_trace:
-        trace = {"time_s": node.trace_t, "voltage_v": node.trace_v, "mode": node.trace_mode}
+        trace = {"time_s": node.trace_t, "voltage_v": node.trace_v, "mode": node.trace_mode, "event": node.trace_event}
     packets = np.asarray(node.packets, dtype=np.float64).reshape(-1, 3)
     task_log = np.asarray(node.task_log, dtype=np.int64).reshape(-1, 3)
     done_s = np.asarray(node.task_done_s, dtype=np.float64)

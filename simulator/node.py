@@ -207,6 +207,7 @@ class Node:
         self.trace_t: list[float] = []
         self.trace_v: list[float] = []
         self.trace_mode: list[int] = []
+        self.trace_event: list[int] = []  # what happened at each row (-1: the start)
         self.tracing = spec.record_trace
         if path is not None:
             if path.source in ("bq_curve", "bq_power") and path.inp.mppt_sample_s > 0:
@@ -363,11 +364,12 @@ class Node:
                     self.pos.elapsed_s += dt
         self.v, self.t = v_new, self.t + dt
 
-    def record(self) -> None:
+    def record(self, event: int = -1) -> None:
         if self.tracing:
             self.trace_t.append(self.t)
             self.trace_v.append(self.v)
             self.trace_mode.append(int(self.mode))
+            self.trace_event.append(event)
 
     # ---- transitions -------------------------------------------------------------
 
@@ -404,7 +406,7 @@ class Node:
             self.next_mppt_s += inp.mppt_sample_s if self.sampling else inp.mppt_period_s - inp.mppt_sample_s
             self._source_terms()
         if self.tracing:
-            self.record()
+            self.record(int(kind))
 
     def _enter(self, mode: Mode, phase: Phase | None = None, remaining_s: float | None = None) -> None:
         self.mode, self.phase = mode, phase
@@ -720,6 +722,6 @@ def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: b
     node.t = t_next  # the exact event time, free of accumulated rounding
     if kind == V_MAX:
         if node.tracing:
-            node.record()
+            node.record(int(V_MAX))
     elif kind != END:
         node.handle(kind)

@@ -17,7 +17,7 @@ import numpy as np
 from edge.files import write_atomic
 from edge.tables import markdown_table
 from simulator.fleet import SimulationResult
-from simulator.node import Mode
+from simulator.node import Event, Mode
 from simulator.summary import PACKET_OUTCOMES, period_stats
 
 SCHEMA_VERSION = 1
@@ -63,11 +63,15 @@ def cycles_csv(result: SimulationResult) -> str:
 
 
 def trace_csv(trace: dict[str, Any]) -> str:
-    """A recorded node's voltage and mode at every event (the mode holds until the next row)."""
-    rows = ["time_s,voltage_v,mode"]
-    names = {int(m): m.name.lower() for m in Mode}
-    for t, v, m in zip(trace["time_s"], trace["voltage_v"], trace["mode"]):
-        rows.append(f"{float(t)!r},{float(v)!r},{names[int(m)]}")
+    """A recorded node's event log: at every event, what happened, the voltage and the mode entered
+    (which holds until the next row). Events: start, harvest (the source steps), phase (one ends),
+    sense, v_on, v_cut (power failure), v_jit, v_max (clamp reached), v_seg (a region edge of the
+    power path), mppt (the charger stops to sample V_oc, or resumes)."""
+    rows = ["time_s,event,voltage_v,mode"]
+    modes = {int(m): m.name.lower() for m in Mode}
+    events = {-1: "start", **{int(e): e.name.lower() for e in Event}}
+    for t, e, v, m in zip(trace["time_s"], trace["event"], trace["voltage_v"], trace["mode"]):
+        rows.append(f"{float(t)!r},{events[int(e)]},{float(v)!r},{modes[int(m)]}")
     return "\n".join(rows) + "\n"
 
 

@@ -83,3 +83,8 @@ def test_cycles_and_traces_as_csv_match_the_results(tmp_path: Path) -> None:
     trace = list(csv.DictReader((tmp_path / "traces" / "node-0.csv").open()))
     assert [float(r["voltage_v"]) for r in trace] == result.nodes[0].trace["voltage_v"]  # type: ignore[index]
     assert {r["mode"] for r in trace} >= {"off", "boot", "run"} and not (tmp_path / "traces" / "node-1.csv").exists()
+    # the event log: every power failure is a v_cut row at the time cycles.csv gives, entering off
+    failures = [(float(r["time_s"]), r["mode"]) for r in trace if r["event"] == "v_cut"]
+    assert [t for t, _ in failures] == [float(r["power_failure_s"]) for r in node0 if r["power_failure_s"]]
+    assert {m for _, m in failures} == {"off"} and trace[0]["event"] == "start"
+    assert {r["event"] for r in trace} >= {"v_on", "phase", "sense", "harvest"}
