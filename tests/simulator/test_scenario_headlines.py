@@ -62,7 +62,13 @@ def _jit_checkpoint(s: dict[str, Any]) -> None:  # every failure falls on a chec
     assert s["phase_send_completed"] > 0 and s["packets_delivered"] > 0
 
 
-HEADLINES = {"botoks_sense_send": _botoks_sense_send, "jit_checkpoint": _jit_checkpoint,
+def _bq25570_indoor(s: dict[str, Any]) -> None:  # cold start at dawn, a day of work, a brown-out after dusk
+    assert s["power_cycles"] >= s["nodes"] and s["completed"] > 100 and s["packets_delivered"] > 100
+    assert s["lost_off"] > 0  # sensing events that found the node off: the night and the cold start
+    assert s["input_loss_j"] > 0.1 * s["harvested_j"]  # the charger's losses are booked
+
+
+HEADLINES = {"bq25570_indoor": _bq25570_indoor, "botoks_sense_send": _botoks_sense_send, "jit_checkpoint": _jit_checkpoint,
              "fleet_1000": _fleet_1000, "indoor_office": _indoor_office, "nrel_24h": _nrel_24h,
              "piezo_machine": _piezo_machine, "rf_powercast": _rf_powercast, "teg_pipe": _teg_pipe}
 
