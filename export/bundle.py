@@ -28,8 +28,8 @@ from edge.vectors import FILE as VECTORS_FILE
 from edge.vectors import TestVectors
 from export.formats import FILE_FORMATS, FLOAT_FORMATS, FORMATS, TEST_VECTORS
 from models.checkpoint import load_checkpoint
-from models.datasets import Dataset, load
-from models.nexume import calibrate_int8, deployable_variants, variant_energy_j
+from models.datasets import Dataset, dataset_name
+from models.nexume import TrainConfig, calibrate_int8, deployable_variants, variant_energy_j
 from models.switchable import FLOAT_BITS, SwitchableNet
 from simulator.devices import MCUS
 
@@ -201,7 +201,8 @@ def manifest(payload: dict[str, Any], model: SwitchableNet, data: Dataset, varia
         entries.append(Variant(name=v.name, bits=v.bits, drop=v.drop, layers=layers, energy_j=energy,
                                accuracy=v.accuracy, formats={fmt: file for fmt, (file, _) in v.files.items()}))
     return {
-        "schema_version": SCHEMA_VERSION, "model": f"{cfg['dataset']}-{cfg['method']}", "task": cfg["dataset"],
+        "schema_version": SCHEMA_VERSION, "model": f"{dataset_name(cfg['dataset'])}-{cfg['method']}",
+        "task": dataset_name(cfg["dataset"]),
         "labels": payload["labels"],
         "inputs": [Tensor(name="x", shape=[1, *data.input_shape], dtype="float32")],
         "outputs": [Tensor(name="logits", shape=[1, len(payload["labels"])], dtype="float32")],
@@ -230,7 +231,7 @@ def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS,
         raise ExportError(f"--formats {','.join(unknown)}: must be among {','.join(FORMATS)}")
     model, payload = load_checkpoint(checkpoint)
     method = payload["config"]["method"]
-    data = load(payload["config"]["dataset"], data_root)
+    data = TrainConfig.model_validate(payload["config"]).load_data(data_root)  # the same split as in training
     if method == "fp32" and "onnx-int8" in formats:
         calibrate_int8(model, data.x_train)  # a float model is quantized after training
     example = torch.tensor(data.x_test[:1])  # fresh strides: ExecuTorch refuses a 0 stride

@@ -28,7 +28,8 @@ DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a te
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
 DRAFT_KINDS = ("moa", "eagle", "independent")  # models.draft.KINDS
-ONLY = {"nexume": ("dataset", "method", "epochs"), "lm": ("size",), "draft": ("target", "kind")}
+ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad"), "lm": ("size",),
+        "draft": ("target", "kind")}
 SHARED = {"lm": ("corpus", "minutes", "steps", "resume"), "draft": ("corpus", "minutes", "steps", "resume")}  # lm and draft
 
 
@@ -40,7 +41,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=DRAFT_KINDS,
                    help="draft only: moa (Mixture of Attentions, the default), eagle (EAGLE-style: one layer on the "
                         "target's last hidden state) or independent (a small Llama distilled from the target)")
-    p.add_argument("--dataset", choices=DATASETS, help="nexume only: which task (default digits)")
+    p.add_argument("--dataset", metavar="NAME|PATH",
+                   help="nexume only: fsdd, basic_motions, digits (default), or your own data: a folder with one "
+                        "sub-folder of WAV/FLAC files per label, a .csv/.parquet table of series, an .npz with X and y "
+                        "(optionally X_test, y_test), or ucr:NAME (a UCR/UEA set sktime ships)")
+    p.add_argument("--label-column", help="nexume, your table: the column of class labels (default label)")
+    p.add_argument("--id-column", help="nexume, your table in long format (a row per time step): the column naming "
+                                       "each example; without it a table is wide (a row per example)")
+    p.add_argument("--time-column", help="nexume, long format: the column ordering an example's rows")
+    p.add_argument("--pad", action="store_true", help="nexume, your data: zero-pad series of unequal length")
     p.add_argument("--method", choices=METHODS,
                    help="nexume only: nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) "
                         "or fp32")
@@ -86,7 +95,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from edge.config import load_config
     from models.nexume import TrainConfig
 
-    flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed")}
+    flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed", "label_column", "id_column",
+                                           "time_column")}
+    flags["pad"] = args.pad or None
     return load_config(TrainConfig, args.config, args.set, flags, source="train config")
 
 
@@ -130,13 +141,14 @@ def run_nexume(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from models.checkpoint import save_checkpoint
-    from models.datasets import load
+    from models.datasets import dataset_name
     from models.nexume import train
 
     cfg = config_from_args(args)
-    data = load(cfg.dataset, args.data)
-    out = args.out or Path("runs") / "train" / f"{cfg.dataset}-{cfg.method}"
-    with tqdm(total=cfg.epochs, unit="epoch", desc=f"{cfg.method} on {cfg.dataset}", file=sys.stderr,
+    data = cfg.load_data(args.data)
+    name = dataset_name(cfg.dataset)
+    out = args.out or Path("runs") / "train" / f"{name}-{cfg.method}"
+    with tqdm(total=cfg.epochs, unit="epoch", desc=f"{cfg.method} on {name}", file=sys.stderr,
               disable=args.no_progress or None, leave=False) as bar:
         def progress(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
             bar.update(1)
@@ -148,7 +160,7 @@ def run_nexume(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"train_time_s": result.train_time_s, "best": best, "written": [str(p) for p in paths]}))
         return 0
-    print(f"trained {cfg.method} on {cfg.dataset} in {result.train_time_s:.1f} s; "
+    print(f"trained {cfg.method} on {name} in {result.train_time_s:.1f} s; "
           f"best variant {best['bits']}-bit drop {best['drop']}: accuracy {best['accuracy']:.3f}")
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0

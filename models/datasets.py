@@ -59,15 +59,28 @@ class Dataset:
         return len(self.labels)
 
 
-def load(name: str, data_root: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None) -> Dataset:
-    """Load one of ``DATASETS``; ``data_root`` is the shared data folder (for fsdd)."""
+def load(name: str, data_root: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+         options: Any = None) -> Dataset:
+    """One of ``DATASETS`` (``data_root`` is the shared data folder, for fsdd), or the user's data at
+    ``name`` read with ``options`` (``models.userdata.UserData``)."""
     if name == "fsdd":
         return load_fsdd(data_root, cache_dir)
     if name == "basic_motions":
         return load_basic_motions()
     if name == "digits":
         return load_digits()
-    raise DatasetError(f"dataset = {name!r}: must be one of {list(DATASETS)}")
+    from models.userdata import load_user
+
+    return load_user(name, options)
+
+
+def dataset_name(spec: str) -> str:
+    """A short name for a data set spec: the built-in name, the UCR/UEA name, or the file's or folder's stem."""
+    if spec in DATASETS:
+        return spec
+    if spec.startswith("ucr:"):
+        return spec.removeprefix("ucr:")
+    return Path(spec.rstrip("/")).stem or "data"
 
 
 def _standardize(train: np.ndarray, test: np.ndarray, axes: tuple[int, ...]

@@ -21,6 +21,7 @@ Methods (the baselines of the evaluation use the same network and loop):
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,8 +46,21 @@ DROP_LEVELS = (0.0, 0.25, 0.5)  # the dropout levels a device can choose among (
 class TrainConfig(Config):
     """One training run."""
 
-    dataset: Literal["fsdd", "basic_motions", "digits"] = "digits"
-    """Which task."""
+    dataset: str = Field("digits", min_length=1)
+    """Which task: fsdd, basic_motions, digits, or your own data (a folder of audio per label, a .csv or
+    .parquet table, an .npz with X and y, or ucr:NAME; see models.userdata)."""
+    label_column: str = "label"
+    """Your table's column of class labels."""
+    id_column: str | None = None
+    """Your table in long format (a row per time step): the column naming each example."""
+    time_column: str | None = None
+    """Long format: the column that orders an example's rows."""
+    pad: bool = False
+    """Zero-pad series of unequal length to the longest (otherwise they are an error)."""
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    """Your data without a test split: the share held out (stratified, seeded by ``seed``)."""
+    min_per_class: int = Field(5, ge=2, le=100_000)
+    """Your data: fewer examples of a class is an error."""
     method: Method = "nexume"
     """nexume, uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) or fp32."""
     epochs: int = Field(30, ge=1, le=10_000)
@@ -80,6 +94,15 @@ class TrainConfig(Config):
     @classmethod
     def _known_mcu(cls, name: str) -> str:
         return known_mcu(name, "mcu")
+
+    def load_data(self, data_root: str | os.PathLike[str] | None = None) -> Dataset:
+        """The task's data: a built-in data set, or the user's read with this config's options."""
+        from models.datasets import load
+        from models.userdata import UserData
+
+        opts = UserData(self.label_column, self.id_column, self.time_column, self.pad, self.test_fraction, self.seed,
+                        self.min_per_class)
+        return load(self.dataset, data_root, options=opts)
 
     @field_validator("harvest_scenario")
     @classmethod
