@@ -16,7 +16,12 @@ from export.formats import BOARDS, FORMATS, TEST_VECTORS
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", type=Path,
-                   help="checkpoint.pt written by trickle train, or a MoA draft folder (trickle train draft) with --target")
+                   help="checkpoint.pt written by trickle train, a MoA draft folder (trickle train draft) with --target, "
+                        "or your own classifier as MODEL.onnx with --calibration")
+    p.add_argument("--calibration", type=Path, metavar="NPZ",
+                   help="MODEL.onnx only: .npz of model inputs 'x' (and optionally labels 'y') that onnxruntime's "
+                        "static int8 quantization calibrates on; they also become the bundle's test vectors")
+    p.add_argument("--labels", metavar="LIST", help="MODEL.onnx only: comma-separated class names (default 0, 1, ...)")
     p.add_argument("--target", type=Path, metavar="DIR",
                    help="a MoA draft's target LM folder: export the draft's device form (ONNX graphs, tokenizer)")
     p.add_argument("--out", type=Path, required=True, help="bundle folder (or .tar with --tar)")
@@ -48,6 +53,11 @@ def run_export(args: argparse.Namespace) -> int:
     """
     if args.target is not None or (args.checkpoint / "draft.json").is_file():
         return run_export_draft(args)
+    if args.checkpoint.suffix.lower() == ".onnx":
+        return run_export_onnx(args)
+    for flag in ("calibration", "labels"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag}", getattr(args, flag), "applies to an ONNX model (MODEL.onnx) only")
     if not args.checkpoint.is_file():
         raise ConfigError("checkpoint", str(args.checkpoint), "no such file")
     if args.bundle_version < 1:
@@ -71,6 +81,27 @@ def run_export(args: argparse.Namespace) -> int:
                          progress=progress, vectors=args.test_vectors)
     if args.json:
         print(json.dumps({"bundle": str(path), "signed": args.key is not None, "parity_checked": checked}))
+    else:
+        print(f"wrote {path}" + (" (signed)" if args.key else " (unsigned)"))
+    return 0
+
+
+def run_export_onnx(args: argparse.Namespace) -> int:
+    """``trickle export model.onnx --calibration calib.npz --out B``: your own ONNX classifier as a bundle,
+    fp32 as given and int8 by onnxruntime's static quantization (``export.onnx_import``)."""
+    if not args.checkpoint.is_file():
+        raise ConfigError("model", str(args.checkpoint), "no such file")
+    if args.calibration is None:
+        raise ConfigError("--calibration", None, "an ONNX model needs calibration data (.npz with 'x') for its int8 variant")
+    if args.bundle_version < 1:
+        raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
+    from export.onnx_import import import_onnx
+
+    labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
+    path = import_onnx(args.checkpoint, args.calibration, args.out, labels, args.key, args.tar, args.bundle_version,
+                       args.test_vectors, progress=None if args.json else lambda m: print(f"  {m}"))
+    if args.json:
+        print(json.dumps({"bundle": str(path), "signed": args.key is not None}))
     else:
         print(f"wrote {path}" + (" (signed)" if args.key else " (unsigned)"))
     return 0

@@ -107,7 +107,8 @@ def quantize_multiplier(m: float) -> tuple[int, int]:
 
 
 def from_qdq(onnx_bytes: bytes) -> IntModel:
-    """The integer model of a brevitas QCDQ graph (conv stack, ReLU, global average pool, Gemm)."""
+    """The integer model of a QDQ graph (conv stack, ReLU, global average pool, Gemm): brevitas' QCDQ
+    export of a trained model, or onnxruntime's static quantization of an imported one."""
     import onnx
     from onnx import numpy_helper
 
@@ -158,6 +159,29 @@ def from_qdq(onnx_bytes: bytes) -> IntModel:
             raise IntModelError(f"weight {name}: expected a symmetric per-tensor quantization")
         return q_val.astype(np.int8), float(scale)
 
+    def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
+        return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+    def ort_conv_output(conv: onnx.NodeProto) -> tuple[float, int, int, str]:
+        """(output scale, clamp low, clamp high, value after) of onnxruntime's Conv → Q → DQ [→ Relu → Q → DQ].
+
+        The QDQ graph rounds a ReLU's input to the conv output's scale and then to the ReLU's; the
+        integer model requantizes once, to the ReLU's scale, clamped at 0."""
+        q = only(conv.output[0], "QuantizeLinear")
+        zp = value(q.input[2])
+        if zp.dtype != np.int8 or int(zp) != 0:
+            raise IntModelError(f"{q.name}: expected symmetric int8 activations (ActivationSymmetric)")
+        dq = only(q.output[0], "DequantizeLinear")
+        if [u.op_type for u in consumers.get(dq.output[0], [])] != ["Relu"]:
+            return float(value(q.input[1])), -128, 127, dq.output[0]
+        relu = only(dq.output[0], "Relu")
+        q2 = only(relu.output[0], "QuantizeLinear")
+        zp2 = value(q2.input[2])
+        if zp2.dtype != np.int8 or int(zp2) != 0:
+            raise IntModelError(f"{q2.name}: expected symmetric int8 activations (ActivationSymmetric)")
+        return float(value(q2.input[1])), 0, 127, only(q2.output[0], "DequantizeLinear").output[0]
+
+    pooled = False
     inputs = [i for i in graph.input if i.name not in consts]  # old exporters list initializers as inputs too
     if len(inputs) != 1:
         raise IntModelError(f"expected one graph input, found {[i.name for i in inputs]}")
@@ -176,22 +200,31 @@ def from_qdq(onnx_bytes: bytes) -> IntModel:
         if len(users) != 1:
             raise IntModelError(f"{cur}: used by {[u.op_type for u in users]}; only chains are supported")
         node = users[0]
+        if pooled and node.op_type in ("QuantizeLinear", "DequantizeLinear", "Flatten", "Reshape"):
+            cur = node.output[0]  # onnxruntime requantizes the pooled values: the integer model keeps the int32 sums
+            continue
         if node.op_type == "Conv":
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             w, s_w = int_weight(node.input[1])
             bias = value(node.input[2]).astype(np.float64) if len(node.input) > 2 else np.zeros(w.shape[0])
-            relu = only(node.output[0], "Relu")
-            q = only(relu.output[0], "QuantizeLinear")
-            s_y, zp_y = float(value(q.input[1])), value(q.input[2])
-            if zp_y.dtype != np.uint8 or int(zp_y) != 0:
-                raise IntModelError(f"{q.name}: expected the uint8 zero-point-0 quantization of a ReLU")
-            act_min, act_max, after_q = -128, 127, q.output[0]
-            if [u.op_type for u in consumers.get(after_q, [])] == ["Clip"]:  # fewer bits: clipped uint8 codes
-                clip = consumers[after_q][0]
-                act_min, act_max = int(value(clip.input[1])) - 128, int(value(clip.input[2])) - 128
-                after_q = clip.output[0]
-            dq = only(after_q, "DequantizeLinear")
-            cur = dq.output[0]
+            after = [u.op_type for u in consumers.get(node.output[0], [])]
+            if after == ["QuantizeLinear"]:  # onnxruntime's QDQ: int8 conv output, then an optional ReLU
+                s_y, act_min, act_max, cur = ort_conv_output(node)
+                out_offset, next_offset = 0, 0
+            else:  # brevitas' QCDQ: ReLU, then uint8 codes (stored as q - 128)
+                relu = only(node.output[0], "Relu")
+                q = only(relu.output[0], "QuantizeLinear")
+                s_y, zp_y = float(value(q.input[1])), value(q.input[2])
+                if zp_y.dtype != np.uint8 or int(zp_y) != 0:
+                    raise IntModelError(f"{q.name}: expected the uint8 zero-point-0 quantization of a ReLU")
+                act_min, act_max, after_q = -128, 127, q.output[0]
+                if [u.op_type for u in consumers.get(after_q, [])] == ["Clip"]:  # fewer bits: clipped uint8 codes
+                    clip = consumers[after_q][0]
+                    act_min, act_max = int(value(clip.input[1])) - 128, int(value(clip.input[2])) - 128
+                    after_q = clip.output[0]
+                dq = only(after_q, "DequantizeLinear")
+                cur = dq.output[0]
+                out_offset, next_offset = -128, 128
             mult = np.ones(w.shape[0])
             users = consumers.get(cur, [])
             if len(users) == 1 and users[0].op_type == "Mul":  # ordered dropout: per-channel 0 or C/keep
@@ -210,7 +243,7 @@ def from_qdq(onnx_bytes: bytes) -> IntModel:
             layer = ConvLayer(weight=np.ascontiguousarray(w_kept),
                               bias=np.round(bias[keep_out] / eff).astype(np.int32),
                               multiplier=np.array(m0s, np.int32), shift=np.array(shifts, np.int32),
-                              input_offset=x_offset, output_offset=-128, act_min=act_min, act_max=act_max,
+                              input_offset=x_offset, output_offset=out_offset, act_min=act_min, act_max=act_max,
                               stride=stride, padding=pad, in_shape=(len(keep_in), *in_shape[1:]),
                               out_shape=(len(keep_out), *spatial))
             bound = int(np.abs(w_kept.astype(np.int64)).reshape(len(keep_out), -1).sum(1).max()) * 256
@@ -220,13 +253,22 @@ def from_qdq(onnx_bytes: bytes) -> IntModel:
             scale_kept = mult[keep_out]
             if len(set(scale_kept.tolist())) != 1:
                 raise IntModelError(f"{node.name}: dropout rescale differs across kept channels")
-            x_scale, x_offset = s_y * float(scale_kept[0]), 128  # stored q - 128, so add 128 back
+            x_scale, x_offset = s_y * float(scale_kept[0]), next_offset  # brevitas: stored q - 128, so add 128 back
             keep_in, in_shape = np.arange(len(keep_out)), (len(keep_out), *spatial)
         elif node.op_type == "Reshape":
             reduce = only(node.output[0], "ReduceMean")
             positions = math.prod(in_shape[1:])
             out.layers.append(PoolLayer(input_offset=x_offset, in_shape=in_shape))
             x_scale, x_offset, cur = x_scale / positions, 0, reduce.output[0]
+            in_shape = (in_shape[0],)
+        elif node.op_type in ("ReduceMean", "GlobalAveragePool"):  # onnxruntime's graph: pooling over positions
+            axes = attrs_of(node).get("axes")
+            if node.op_type == "ReduceMean" and (axes is None or sorted(a % (len(in_shape) + 1) for a in axes)
+                                                 != list(range(2, len(in_shape) + 1))):
+                raise IntModelError(f"{node.name}: ReduceMean over axes {axes}; the firmware pools over all positions")
+            positions = math.prod(in_shape[1:])
+            out.layers.append(PoolLayer(input_offset=x_offset, in_shape=in_shape))
+            x_scale, x_offset, cur, pooled = x_scale / positions, 0, node.output[0], True
             in_shape = (in_shape[0],)
         elif node.op_type == "Gemm":
             w, s_w = int_weight(node.input[1])
@@ -238,7 +280,10 @@ def from_qdq(onnx_bytes: bytes) -> IntModel:
             out.layers.append(DenseLayer(np.ascontiguousarray(w[:, keep_in]), np.round(bias / eff).astype(np.int32), eff))
             return out
         else:
-            raise IntModelError(f"{node.op_type} ({node.name}): not an operation the firmware runs")
+            index = list(graph.node).index(node) + 1
+            raise IntModelError(f"operator {node.op_type} (node {node.name!r}, {index} of {len(graph.node)} in the graph) "
+                                "has no firmware kernel: the firmware runs Conv (with ReLU), global average pooling "
+                                "and a final Gemm")
 
 
 # ---- the integer model as an exact ONNX graph (the oracle) -------------------------------------
