@@ -29,7 +29,7 @@ from edge.vectors import TestVectors
 from export.formats import FILE_FORMATS, FLOAT_FORMATS, FORMATS, TEST_VECTORS
 from models.checkpoint import load_checkpoint
 from models.datasets import Dataset, dataset_name
-from models.nexume import TrainConfig, calibrate_int8, deployable_variants, variant_energy_j
+from models.nexume import TrainConfig, calibrate_int8, deployable_variants, drop_levels, variant_energy_j
 from models.switchable import FLOAT_BITS, SwitchableNet
 from simulator.devices import MCUS
 
@@ -172,10 +172,11 @@ def check_parity(model: SwitchableNet, bits: int, drop: float, model_bytes: byte
     return acc, got
 
 
-def variant_plan(method: str, formats: Sequence[str]) -> list[tuple[int, float, list[str]]]:
+def variant_plan(method: str, formats: Sequence[str], drops: Sequence[float] | None = None
+                 ) -> list[tuple[int, float, list[str]]]:
     """(bits, drop, manifest formats) for every variant the bundle carries: the float graph of each
     dropout level the model runs, and the quantized graph of each (bits, drop) it was trained for."""
-    deployable = deployable_variants(method)
+    deployable = [(b, d) for b, d in deployable_variants(method) if drops is None or d in drops]
     float_formats = [f for fmt in FLOAT_FORMATS if fmt in formats for f in FILE_FORMATS[fmt]]
     plan: list[tuple[int, float, list[str]]] = []
     for drop in sorted({d for _, d in deployable}):
@@ -222,14 +223,15 @@ def collect_test_vectors(data: Dataset, variants: list[VariantFiles], count: int
 
 def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS, key: Path | None = None,
                   as_tar: bool = False, bundle_version: int = 1, data_root: Path | None = None,
-                  progress: Callable[[str], None] | None = None, vectors: int = TEST_VECTORS) -> Path:
+                  progress: Callable[[str], None] | None = None, vectors: int = TEST_VECTORS,
+                  module: torch.nn.Module | None = None) -> Path:
     """Write the bundle of ``checkpoint`` to ``out`` (a folder, or a .tar with ``as_tar``); returns the path."""
     from edge import __version__
 
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or not formats:
         raise ExportError(f"--formats {','.join(unknown)}: must be among {','.join(FORMATS)}")
-    model, payload = load_checkpoint(checkpoint)
+    model, payload = load_checkpoint(checkpoint, module)
     method = payload["config"]["method"]
     data = TrainConfig.model_validate(payload["config"]).load_data(data_root)  # the same split as in training
     if method == "fp32" and "onnx-int8" in formats:
@@ -237,7 +239,7 @@ def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS,
     example = torch.tensor(data.x_test[:1])  # fresh strides: ExecuTorch refuses a 0 stride
     variants: list[VariantFiles] = []
     suffix = {f: sfx for per in FILE_FORMATS.values() for f, sfx in per.items()}
-    for bits, drop, fmts in variant_plan(method, formats):
+    for bits, drop, fmts in variant_plan(method, formats, drop_levels(model)):
         name = f"{'fp32' if bits == FLOAT_BITS else f'int{bits}'}-d{round(drop * 100):02d}"
         files: dict[str, tuple[str, bytes]] = {}
         accuracy: dict[str, float] = {}

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from edge.errors import DataError
 from edge.files import write_atomic
 from edge.tables import markdown_table
 from models.datasets import Dataset
@@ -20,9 +21,13 @@ CHECKPOINT_VERSION = 1
 
 def save_checkpoint(result: TrainResult, data: Dataset, out_dir: Path) -> list[Path]:
     """checkpoint.pt, summary.json and summary.md in ``out_dir``."""
+    model = result.model
+    custom = None if isinstance(model, SwitchableNet) else {
+        "spec": model.spec, "input_shape": list(model.input_shape), "n_classes": data.n_classes}
     payload = {
         "version": CHECKPOINT_VERSION,
-        "arch": result.model.arch.to_dict(),
+        "arch": model.arch.to_dict() if custom is None else None,
+        "custom": custom,
         "state_dict": result.model.state_dict(),
         "config": result.config.model_dump(mode="json"),
         "labels": list(data.labels),
@@ -40,11 +45,24 @@ def save_checkpoint(result: TrainResult, data: Dataset, out_dir: Path) -> list[P
     return paths
 
 
-def load_checkpoint(path: Path) -> tuple[SwitchableNet, dict[str, Any]]:
+def load_checkpoint(path: Path, module: torch.nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
+    """The trained network and the checkpoint's payload. A user's network is rebuilt from its spec
+    (``pkg.module:function``), or from ``module`` (a fresh instance) when it was given in Python."""
     import brevitas.config
 
     payload = torch.load(path, map_location="cpu", weights_only=False)
-    model = SwitchableNet(Arch.from_dict(payload["arch"]))
+    custom = payload.get("custom")
+    if custom is None:
+        model: Any = SwitchableNet(Arch.from_dict(payload["arch"]))
+    else:
+        from models.custom import build, switchable
+
+        if module is None and custom["spec"] is None:
+            raise DataError(f"{path}: the network was given in Python (models.custom.fit); pass a fresh instance "
+                            "of it to export it (export.bundle.export_bundle(..., module=...))")
+        shape = tuple(custom["input_shape"])
+        model = switchable(module if module is not None else build(custom["spec"], shape, custom["n_classes"]), shape,
+                           custom["spec"])
     # an activation quantizer that never ran in training has no learned scale yet; brevitas
     # initialises it on first use, exactly as it would have in the saved model
     saved, brevitas.config.IGNORE_MISSING_KEYS = brevitas.config.IGNORE_MISSING_KEYS, True

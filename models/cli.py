@@ -28,7 +28,8 @@ DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a te
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
 DRAFT_KINDS = ("moa", "eagle", "independent")  # models.draft.KINDS
-ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad"), "lm": ("size",),
+ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad", "model"),
+        "lm": ("size",),
         "draft": ("target", "kind")}
 SHARED = {"lm": ("corpus", "minutes", "steps", "resume"), "draft": ("corpus", "minutes", "steps", "resume")}  # lm and draft
 
@@ -50,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                        "each example; without it a table is wide (a row per example)")
     p.add_argument("--time-column", help="nexume, long format: the column ordering an example's rows")
     p.add_argument("--pad", action="store_true", help="nexume, your data: zero-pad series of unequal length")
+    p.add_argument("--model", metavar="PKG.MODULE:FUNCTION",
+                   help="nexume only: your network instead of the built-in CNN: a function of (input shape, number of "
+                        "classes) returning a torch.nn.Module; its Conv1d/Conv2d/Linear layers become switchable-"
+                        "precision ones (models.custom)")
     p.add_argument("--method", choices=METHODS,
                    help="nexume only: nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) "
                         "or fp32")
@@ -96,7 +101,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from models.nexume import TrainConfig
 
     flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed", "label_column", "id_column",
-                                           "time_column")}
+                                           "time_column", "model")}
     flags["pad"] = args.pad or None
     return load_config(TrainConfig, args.config, args.set, flags, source="train config")
 

@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -61,6 +61,9 @@ class TrainConfig(Config):
     """Your data without a test split: the share held out (stratified, seeded by ``seed``)."""
     min_per_class: int = Field(5, ge=2, le=100_000)
     """Your data: fewer examples of a class is an error."""
+    model: str | None = None
+    """Your network instead of the built-in CNN: ``pkg.module:function``, called with (input shape, number of
+    classes), returning a torch.nn.Module (see models.custom)."""
     method: Method = "nexume"
     """nexume, uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) or fp32."""
     epochs: int = Field(30, ge=1, le=10_000)
@@ -201,14 +204,26 @@ def _schedule(cfg: TrainConfig, sampler: EnergySampler | None, rng: np.random.Ge
     return bits_for(e, sampler.energy_max_j, cfg.q_min, cfg.q_max), dropout_for(e, sampler.energy_max_j, cfg.d_max)
 
 
-def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[str, float]], None] | None = None) -> TrainResult:
-    """Train ``cfg.method`` on ``data``; ``progress(epoch, epochs, metrics)`` after each epoch."""
+def build_model(cfg: TrainConfig, data: Dataset) -> Any:
+    """The network ``cfg`` trains: the built-in CNN, or the user's module (``cfg.model``) made switchable."""
+    if cfg.model is None:
+        return SwitchableNet(arch_for(data.name, data.input_shape, data.n_classes))
+    from models.custom import build, switchable
+
+    return switchable(build(cfg.model, data.input_shape, data.n_classes), data.input_shape, cfg.model)
+
+
+def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[str, float]], None] | None = None,
+          model: Any = None) -> TrainResult:
+    """Train ``cfg.method`` on ``data``; ``progress(epoch, epochs, metrics)`` after each epoch. ``model``
+    (a ``models.custom.UserNet``) replaces the network ``cfg`` names."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    model = SwitchableNet(arch_for(data.name, data.input_shape, data.n_classes))
+    model = model if model is not None else build_model(cfg, data)
     sampler = EnergySampler.from_scenario(cfg.harvest_scenario, seed=cfg.seed) if cfg.method == "nexume" else None
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    weights = [p for layer in (*model.convs, model.classifier) for p in (layer.weight, layer.bias)]
+    weights = trained_weights(model)
+    n_layers = len(weights) // 2
     updates = [torch.zeros_like(p) for p in weights]
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     history: list[dict[str, float]] = []
@@ -224,7 +239,7 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
             logits = model(x[batch])
             task = F.cross_entropy(logits, y[batch])
             # λ terms: constant for the sampled (q, d), so they shape the loss value, not the gradient
-            cost = cfg.lambda_q * precision_cost(bits) * len(model.convs) + cfg.lambda_d * drop * len(model.convs)
+            cost = cfg.lambda_q * precision_cost(bits) * n_layers + cfg.lambda_d * drop * n_layers
             loss = task + cost
             opt.zero_grad()
             loss.backward()
@@ -268,6 +283,18 @@ def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, y: t
             opt.step()
 
 
+def trained_weights(model: Any) -> list[nn.Parameter]:
+    """The conv and linear weights and biases whose update counts NExUME keeps."""
+    if isinstance(model, SwitchableNet):
+        return [p for layer in (*model.convs, model.classifier) for p in (layer.weight, layer.bias)]
+    return list(model.trained_weights())
+
+
+def drop_levels(model: Any) -> tuple[float, ...]:
+    """The dropout levels a model's variants run: the built-in CNN's, or 0 alone (models.custom)."""
+    return DROP_LEVELS if isinstance(model, SwitchableNet) else (0.0,)
+
+
 @torch.no_grad()
 def calibrate_int8(model: SwitchableNet, x: np.ndarray, n: int = 512) -> SwitchableNet:
     """Post-training quantization of a float-trained model: activation scales from ``n`` examples."""
@@ -305,7 +332,7 @@ def evaluate_variants(model: SwitchableNet, data: Dataset, mcu: str) -> list[dic
     """Test accuracy, MACs, weight bytes and energy of every (bits, drop) variant."""
     rows = []
     for bits in SUPPORTED_BITS:
-        for drop in DROP_LEVELS:
+        for drop in drop_levels(model):
             costs = model.layer_costs(drop)
             rows.append({
                 "bits": bits, "drop": drop,
