@@ -1,15 +1,22 @@
 """NExUME DynFit: energy-aware training for intermittently powered nodes (ICLR 2025).
 
 At every iteration the energy at hand E_b is drawn from a simulated node living on a real
-harvest trace (simulator/, not a uniform random number); then (NExUME §3.2)
+harvest trace (simulator/, not a uniform random number); then (NExUME §3.2) the bit-width q and
+the structured dropout d the step trains are chosen to minimise
 
-    d_i = d_max · (1 − E_b / E_max)                       per-layer structured dropout
-    q   = q_min + (q_max − q_min) · E_b / E_max           bit-width, rounded to {2, 4, 8}
-    L   = CE + λ1 · Σ_j c_q(q_j) + λ2 · Σ_i c_d(d_i)
+    L(q, d) = CE(q, d) + λ1 · Σ_j c_q(q_j) + λ2 · Σ_i c_d(d_i)   subject to  E(q, d) <= E_b
 
 where c_q is a layer's energy at precision q relative to 8 bit (the shared cost model of
-simulator.devices) and c_d(d) = d. Per-weight update counts are kept, and after the main
-phase the rarely updated weights are fine-tuned with dropout and quantization off.
+simulator.devices), c_d(d) = d, and E(q, d) one inference's energy on the MCU; the budget runs
+from the cheapest configuration's (E_b = 0) to the full network's (E_b = E_max) in proportion.
+The search is discrete over the deployable (q, d), with CE(q, d) a running mean of the task loss
+seen at each (``ConfigSearch``): every affordable configuration is tried once, every
+configuration's loss is measured again on a batch at the start of each epoch, and one is drawn
+with probability ∝ exp(−L / τ). So λ decides which configurations the weights are trained for
+(raising λ1 trains the cheap ones more), not only the loss value. (The paper updates per-layer
+dropout rates by projected gradient steps; here dropout levels are the deployable variants' and
+are searched like the bit-widths.) Per-weight update counts are kept, and after the main phase
+the rarely updated weights are fine-tuned with dropout and quantization off.
 
 Methods (the baselines of the evaluation use the same network and loop):
 ``nexume`` as above; ``uniform``: q and d drawn uniformly, energy-unaware (the ablation);
@@ -88,6 +95,8 @@ class TrainConfig(Config):
     """λ1: weight of the precision cost term."""
     lambda_d: float = Field(0.01, ge=0)
     """λ2: weight of the dropout cost term."""
+    search_temperature: float = Field(0.5, gt=0, le=10)
+    """τ of the configuration search: lower picks the best (q, d) more greedily."""
     mcu: str = "msp430fr5994"
     """MCU whose cost model prices the variants (simulator.devices.MCUS)."""
     harvest_scenario: str = "nrel_24h"
@@ -124,19 +133,6 @@ class TrainConfig(Config):
 
 
 # ---- the schedule (NExUME §3.2) -----------------------------------------------------------
-
-
-def dropout_for(energy_j: float, energy_max_j: float, d_max: float) -> float:
-    """d = d_max · (1 − E_b / E_max), with E_b clipped to [0, E_max]."""
-    frac = min(max(energy_j / energy_max_j, 0.0), 1.0)
-    return d_max * (1.0 - frac)
-
-
-def bits_for(energy_j: float, energy_max_j: float, q_min: int, q_max: int, supported: tuple[int, ...] = SUPPORTED_BITS) -> int:
-    """q = q_min + (q_max − q_min) · E_b / E_max, rounded to the nearest supported bit-width."""
-    frac = min(max(energy_j / energy_max_j, 0.0), 1.0)
-    q = q_min + (q_max - q_min) * frac
-    return min(supported, key=lambda b: (abs(b - q), b))
 
 
 def precision_cost(bits: int) -> float:
@@ -192,16 +188,65 @@ class TrainResult:
     variants: list[dict[str, float]] = field(default_factory=list)
 
 
-def _schedule(cfg: TrainConfig, sampler: EnergySampler | None, rng: np.random.Generator, step: int) -> tuple[int, float]:
+@dataclass
+class ConfigSearch:
+    """DynFit's per-step choice of (bits, drop): the least λ-penalised running task loss among the
+    configurations the energy at hand affords (module docstring)."""
+
+    energy_j: dict[tuple[int, float], float]  # one inference of each deployable configuration
+    lambda_q: float
+    lambda_d: float
+    n_layers: int
+    temperature: float
+    loss: dict[tuple[int, float], float] = field(default_factory=dict)
+
+    @classmethod
+    def for_model(cls, model: Any, cfg: TrainConfig) -> ConfigSearch:
+        grid = [(b, d) for b in SUPPORTED_BITS for d in drop_levels(model) if d <= cfg.d_max
+                and cfg.q_min <= b <= cfg.q_max]
+        energy = {g: variant_energy_j(model, g[0], g[1], cfg.mcu) for g in grid}
+        return cls(energy, cfg.lambda_q, cfg.lambda_d, len(trained_weights(model)) // 2, cfg.search_temperature)
+
+    def penalty(self, g: tuple[int, float]) -> float:
+        return self.n_layers * (self.lambda_q * precision_cost(g[0]) + self.lambda_d * g[1])
+
+    def choose(self, fraction: float, rng: np.random.Generator) -> tuple[int, float]:
+        """The configuration to train when the energy at hand is ``fraction`` = E_b / E_max."""
+        low, high = min(self.energy_j.values()), max(self.energy_j.values())
+        cap = low + min(max(fraction, 0.0), 1.0) * (high - low)  # E_b = 0 affords the cheapest, E_max everything
+        cheapest = min(self.energy_j.items(), key=lambda item: item[1])[0]
+        feasible = sorted(g for g, e in self.energy_j.items() if e <= cap) or [cheapest]
+        unseen = [g for g in feasible if g not in self.loss]
+        if unseen:
+            return unseen[int(rng.integers(len(unseen)))]
+        score = np.array([self.loss[g] + self.penalty(g) for g in feasible])
+        p = np.exp(-(score - score.min()) / self.temperature)
+        return feasible[int(rng.choice(len(feasible), p=p / p.sum()))]
+
+    def update(self, g: tuple[int, float], task_loss: float) -> None:
+        self.loss[g] = task_loss if g not in self.loss else 0.9 * self.loss[g] + 0.1 * task_loss
+
+    @torch.no_grad()
+    def refresh(self, model: Any, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Every configuration's task loss on one batch: estimates of configurations the search has
+        not trained lately would otherwise go stale and never be chosen again."""
+        training, bits, drop = model.training, model.bits, model.drop
+        model.eval()
+        for g in self.energy_j:
+            self.loss[g] = float(F.cross_entropy(model.configure(*g)(x), y))
+        model.configure(bits, drop).train(training)
+
+
+def _schedule(cfg: TrainConfig, sampler: EnergySampler | None, search: ConfigSearch | None, rng: np.random.Generator,
+              step: int) -> tuple[int, float]:
     if cfg.method == "qat8":
         return 8, 0.0
     if cfg.method == "fp32":
         return FLOAT_BITS, 0.0
     if cfg.method == "uniform":
         return int(rng.choice(SUPPORTED_BITS)), float(rng.uniform(0.0, cfg.d_max))
-    assert sampler is not None
-    e = sampler.draw(step)
-    return bits_for(e, sampler.energy_max_j, cfg.q_min, cfg.q_max), dropout_for(e, sampler.energy_max_j, cfg.d_max)
+    assert sampler is not None and search is not None
+    return search.choose(sampler.draw(step) / sampler.energy_max_j, rng)
 
 
 def build_model(cfg: TrainConfig, data: Dataset) -> Any:
@@ -224,6 +269,7 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     weights = trained_weights(model)
     n_layers = len(weights) // 2
+    search = ConfigSearch.for_model(model, cfg) if cfg.method == "nexume" else None
     updates = [torch.zeros_like(p) for p in weights]
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     history: list[dict[str, float]] = []
@@ -232,13 +278,16 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
     for epoch in range(cfg.epochs):
         model.train()
         order = torch.from_numpy(rng.permutation(len(x)))
-        total, n_seen, correct = 0.0, 0, 0
+        if search is not None:
+            probe = order[: 4 * cfg.batch_size]
+            search.refresh(model, x[probe], y[probe])
+        total, n_seen, correct, chosen_j = 0.0, 0, 0, 0.0
         for batch in order.split(cfg.batch_size):
-            bits, drop = _schedule(cfg, sampler, rng, step)
+            bits, drop = _schedule(cfg, sampler, search, rng, step)
             model.configure(bits, drop)
             logits = model(x[batch])
             task = F.cross_entropy(logits, y[batch])
-            # λ terms: constant for the sampled (q, d), so they shape the loss value, not the gradient
+            # the λ terms are constant in the weights: they act through the choice of (q, d) (ConfigSearch)
             cost = cfg.lambda_q * precision_cost(bits) * n_layers + cfg.lambda_d * drop * n_layers
             loss = task + cost
             opt.zero_grad()
@@ -248,10 +297,15 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
                     count += (p.grad != 0).to(count.dtype)
             opt.step()
             step += 1
+            if search is not None:
+                search.update((bits, drop), task.item())
+                chosen_j += search.energy_j[(bits, drop)] * len(batch)
             total += task.item() * len(batch)
             n_seen += len(batch)
             correct += int((logits.argmax(1) == y[batch]).sum())
         metrics = {"epoch": epoch + 1, "loss": total / n_seen, "train_acc": correct / n_seen}
+        if search is not None:  # the energy of what the search chose to train, per example
+            metrics["chosen_energy_j"] = chosen_j / n_seen
         history.append(metrics)
         if progress:
             progress(epoch + 1, cfg.epochs, metrics)
