@@ -145,8 +145,8 @@ def _integral_quadratic(v0: float, v1: float, p: float, i: float, g: float) -> f
     if disc > 0.0:
         # f = −g (v − r1)(v − r2), partial fractions: v/f = −1/(g(r1−r2)) [r1/(v−r1) − r2/(v−r2)]
         sq = math.sqrt(disc)
-        q = -0.5 * (-i - sq)  # roots of g v² + i v − p = 0 without cancellation
-        r1, r2 = -q / g, p / q
+        q = -0.5 * (i + math.copysign(sq, i))  # roots of g v² + i v − p = 0 without cancellation, any sign of i
+        r1, r2 = q / g, -p / q
         if r1 > r2:
             r1, r2 = r2, r1
         dv = v1 - v0

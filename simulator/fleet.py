@@ -111,9 +111,10 @@ def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
     run, st, work = scenario.run, scenario.storage, scenario.workload
     harvest = build_trace(scenario.harvester, run.duration_s, np.random.default_rng([run.seed, 0, 0]))
     airtime_s, on_s, tx_w = tx_timing(scenario)
-    v_cut = st.cut_off_v(work.mcu_profile)
+    th = scenario.thresholds  # of the whole power path
+    v_cut = th.v_cut
     # QuantaTasks fit half of what a full charge delivers to the load
-    budget_j = 0.5 * usable_energy_j(st.v_on_v, st.capacitance_f, v_cut) * st.output_efficiency
+    budget_j = 0.5 * usable_energy_j(th.v_on, st.capacitance_f, v_cut) * st.output_efficiency
     path = _power_path(scenario, harvest)
     if work.program:
         if model is not None:
@@ -196,6 +197,7 @@ def _node_spec(shared: _Shared, node_id: int) -> NodeSpec:
         jit_phases=None if jit is None else jit_load_phases(jit, v_out),
         jit_threshold_v=None if jit is None else jit.threshold_v,
         hold=None if jit is None or jit.hold_a is None else (jit.hold_a * v_out, jit.hold_a),
+        gate_quiescent_a=sc.output.gate_quiescent_a,
     )
 
 

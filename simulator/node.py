@@ -107,6 +107,7 @@ class NodeSpec:
     jit_phases: tuple[Phase, Phase] | None = None  # (checkpoint, restore) of a JitLoad
     jit_threshold_v: float | None = None
     hold: tuple[float, float] | None = None  # (power W, current A) while holding on a JitLoad checkpoint
+    gate_quiescent_a: float = 0.0  # a comparator switching the output: its supply current, always drawn
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,7 @@ class Node:
         self.spec, self.end_s = spec, end_s
         path = self.path = spec.path
         self.simple = path is None
-        self.c_f, self.i_a, self.g_s = s.capacitance_f, s.current_draw_a, s.conductance_s
-        if path is not None:
-            self.i_a += path.out.gate_quiescent_a
+        self.c_f, self.i_a, self.g_s = s.capacitance_f, s.current_draw_a + spec.gate_quiescent_a, s.conductance_s
         self.eta_in, self.eta_out = s.input_efficiency, s.output_efficiency
         th = spec.thresholds
         if th is None:
@@ -196,6 +195,7 @@ class Node:
         self.region = 0
         self.regions: CurveRegions | None = None
         self.sampling = False
+        self.pinned = False  # resting on a region edge both sides push towards (the charger's cold-start edge)
         self.next_mppt_s = math.inf
         self._load_cache: dict[tuple[float, float, bool], LoadTerms] = {}
         self.next_sense_idx = 0
@@ -280,8 +280,8 @@ class Node:
             cold = self.region == 0
             if self.sampling and not cold:  # the charger is off while it samples V_oc
                 p_in = 0.0
-            self.harvest_w = p_in
             self.src_p = path.inp.charger_power_w(v_in, p_in, cold) if p_in > 0 else 0.0
+            self.harvest_w = p_in if self.src_p > 0.0 else 0.0  # below its minimum input the charger draws nothing
         self._coeffs()
 
     # ---- scheduled (non-voltage) events ------------------------------------------
@@ -348,6 +348,8 @@ class Node:
         else:
             harvested_j = self.harvest_w * dt
         delivered_j = load.load_w * dt + load.load_a * m1
+        if load.ldo_a > 0.0:
+            delivered_j += load.ldo_a * self._ldo_output_integral(v0, v_new, dt, m1)
         st.harvested_j += harvested_j
         st.input_loss_j += harvested_j - into_j
         st.load_j += delivered_j
@@ -364,6 +366,21 @@ class Node:
                     self.pos.elapsed_s += dt
         self.v, self.t = v_new, self.t + dt
 
+    def _ldo_output_integral(self, v0: float, v1: float, dt: float, m1: float) -> float:
+        """∫ min(v_out, V_cap − dropout) dt over the stretch: an LDO in dropout passes V_cap − dropout."""
+        load = self.load
+        knee = load.ldo_out_v + load.ldo_dropout_v
+        if min(v0, v1) >= knee:
+            return load.ldo_out_v * dt
+        if max(v0, v1) <= knee:
+            return m1 - load.ldo_dropout_v * dt
+        # the stretch crosses the knee (monotone voltage): split it where it does
+        t_knee = min(capacitor.time_to(v0, knee, self.p, self.i, self.g, self.c_f), dt)
+        first = capacitor.voltage_moments(v0, knee, t_knee, self.p, self.i, self.g, self.c_f)[0]
+        above, below = (t_knee, dt - t_knee) if v0 > knee else (dt - t_knee, t_knee)
+        below_m1 = first if v0 < knee else m1 - first
+        return load.ldo_out_v * above + below_m1 - load.ldo_dropout_v * below
+
     def record(self, event: int = -1) -> None:
         if self.tracing:
             self.trace_t.append(self.t)
@@ -374,6 +391,8 @@ class Node:
     # ---- transitions -------------------------------------------------------------
 
     def handle(self, kind: Event) -> None:
+        if kind != V_SEG:
+            self.pinned = False  # anything else may change the terms: look again
         if kind == HARVEST:
             self.seg += 1
             self.next_harvest_s = self._next_harvest_s()
@@ -399,6 +418,10 @@ class Node:
             up = self.region < len(self.edges) and self.v >= self.edges[self.region]
             self.region += 1 if up else -1
             self._source_terms()
+            # at a discontinuous edge the new side may push back (the charger stops sampling V_oc above
+            # VSTOR_CHGEN while the cold-start converter charges below): the voltage rests on the edge
+            back = capacitor.direction(self.v, self.p, self.i, self.g)
+            self.pinned = (back < 0) if up else (back > 0)
         elif kind == MPPT:
             assert self.path is not None
             inp = self.path.inp
@@ -534,7 +557,8 @@ class Node:
         """The first phase from j on that must run: durable ones finished in this pass are skipped;
         passing the end of the boot phases, or of the loop, ends a pass."""
         n, loop = len(self.seq), self.loop_at
-        once_end = loop if loop >= 0 else n
+        # the boot phases end where the loop or the until_power_fails phase begins
+        once_end = loop if loop >= 0 else (n - 1 if n and self.seq[-1].duration_s == math.inf else n)
         for _ in range(2 * n + 1):
             if j == once_end and once_end < n:
                 self.seq_done.difference_update(range(once_end))
@@ -679,7 +703,7 @@ def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
     """``next_event`` with currents, conductances and region edges (a general power path)."""
     t_next, kind = node.scheduled()
     p, i, g, c, v = node.p, node.i, node.g, node.c_f, node.v
-    d = capacitor.direction(v, p, i, g)
+    d = 0 if node.pinned else capacitor.direction(v, p, i, g)
     if d == 0:
         return t_next, kind, v, False
     if v >= node.v_max and d > 0:

@@ -102,6 +102,9 @@ class InputConfig(Config):
 
     @model_validator(mode="after")
     def _table_shape(self) -> InputConfig:
+        if self.mppt_sample_s >= self.mppt_period_s:
+            raise ConfigError("input.mppt_sample_s", self.mppt_sample_s,
+                              f"must be shorter than input.mppt_period_s ({self.mppt_period_s})")
         rows, cols = len(self.efficiency_vin_v), len(self.efficiency_iin_a)
         if len(self.efficiency_table) != rows or any(len(r) != cols for r in self.efficiency_table):
             raise ConfigError("input.efficiency_table", f"{len(self.efficiency_table)} rows",
@@ -182,8 +185,11 @@ class LoadTerms:
 
     p_w: float  # constant power taken from the capacitor (>= 0)
     i_a: float  # constant current taken from the capacitor (>= 0)
-    load_w: float  # power delivered to the load, booked per second (0 for direct current loads)
+    load_w: float  # power delivered to the load, booked per second (0 for current loads)
     load_a: float  # a direct current load: it receives load_a x V_cap
+    ldo_a: float = 0.0  # a load behind an LDO: it receives ldo_a x min(v_out, V_cap - dropout)
+    ldo_out_v: float = 0.0
+    ldo_dropout_v: float = 0.0
 
 
 def load_terms(out: OutputConfig, out_eff: float, power_w: float, current_a: float, on: bool) -> LoadTerms:
@@ -202,7 +208,7 @@ def load_terms(out: OutputConfig, out_eff: float, power_w: float, current_a: flo
         return LoadTerms(0.0, current_a, 0.0, current_a) if current_a > 0 else LoadTerms(power_w, 0.0, power_w, 0.0)
     i_load = current_a if current_a > 0 else power_w / out.v_out_v
     if out.kind == "ldo":
-        return LoadTerms(0.0, i_load + out.quiescent_on_a, i_load * out.v_out_v, 0.0)
+        return LoadTerms(0.0, i_load + out.quiescent_on_a, 0.0, 0.0, i_load, out.v_out_v, out.dropout_v)
     p_out = i_load * out.v_out_v
     p_in = p_out / out.buck_efficiency(i_load) if i_load > 0 else 0.0
     return LoadTerms(p_in, out.quiescent_on_a, p_out, 0.0)
@@ -246,6 +252,8 @@ def curve_regions(v_cell: np.ndarray, i_cell: np.ndarray, drop_v: float) -> Curv
 def mppt_point(v_cell: np.ndarray, i_cell: np.ndarray, fraction: float) -> tuple[float, float]:
     """(V_in, I_in) where fractional-V_oc MPPT holds the cell: V_in = fraction x V_oc."""
     if len(v_cell) == 1:
+        if i_cell[0] == 0.0:  # no light: nothing to track
+            return 0.0, 0.0
         raise ConfigError("input.kind", "bq25570", "needs a source with an open-circuit voltage (an I-V curve), "
                           "or a power source with input.input_v; a current source has none")
     v_in = fraction * float(v_cell[-1])

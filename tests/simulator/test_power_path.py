@@ -346,3 +346,51 @@ def test_the_jit_policy_checkpoints_a_program_and_restores_it_after_a_failure() 
     st = r.stats
     assert st.power_cycles > 0 and st.checkpoints >= st.power_cycles and st.lost_work_j == 0.0
     assert st.phase_counts["init"] < st.boots  # a boot with a checkpoint restores instead of starting over
+
+
+# ---- found in review -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_the_charger_crossing_its_cold_start_edge_while_sampling_rests_on_the_edge() -> None:
+    # below VSTOR_CHGEN the cold-start converter charges, above it the charger is off while it samples
+    # V_oc and the load drains: both sides push towards the edge, which once looped at one instant
+    sc = scenario(harvester={"kind": "constant", "power_w": 100e-6},
+                  input={"kind": "bq25570", "input_v": 1.0, "mppt_period_s": 120.0, "mppt_sample_s": 60.0},
+                  storage={"capacitance_f": C_F, "v_max_v": 4.2, "v_on_v": 3.0, "v_off_v": 2.0, "v_initial_v": 1.72,
+                           "leakage_r_ohm": 1e6, "leakage_a": 0.0, "quiescent_a": 0.5e-6},
+                  output={"kind": "ldo"}, run={"duration_s": 300.0, "workers": 1, "seed": 0})
+    r = simulate(sc).nodes[0]
+    assert r.trace is not None
+    rests = [v for v, e in zip(r.trace["voltage_v"], r.trace["event"]) if e == 8]  # V_SEG rows
+    assert rests and all(v == pytest.approx(1.73) for v in rests)
+    assert abs(balance(r)) < 1e-9
+
+
+def test_a_durable_init_before_an_until_power_fails_phase_runs_at_every_boot() -> None:
+    program = [{"name": "init", "run": "once_per_boot", "duration_s": 1e-3, "current_a": 1e-3, "durable": True},
+               *LISTEN]
+    r = run_one(workload={"program": program})
+    assert r.stats.power_cycles > 3 and r.stats.phase_counts["init"] in (r.stats.boots, r.stats.boots - 1)
+
+
+def test_an_ldo_in_dropout_passes_v_cap_minus_the_dropout() -> None:
+    # v_out 3.0 V above the whole 3.0 -> 2.0 V window: the load gets V_cap - 0.1 V, never more than drawn
+    r = run_one(harvester={"kind": "current", "current_a": 0.0}, storage={**QUIET, "v_initial_v": 3.0},
+                output={"kind": "ldo", "v_out_v": 3.0, "dropout_v": 0.1})
+    st = r.stats
+    assert st.output_loss_j > 0 and st.load_j < 0.5 * C_F * (3.0**2 - 2.0**2)
+    assert abs(balance(r)) < 1e-12
+
+
+def test_a_comparator_gates_current_counts_on_the_converter_path_too() -> None:
+    base = {"harvester": {"kind": "constant", "power_w": 1e-3}, "input": {"kind": "converter"},
+            "storage": {"capacitance_f": C_F, "v_max_v": 3.6, "v_on_v": 3.0, "v_off_v": 2.0, **QUIET}}
+    plain = run_one(**base, output={"kind": "converter"})
+    gated = run_one(**base, output={"kind": "converter", "gate_quiescent_a": 50e-6})
+    assert plain.on_at_s is not None and gated.on_at_s is not None and gated.on_at_s[0] > plain.on_at_s[0]
+
+
+def test_the_mppt_sample_must_be_shorter_than_its_period() -> None:
+    with pytest.raises(ConfigError, match=r"input.mppt_sample_s = 0.256: must be shorter than input.mppt_period_s"):
+        InputConfig(kind="bq25570", mppt_period_s=0.2)
