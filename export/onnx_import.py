@@ -112,10 +112,15 @@ def _quantize(fp32: bytes, x: np.ndarray, input_name: str) -> bytes:
         src.write_bytes(fp32)
         import logging
 
-        logging.getLogger().setLevel(logging.ERROR)  # onnxruntime suggests pre-processing on every call
-        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                        weight_type=QuantType.QInt8, per_channel=False,
-                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # onnxruntime suggests pre-processing on the root logger at every call
+        try:
+            quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                            weight_type=QuantType.QInt8, per_channel=False,
+                            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+        finally:
+            root.setLevel(level)
         return compact_onnx(dst.read_bytes())
 
 
