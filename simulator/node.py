@@ -320,9 +320,13 @@ class Node:
         st.wasted_j += wasted_j
         st.leaked_j += p_w * dt - delta_j - wasted_j
         st.stored_delta_j += delta_j
+        self._advance(dt, v_new)
+
+    def _advance(self, dt: float, v_new: float) -> None:
+        """Move the clock, the voltage and the running phase on by ``dt`` (both bookings end here)."""
         mode = self.mode
         if mode != OFF:
-            st.on_time_s += dt
+            self.stats.on_time_s += dt
             if self.remaining_s != math.inf:
                 self.remaining_s -= dt
                 if mode == RUN:
@@ -357,14 +361,7 @@ class Node:
         st.wasted_j += wasted_j
         st.leaked_j += into_j - out_j - delta_j - wasted_j
         st.stored_delta_j += delta_j
-        mode = self.mode
-        if mode != OFF:
-            st.on_time_s += dt
-            if self.remaining_s != math.inf:
-                self.remaining_s -= dt
-                if mode == RUN:
-                    self.pos.elapsed_s += dt
-        self.v, self.t = v_new, self.t + dt
+        self._advance(dt, v_new)
 
     def _ldo_output_integral(self, v0: float, v1: float, dt: float, m1: float) -> float:
         """∫ min(v_out, V_cap − dropout) dt over the stretch: an LDO in dropout passes V_cap − dropout."""
