@@ -4,7 +4,7 @@
 backend        bundle formats          package
 =============  ======================  =============================================================
 onnxruntime    onnx-int8, onnx         onnxruntime (the ``edge`` extra; the default)
-litert         tflite                  ai-edge-litert (the ``edge`` extra), TFLite's successor
+litert         tflite, tflite-int8     ai-edge-litert (the ``edge`` extra), TFLite's successor
 executorch     pte-xnnpack,            executorch (the ``export`` extra): its Python runtime links
                pte-portable            libtorch, so the backend lives in the export tier
                                        (``export/executorch_backend.py``) and is found through
@@ -79,8 +79,18 @@ class OnnxBackend:
         return np.asarray(self._session.run(None, {self._input: x})[0])
 
 
+def quantize_tflite(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """int8 codes of float values as TFLite's Quantize makes them: round(x / scale) half away from
+    zero (x / scale in float32, the rounding exact in float64), plus the zero point, clamped."""
+    v = (np.asarray(x, dtype=np.float32) / np.float32(scale)).astype(np.float64)
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    return np.clip(q + zero_point, -128, 127).astype(np.int8)
+
+
 class LiteRtBackend:
-    """LiteRT (``ai_edge_litert``) interpreter with its default XNNPACK delegate."""
+    """LiteRT (``ai_edge_litert``) interpreter with its default XNNPACK delegate. A fully-int8 model
+    (format ``tflite-int8``) takes float inputs quantized with its input's scale and zero point and
+    returns its int8 outputs dequantized."""
 
     def __init__(self, model: bytes) -> None:
         try:
@@ -93,13 +103,22 @@ class LiteRtBackend:
                 self._interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as e:
             raise BackendError(f"LiteRT cannot load the model: {e}") from None
-        self._input = self._interpreter.get_input_details()[0]["index"]
-        self._output = self._interpreter.get_output_details()[0]["index"]
+        self._in = self._interpreter.get_input_details()[0]
+        self._out = self._interpreter.get_output_details()[0]
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        self._interpreter.set_tensor(self._input, np.ascontiguousarray(x, dtype=np.float32))
+        if self._in["dtype"] == np.int8:
+            scale, zero_point = self._in["quantization"]
+            x = quantize_tflite(x, scale, zero_point)
+        else:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        self._interpreter.set_tensor(self._in["index"], x)
         self._interpreter.invoke()
-        return np.array(self._interpreter.get_tensor(self._output))
+        y = np.array(self._interpreter.get_tensor(self._out["index"]))
+        if self._out["dtype"] == np.int8:
+            scale, zero_point = self._out["quantization"]
+            return ((y.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
+        return y
 
 
 def _entry_point(name: str) -> Callable[[bytes], Backend]:
@@ -124,7 +143,7 @@ def _entry_point(name: str) -> Callable[[bytes], Backend]:
 # backend name -> (formats it runs, most preferred first; constructor)
 BACKENDS: dict[str, tuple[tuple[str, ...], Callable[[bytes], Backend]]] = {
     "onnxruntime": (("onnx-int8", "onnx"), OnnxBackend),
-    "litert": (("tflite",), LiteRtBackend),
+    "litert": (("tflite", "tflite-int8"), LiteRtBackend),
     "executorch": (("pte-xnnpack", "pte-portable"), _entry_point("executorch")),
 }
 FORMAT_BACKEND = {fmt: name for name, (formats, _) in BACKENDS.items() for fmt in formats}

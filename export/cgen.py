@@ -4,7 +4,8 @@
 
 Every array is ``alignas(16) const`` (flash on a microcontroller). The test vectors are the
 bundle's own (``edge.vectors``; or the inputs given) quantized to int8, and the expected logits
-are onnxruntime's outputs of the integer graph (``export.intmodel.integer_onnx``), so a board checks itself bit for bit.
+are onnxruntime's outputs of the integer graph (``export.intmodel.integer_onnx``), or for a model
+imported from TFLite, TFLite Micro's own interpreter's outputs, so a board checks itself bit for bit.
 """
 
 from __future__ import annotations
@@ -16,15 +17,49 @@ import numpy as np
 from edge.bundle import Bundle
 from edge.manifest import Variant
 from edge.vectors import TestVectors
-from export.intmodel import ConvLayer, DenseLayer, IntModel, IntModelError, PoolLayer, from_qdq, integer_onnx
+from export.intmodel import (
+    ConvLayer,
+    DepthwiseLayer,
+    FCLayer,
+    IntModel,
+    IntModelError,
+    Layer,
+    MeanLayer,
+    PoolLayer,
+    WindowPoolLayer,
+    from_qdq,
+    integer_onnx,
+)
+
+INT8_FORMATS = ("onnx-int8", "tflite-int8")  # what the firmware is generated from
 
 
 def firmware_variants(bundle: Bundle) -> list[Variant]:
-    """The bundle's 8-bit QDQ variants, widest first: what the firmware carries."""
-    chosen = [v for v in bundle.manifest.variants if v.bits == 8 and "onnx-int8" in v.formats]
+    """The bundle's 8-bit variants (QDQ ONNX, or an imported int8 TFLite model), widest first:
+    what the firmware carries."""
+    chosen = [v for v in bundle.manifest.variants if v.bits == 8 and any(f in v.formats for f in INT8_FORMATS)]
     if not chosen:
-        raise IntModelError("the bundle has no 8-bit int8 QDQ variant (export with --formats onnx-int8)")
+        raise IntModelError("the bundle has no 8-bit int8 variant (export with --formats onnx-int8)")
     return sorted(chosen, key=lambda v: v.drop)
+
+
+def integer_model(bundle: Bundle, variant: Variant) -> tuple[IntModel, str]:
+    """The integer model of an 8-bit variant and the name of its bit-exact oracle."""
+    if "onnx-int8" in variant.formats:
+        return from_qdq(bundle.file(variant.formats["onnx-int8"])), "onnxruntime"
+    from export.tflite_import import from_tflite
+
+    return from_tflite(bundle.file(variant.formats["tflite-int8"])), "TFLite Micro"
+
+
+def expected_logits(bundle: Bundle, variant: Variant, model: IntModel, x_q: np.ndarray) -> np.ndarray:
+    """The oracle's int32 outputs for int8 inputs: onnxruntime on the exact integer graph, or TFLite
+    Micro's interpreter on the TFLite model itself."""
+    if "onnx-int8" in variant.formats:
+        return integer_logits(model, x_q)
+    from export.tflite_import import tflm_outputs
+
+    return tflm_outputs(bundle.file(variant.formats["tflite-int8"]), x_q)
 
 
 def bundle_inputs(bundle: Bundle) -> np.ndarray:
@@ -62,8 +97,53 @@ def conv_rows(weight: np.ndarray) -> np.ndarray:
     return padded.reshape(rows.shape[0], depth // 4, 4)[:, :, [0, 2, 1, 3]].reshape(rows.shape[0], depth)
 
 
-def _layer(prefix: str, layer: ConvLayer | PoolLayer | DenseLayer) -> tuple[str, str]:
+def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,
+          stride: int = 0, pad: int = 0, pad_h: int = 0, in_offset: int = 0, out_offset: int = 0, act_min: int = 0,
+          act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0")) -> tuple[str, str]:
+    """(arrays, a tn_layer initializer); refs: the weight, bias, multiplier and shift arrays' names."""
+    return arrays, (f"{{{kind}, {cin}, {hin}, {win}, {cout}, {hout}, {wout}, {kh}, {kw}, {stride}, {pad}, {pad_h}, "
+                    f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}}}")
+
+
+def _requant_arrays(prefix: str, layer: ConvLayer | DepthwiseLayer | FCLayer) -> str:
+    if not np.all((layer.multiplier > 0) & (layer.multiplier < 2**31)):
+        raise IntModelError(f"{prefix}: requantization multipliers must be positive Q31 values")
+    if not np.all((layer.shift > -32) & (layer.shift < 32)):
+        raise IntModelError(f"{prefix}: requantization shifts must be within 31 bits either way")
+    return (_array("int32_t", f"{prefix}_b", layer.bias) + _array("int32_t", f"{prefix}_m", layer.multiplier)
+            + _array("int32_t", f"{prefix}_s", layer.shift))
+
+
+def _hw(shape: tuple[int, ...]) -> tuple[int, int]:
+    return (1, shape[1]) if len(shape) == 2 else (shape[1], shape[2])
+
+
+def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
     """(arrays, initializer) of one layer."""
+    refs = (f"{prefix}_w", f"{prefix}_b", f"{prefix}_m", f"{prefix}_s")
+    if isinstance(layer, DepthwiseLayer):
+        kh, kw, c_out = layer.weight.shape
+        return _init("TN_DWCONV", layer.in_shape[0], *_hw(layer.in_shape), c_out, *_hw(layer.out_shape), kh, kw,
+                     layer.stride, layer.padding, layer.padding_h, layer.input_offset, layer.output_offset,
+                     layer.act_min, layer.act_max,
+                     _array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs)
+    if isinstance(layer, WindowPoolLayer):
+        return _init("TN_AVGPOOL" if layer.kind == "avg" else "TN_MAXPOOL", layer.in_shape[0], *_hw(layer.in_shape),
+                     layer.out_shape[0], *_hw(layer.out_shape), *layer.kernel, layer.stride, layer.padding,
+                     layer.padding_h, act_min=layer.act_min, act_max=layer.act_max)
+    if isinstance(layer, MeanLayer):
+        c = layer.in_shape[0]
+        if not layer.multiplier:
+            return _init("TN_MEAN", c, *_hw(layer.in_shape), c, 1, 1)
+        arrays = (_array("int32_t", f"{prefix}_m", np.array([layer.multiplier]))
+                  + _array("int32_t", f"{prefix}_s", np.array([layer.shift])))
+        return _init("TN_MEAN", c, *_hw(layer.in_shape), c, 1, 1, in_offset=layer.input_offset,
+                     out_offset=layer.output_offset, arrays=arrays, refs=("0", "0", f"{prefix}_m", f"{prefix}_s"))
+    if isinstance(layer, FCLayer):
+        n_out, n_in = layer.weight.shape
+        return _init("TN_FC", n_in, 1, 1, n_out, 1, 1, in_offset=layer.input_offset, out_offset=layer.output_offset,
+                     act_min=layer.act_min, act_max=layer.act_max,
+                     arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs=refs)
     if isinstance(layer, ConvLayer):
         if not np.all((layer.multiplier > 0) & (layer.multiplier < 2**31)):
             raise IntModelError(f"{prefix}: requantization multipliers must be positive Q31 values")
@@ -72,19 +152,16 @@ def _layer(prefix: str, layer: ConvLayer | PoolLayer | DenseLayer) -> tuple[str,
         h_in, w_in = (1, s_in[0]) if len(s_in) == 1 else s_in
         h_out, w_out = (1, s_out[0]) if len(s_out) == 1 else s_out
         kh, kw = (1, layer.weight.shape[2]) if layer.weight.ndim == 3 else layer.weight.shape[2:]
-        arrays = (_array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _array("int32_t", f"{prefix}_b", layer.bias)
-                  + _array("int32_t", f"{prefix}_m", layer.multiplier) + _array("int32_t", f"{prefix}_s", layer.shift))
-        init = (f"{{TN_CONV, {c_in}, {h_in}, {w_in}, {c_out}, {h_out}, {w_out}, {kh}, {kw}, {layer.stride}, "
-                f"{layer.padding}, {layer.input_offset}, {layer.output_offset}, {layer.act_min}, {layer.act_max}, "
-                f"{prefix}_w, {prefix}_b, {prefix}_m, {prefix}_s}}")
-        return arrays, init
+        pad_h = layer.padding_h if layer.padding_h is not None else (layer.padding if kh > 1 else 0)
+        return _init("TN_CONV", c_in, h_in, w_in, c_out, h_out, w_out, kh, kw, layer.stride, layer.padding, pad_h,
+                     layer.input_offset, layer.output_offset, layer.act_min, layer.act_max,
+                     _array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer), refs)
     if isinstance(layer, PoolLayer):
-        c, *s = layer.in_shape
-        h, w = (1, s[0]) if len(s) == 1 else s
-        return "", f"{{TN_POOL, {c}, {h}, {w}, {c}, 1, 1, 0, 0, 0, 0, {layer.input_offset}, 0, 0, 0, 0, 0, 0, 0}}"
+        c = layer.in_shape[0]
+        return _init("TN_POOL", c, *_hw(layer.in_shape), c, 1, 1, in_offset=layer.input_offset)
     n_out, n_in = layer.weight.shape
-    arrays = _array("int8_t", f"{prefix}_w", layer.weight) + _array("int32_t", f"{prefix}_b", layer.bias)
-    return arrays, f"{{TN_DENSE, {n_in}, 1, 1, {n_out}, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, {prefix}_w, {prefix}_b, 0, 0}}"
+    return _init("TN_DENSE", n_in, 1, 1, n_out, 1, 1, refs=(f"{prefix}_w", f"{prefix}_b", "0", "0"),
+                 arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _array("int32_t", f"{prefix}_b", layer.bias))
 
 
 def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "cortex-m4", max_vectors: int | None = None
@@ -94,13 +171,13 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
     variants = firmware_variants(bundle)
     if x_test is None:
         x_test = bundle_inputs(bundle)
-    models = [from_qdq(bundle.file(v.formats["onnx-int8"])) for v in variants]
-    scales = {m.input_scale for m in models}
-    if len(scales) != 1:
+    models, oracles = zip(*(integer_model(bundle, v) for v in variants))
+    scales = {(m.input_scale, m.input_zero_point) for m in models}
+    if len(scales) != 1 or len(set(oracles)) != 1:
         raise IntModelError(f"variants quantize the input differently ({sorted(scales)}); one input scale is needed")
     x = x_test if max_vectors is None else x_test[:max_vectors]
     x_q = models[0].quantize_input(x)
-    expected = [integer_logits(m, x_q) for m in models]
+    expected = [expected_logits(bundle, v, m, x_q) for v, m in zip(variants, models)]
     n_classes = expected[0].shape[1]
     parts = ["/* Generated by trickle export.cgen from bundle "
              f"{bundle.manifest.model} v{bundle.manifest.bundle_version}. Do not edit. */\n",
@@ -114,15 +191,17 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
             inits.append(init)
         parts.append(f"static const tn_layer v{vi}_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
         energy_nj = round(v.energy_j.get(mcu, 0.0) * 1e9)
-        accuracy = round(v.accuracy["onnx-int8"] * 1000)
+        accuracy = round(next((v.accuracy[f] for f in INT8_FORMATS if f in v.accuracy), 0.0) * 1000)  # 0: unmeasured
         input_bytes = int(np.prod(x.shape[1:]))
         parts.append(f'const tn_model tn_variant_{vi} = {{"{v.name}", {len(inits)}, v{vi}_layers, {input_bytes}, '
                      f"{n_classes}, {m.macs}, {energy_nj}, {accuracy}}};\n\n")
         descriptors.append({"name": v.name, "macs": m.macs, "energy_nj": energy_nj, "accuracy_permille": accuracy})
     parts.append("const tn_model *const tn_variants[TN_N_VARIANTS] = {" +
                  ", ".join(f"&tn_variant_{i}" for i in range(len(models))) + "};\n")
-    hwc = np.moveaxis(x_q, 1, -1)  # the firmware's activations are channels-last
-    parts.append(_array("int8_t", "tn_inputs_flat", hwc).replace("static const", "const"))
+    device = np.stack([m.device_input(x_q) for m in models])  # the firmware's activations are channels-last
+    if np.any(device != device[0]):
+        raise IntModelError("variants read their inputs in different orders; one input layout is needed")
+    parts.append(_array("int8_t", "tn_inputs_flat", device[0]).replace("static const", "const"))
     parts.append(_array("int32_t", "tn_expected_flat", np.stack(expected, axis=1)).replace("static const", "const"))
     header = (
         "#ifndef TN_MODEL_H\n#define TN_MODEL_H\n#include \"tn.h\"\n"
@@ -130,9 +209,9 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
         f"#define TN_INPUT_BYTES {int(np.prod(x.shape[1:]))}\n#define TN_N_CLASSES {n_classes}\n"
         "extern const tn_model *const tn_variants[TN_N_VARIANTS];\n"
         "/* [vector][row][column][channel]: int8 inputs, channels last (HWC) */\nextern const int8_t tn_inputs_flat[];\n"
-        "/* [vector][variant][class]: onnxruntime's int32 logits of the integer graph */\n"
+        f"/* [vector][variant][class]: {oracles[0]}'s outputs (the oracle) */\n"
         "extern const int32_t tn_expected_flat[];\n#endif\n"
     )
     info = {"variants": descriptors, "vectors": len(x_q), "n_classes": n_classes, "inputs": x_q, "expected": expected,
-            "models": models}
+            "models": list(models), "oracle": oracles[0]}
     return {"model.c": "".join(parts), "model.h": header}, info

@@ -17,11 +17,13 @@ from export.formats import BOARDS, FORMATS, TEST_VECTORS
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", type=Path,
                    help="checkpoint.pt written by trickle train, a MoA draft folder (trickle train draft) with --target, "
-                        "or your own classifier as MODEL.onnx with --calibration")
+                        "or your own classifier as MODEL.onnx or a fully-int8 MODEL.tflite, with --calibration")
     p.add_argument("--calibration", type=Path, metavar="NPZ",
-                   help="MODEL.onnx only: .npz of model inputs 'x' (and optionally labels 'y') that onnxruntime's "
-                        "static int8 quantization calibrates on; they also become the bundle's test vectors")
-    p.add_argument("--labels", metavar="LIST", help="MODEL.onnx only: comma-separated class names (default 0, 1, ...)")
+                   help="MODEL.onnx / MODEL.tflite only: .npz of model inputs 'x' (and optionally labels 'y'): "
+                        "onnxruntime's static int8 quantization calibrates on them; they become the bundle's test "
+                        "vectors, and with labels the variants' accuracies are measured")
+    p.add_argument("--labels", metavar="LIST",
+                   help="MODEL.onnx / MODEL.tflite only: comma-separated class names (default 0, 1, ...)")
     p.add_argument("--target", type=Path, metavar="DIR",
                    help="a MoA draft's target LM folder: export the draft's device form (ONNX graphs, tokenizer)")
     p.add_argument("--out", type=Path, required=True, help="bundle folder (or .tar with --tar)")
@@ -50,14 +52,18 @@ def run_export(args: argparse.Namespace) -> int:
     diff <= 1e-4; int8: top-1 agreement >= 99% and accuracy within 1 point). The bundle carries
     --test-vectors examples of the test split with each variant's outputs: devices self-test on
     them and `trickle flash` checks firmware with them. Make a key pair with `trickle keygen`.
+
+    Your own model: MODEL.onnx --calibration X.npz (fp32 as given, int8 by onnxruntime's static
+    quantization), or a fully-int8 MODEL.tflite --calibration X.npz (as given; `trickle flash`
+    runs it bit-exact with TFLite Micro).
     """
     if args.target is not None or (args.checkpoint / "draft.json").is_file():
         return run_export_draft(args)
-    if args.checkpoint.suffix.lower() == ".onnx":
+    if args.checkpoint.suffix.lower() in (".onnx", ".tflite"):
         return run_export_onnx(args)
     for flag in ("calibration", "labels"):
         if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag}", getattr(args, flag), "applies to an ONNX model (MODEL.onnx) only")
+            raise ConfigError(f"--{flag}", getattr(args, flag), "applies to MODEL.onnx or MODEL.tflite only")
     if not args.checkpoint.is_file():
         raise ConfigError("checkpoint", str(args.checkpoint), "no such file")
     if args.bundle_version < 1:
@@ -88,18 +94,23 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_export_onnx(args: argparse.Namespace) -> int:
     """``trickle export model.onnx --calibration calib.npz --out B``: your own ONNX classifier as a bundle,
-    fp32 as given and int8 by onnxruntime's static quantization (``export.onnx_import``)."""
+    fp32 as given and int8 by onnxruntime's static quantization (``export.onnx_import``); or a
+    fully-int8 ``model.tflite`` as given, its example inputs the test vectors (``export.tflite_import``)."""
     if not args.checkpoint.is_file():
         raise ConfigError("model", str(args.checkpoint), "no such file")
+    tflite = args.checkpoint.suffix.lower() == ".tflite"
     if args.calibration is None:
-        raise ConfigError("--calibration", None, "an ONNX model needs calibration data (.npz with 'x') for its int8 variant")
+        raise ConfigError("--calibration", None, "a .tflite model needs example inputs (.npz with 'x') for its test "
+                          "vectors" if tflite else "an ONNX model needs calibration data (.npz with 'x') for its int8 variant")
     if args.bundle_version < 1:
         raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
     from export.onnx_import import import_onnx
+    from export.tflite_import import import_tflite
 
     labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
-    path = import_onnx(args.checkpoint, args.calibration, args.out, labels, args.key, args.tar, args.bundle_version,
-                       args.test_vectors, progress=None if args.json else lambda m: print(f"  {m}"))
+    importer = import_tflite if tflite else import_onnx
+    path = importer(args.checkpoint, args.calibration, args.out, labels, args.key, args.tar, args.bundle_version,
+                    args.test_vectors, progress=None if args.json else lambda m: print(f"  {m}"))
     if args.json:
         print(json.dumps({"bundle": str(path), "signed": args.key is not None}))
     else:
@@ -131,7 +142,7 @@ def run_export_draft(args: argparse.Namespace) -> int:
 
 
 def add_flash_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", type=Path, help="bundle folder or .tar with int8 (onnx-int8) variants")
+    p.add_argument("bundle", type=Path, help="bundle folder or .tar with int8 (onnx-int8 or tflite-int8) variants")
     p.add_argument("--board", choices=BOARDS, default="mps2-an386", help="target (default mps2-an386)")
     p.add_argument("--out", type=Path, default=Path("build/flash"), help="build folder (default build/flash)")
     p.add_argument("--vectors", type=int, metavar="N", help="run only the first N of the bundle's test vectors")
@@ -158,7 +169,8 @@ def run_flash(args: argparse.Namespace) -> int:
     Generates C (weights, TFLite-style requantization, descriptors, the bundle's own test
     vectors) into OUT/generated, builds it with firmware/Makefile for the board, runs every test
     vector of every 8-bit variant and checks the int32 logits bit for bit against onnxruntime's
-    integer graph. For mps2-an386 it prints instructions per inference (counted by the project's
+    integer graph (for a bundle of an int8 .tflite, its int8 outputs against TFLite Micro's own
+    interpreter). For mps2-an386 it prints instructions per inference (counted by the project's
     QEMU plugin) and the code size, and leaves OUT/mps2-an386/firmware.elf and firmware.bin for
     a real board. With --record, a profiling build also splits each variant's count into its
     layers, and a copy of the bundle with those counts in its manifest (bundle_version + 1,
@@ -222,5 +234,5 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
             print(f"  {v['name']} per layer (vector 0): {split}")
     if recorded is not None:
         print(f"  recorded the counts in {recorded}")
-    verdict = "bit-exact with onnxruntime" if report["mismatches"] == 0 else f"{report['mismatches']} logits DIFFER"
+    verdict = f"bit-exact with {report['oracle']}" if report["mismatches"] == 0 else f"{report['mismatches']} logits DIFFER"
     print(f"  outputs: {verdict}")

@@ -227,17 +227,30 @@ def inference_instructions(marks: list[int]) -> list[int]:
 
 def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
     """(name, tiles, output bytes) of each firmware layer, in the executor's order."""
-    from export.intmodel import ConvLayer, PoolLayer
+    from export.intmodel import ConvLayer, DenseLayer, DepthwiseLayer, FCLayer, MeanLayer, PoolLayer, WindowPoolLayer
 
-    out, convs = [], 0
-    for layer in model.layers:
-        if isinstance(layer, ConvLayer):
-            convs += 1
+    out: list[tuple[str, int, int]] = []
+    counts: dict[str, int] = {}
+
+    def name(kind: str) -> str:
+        counts[kind] = counts.get(kind, 0) + 1
+        return f"{kind}{counts[kind]}"
+
+    for k, layer in enumerate(model.layers):
+        if isinstance(layer, (ConvLayer, DepthwiseLayer)):
             positions = math.prod(layer.out_shape[1:])
-            out.append((f"conv{convs}", -(-positions // TILE_POSITIONS), math.prod(layer.out_shape)))
+            out.append((name("conv" if isinstance(layer, ConvLayer) else "dwconv"), -(-positions // TILE_POSITIONS),
+                        math.prod(layer.out_shape)))
+        elif isinstance(layer, WindowPoolLayer):
+            out.append((name(f"{layer.kind}pool"), 1, math.prod(layer.out_shape)))
+        elif isinstance(layer, MeanLayer):
+            out.append((name("mean"), 1, layer.in_shape[0]))
         elif isinstance(layer, PoolLayer):
             out.append(("pool", 1, 4 * layer.in_shape[0]))
+        elif isinstance(layer, FCLayer) and k + 1 < len(model.layers):
+            out.append((name("fc"), 1, layer.weight.shape[0]))
         else:
+            assert isinstance(layer, (DenseLayer, FCLayer))
             out.append(("classifier", 1, 4 * layer.weight.shape[0]))
     return out
 
@@ -283,7 +296,7 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
     exe = build(gen, board, out / board)
     run = run_board(exe, board, out / board)
     report: dict[str, Any] = {"board": board, "binary": str(exe), "vectors": info["vectors"], "variants": info["variants"],
-                              "mismatches": run.mismatches, "outputs": run.outputs}
+                              "mismatches": run.mismatches, "outputs": run.outputs, "oracle": info["oracle"]}
     if board == "mps2-an386":
         per = inference_instructions(run.marks)
         n_var = len(info["variants"])

@@ -47,13 +47,84 @@ class ConvLayer:
     act_min: int
     act_max: int
     stride: int
-    padding: int
+    padding: int  # columns on the left (and rows on top for a 2-D conv, unless padding_h says otherwise)
     in_shape: tuple[int, ...]  # (C, L) or (C, H, W)
     out_shape: tuple[int, ...]
+    padding_h: int | None = None  # rows on top, when they differ from the columns (TFLite's SAME, PAD)
 
     @property
     def macs(self) -> int:
         return int(math.prod(self.out_shape) * math.prod(self.weight.shape[1:]))
+
+
+@dataclass
+class DepthwiseLayer:  # TFLite's DEPTHWISE_CONV_2D: output channel o reads input channel o // multiplier
+    weight: np.ndarray  # int8 (kh, kw, out), TFLite's layout
+    bias: np.ndarray  # int32 (out,)
+    multiplier: np.ndarray  # int32 Q31 (out,)
+    shift: np.ndarray  # int32 (out,): a right shift, negative for a left one
+    input_offset: int
+    output_offset: int
+    act_min: int
+    act_max: int
+    stride: int
+    padding_h: int
+    padding: int
+    in_shape: tuple[int, ...]  # (C, H, W)
+    out_shape: tuple[int, ...]
+
+    @property
+    def macs(self) -> int:
+        return int(math.prod(self.out_shape) * self.weight.shape[0] * self.weight.shape[1])
+
+
+@dataclass
+class WindowPoolLayer:  # TFLite's AVERAGE_POOL_2D / MAX_POOL_2D: same scale in and out
+    kind: str  # "avg" or "max"
+    kernel: tuple[int, int]
+    stride: int
+    padding_h: int
+    padding: int
+    act_min: int
+    act_max: int
+    in_shape: tuple[int, ...]  # (C, H, W)
+    out_shape: tuple[int, ...]
+
+    @property
+    def macs(self) -> int:
+        return int(math.prod(self.out_shape) * math.prod(self.kernel))
+
+
+@dataclass
+class MeanLayer:  # TFLite Micro's MEAN over all positions
+    multiplier: int  # Q31, 1/positions folded in; 0: the same scale and zero point in and out (sum / n)
+    shift: int  # a right shift, negative for a left one
+    input_offset: int
+    output_offset: int
+    in_shape: tuple[int, ...]  # (C, H, W)
+
+    @property
+    def macs(self) -> int:
+        return int(math.prod(self.in_shape))
+
+
+@dataclass
+class FCLayer:  # TFLite's FULLY_CONNECTED, int8 in and out; the last one's outputs are the logits
+    weight: np.ndarray  # int8 (out, in), columns in the order of the firmware's buffer
+    bias: np.ndarray  # int32 (out,)
+    multiplier: np.ndarray  # int32 Q31 (out,)
+    shift: np.ndarray  # int32 (out,)
+    input_offset: int
+    output_offset: int
+    act_min: int
+    act_max: int
+    output_scale: float  # float logits = (int8 output - output_offset) * output_scale
+
+    @property
+    def macs(self) -> int:
+        return int(self.weight.size)
+
+
 
 
 @dataclass
@@ -77,19 +148,36 @@ class DenseLayer:  # int32 logits = bias + W @ x, x int32
         return int(self.weight.size)
 
 
+Layer = ConvLayer | PoolLayer | DenseLayer | DepthwiseLayer | WindowPoolLayer | MeanLayer | FCLayer
+
+
 @dataclass
 class IntModel:
-    input_scale: float  # int8 input = clamp(round_half_even(x / input_scale), -128, 127)
+    input_scale: float  # int8 input = clamp(round(x / input_scale) + input_zero_point, -128, 127)
     input_shape: tuple[int, ...]
-    layers: list[ConvLayer | PoolLayer | DenseLayer] = field(default_factory=list)
+    layers: list[Layer] = field(default_factory=list)
+    input_zero_point: int = 0  # nonzero: a TFLite model, rounding half away from zero as TFLite's Quantize
+    # where each value of the firmware's input buffer comes from in the flattened model input; None:
+    # channels-first in, channels-last on the device
+    input_gather: np.ndarray | None = None
 
     @property
     def macs(self) -> int:
         return sum(layer.macs for layer in self.layers)
 
     def quantize_input(self, x: np.ndarray) -> np.ndarray:
+        if self.input_gather is not None:
+            from edge.backends import quantize_tflite
+
+            return quantize_tflite(x, self.input_scale, self.input_zero_point)
         q = np.rint(np.asarray(x, dtype=np.float32) / np.float32(self.input_scale))
         return np.clip(q, -128, 127).astype(np.int8)
+
+    def device_input(self, x_q: np.ndarray) -> np.ndarray:
+        """int8 model inputs (batch first) in the order the firmware reads them, one row per input."""
+        if self.input_gather is None:
+            return np.moveaxis(x_q, 1, -1).reshape(len(x_q), -1)  # channels last (HWC)
+        return x_q.reshape(len(x_q), -1)[:, self.input_gather]
 
 
 def quantize_multiplier(m: float) -> tuple[int, int]:
@@ -334,8 +422,10 @@ def integer_onnx(model: IntModel) -> bytes:
             axes = list(range(2, 2 + len(layer.in_shape) - 1))
             x = op("ReduceSum", [op("Add", [x, const(np.array(layer.input_offset, np.int64))]), const(np.array(axes, np.int64))],
                    keepdims=0)
-        else:
+        elif isinstance(layer, DenseLayer):
             x = op("Add", [op("MatMul", [x, const(layer.weight.T.astype(np.int64))]), const(layer.bias.astype(np.int64))])
+        else:  # a TFLite model's layer: TFLite Micro's interpreter is its oracle
+            raise IntModelError(f"integer_onnx: {type(layer).__name__} is checked against TFLite Micro, not this graph")
     nodes.append(helper.make_node("Cast", [x], ["logits"], to=TensorProto.INT32))
     n_out = model.layers[-1].weight.shape[0] if isinstance(model.layers[-1], DenseLayer) else 0
     x_info = helper.make_tensor_value_info("x", TensorProto.INT8, [1, *model.input_shape])

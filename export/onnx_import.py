@@ -138,13 +138,8 @@ def import_onnx(model_path: Path, calibration: Path, out: Path, labels: list[str
     layers = _layers(model)
     fp32 = compact_onnx(model.SerializeToString())
     out_fp32 = ort_logits(_renamed(fp32), x)
-    if out_fp32.ndim != 2:
-        raise OnnxImportError(f"{model_path}: the output has shape {list(out_fp32.shape)} per batch; a classifier's "
-                           "is (1, classes)")
-    n_classes = out_fp32.shape[1]
-    names = labels or [str(i) for i in range(n_classes)]
-    if len(names) != n_classes:
-        raise OnnxImportError(f"--labels: {len(names)} given, the model has {n_classes} outputs")
+    names = class_names(model_path, out_fp32, labels, OnnxImportError)
+    n_classes = len(names)
     if progress:
         progress("fp32 read")
     int8 = _quantize(fp32, x, input_name)
@@ -182,6 +177,17 @@ def import_onnx(model_path: Path, calibration: Path, out: Path, labels: list[str
     }
     members = pack(doc, files, load_private_key(key) if key else None)
     return write_bundle(members, out.with_suffix(".tar") if as_tar else out)
+
+
+def class_names(model_path: Path, logits: np.ndarray, labels: list[str] | None, error: type[BundleError]) -> list[str]:
+    """The class names of a classifier whose outputs on the examples are ``logits``: ``labels`` or 0, 1, ..."""
+    if logits.ndim != 2:
+        raise error(f"{model_path}: the output has shape {list(logits.shape)} per batch; a classifier's is (1, classes)")
+    n_classes = logits.shape[1]
+    names = labels or [str(i) for i in range(n_classes)]
+    if len(names) != n_classes:
+        raise error(f"--labels: {len(names)} given, the model has {n_classes} outputs")
+    return names
 
 
 def _renamed(onnx_bytes: bytes) -> bytes:

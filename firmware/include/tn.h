@@ -7,7 +7,7 @@
  * data in flash.
  *
  * Intermittency: a run is a sequence of idempotent tiles (TN_TILE_POSITIONS output positions of
- * a conv, all channels; the pool; the classifier). A tile reads only its layer's input buffer
+ * a conv or depthwise conv, all channels; any other layer whole). A tile reads only its layer's input buffer
  * and writes only its own outputs; after a tile, a single 32-bit store advances `progress`. A
  * power cut at any instruction leaves either the old or the new progress word, and redoing a
  * tile rewrites the same bytes, so resuming gives the same logits bit for bit (SONIC/HAWAII-
@@ -29,13 +29,24 @@ typedef enum {
     TN_ERR_STATE = 3    /* non-volatile state from another model or run */
 } tn_status;
 
-typedef enum { TN_CONV = 1, TN_POOL = 2, TN_DENSE = 3 } tn_kind;
+typedef enum {
+    TN_CONV = 1,    /* int8 -> int8: convolution (1-D or 2-D), per-channel requantization, fused clamp */
+    TN_POOL = 2,    /* int8 -> int32: global sum over positions (the trained models' average pool) */
+    TN_DENSE = 3,   /* int32 -> int32 logits: the trained models' classifier */
+    TN_DWCONV = 4,  /* int8 -> int8: depthwise convolution, cout = cin x depth multiplier (TFLite's) */
+    TN_AVGPOOL = 5, /* int8 -> int8: windowed average, TFLite's rounding, same scale in and out */
+    TN_MAXPOOL = 6, /* int8 -> int8: windowed maximum */
+    TN_MEAN = 7,    /* int8 -> int8: mean over positions, as TFLite Micro's MEAN */
+    TN_FC = 8       /* int8 -> int8: fully connected, requantized; the last layer writes its int8
+                     * outputs as int32 logits */
+} tn_kind;
 
 typedef struct {
     uint8_t kind;                 /* tn_kind */
     uint16_t cin, hin, win;       /* input: channels x rows x columns (rows = 1 for 1-D) */
     uint16_t cout, hout, wout;    /* output (dense: cout classes) */
-    uint8_t kh, kw, stride, pad;  /* conv geometry (kh = 1 for 1-D) */
+    uint8_t kh, kw, stride, pad;  /* window geometry (kh = 1 for 1-D); pad: columns on the left */
+    uint8_t pad_h;                /* rows of padding on top (below and right: up to hout, wout) */
     int32_t in_offset;            /* added to every input value (-zero point) */
     int32_t out_offset;           /* output zero point */
     int32_t act_min, act_max;     /* output clamp (the fused ReLU) */
@@ -43,8 +54,9 @@ typedef struct {
                                    * to depth = a multiple of 4, each group of four stored as w0, w2, w1, w3
                                    * (the order SXTB16 unpacks); dense: [cout][cin] */
     const int32_t *bias;          /* [cout] */
-    const int32_t *multiplier;    /* conv: [cout], Q31 */
-    const int32_t *shift;         /* conv: [cout], right shift >= 0 */
+    const int32_t *multiplier;    /* conv, dwconv, fc: [cout], Q31; mean: [1], 1/positions folded in,
+                                   * or none when the mean keeps the scale (an integer division) */
+    const int32_t *shift;         /* as multiplier: a right shift (< 0: a left shift) */
 } tn_layer;
 
 typedef struct {
@@ -118,6 +130,11 @@ void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, ui
 uint32_t tn_depth(const tn_layer *l); /* conv: taps per output, rounded up to 4 */
 void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out);
 void tn_dense(const tn_layer *l, const int32_t *in, int32_t *out);
+void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile);
+void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out);
+void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out);
+/* Writes int8 outputs to out8, or (out8 = 0) their values as int32 to out32. */
+void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32);
 int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift);
 
 #ifdef __cplusplus

@@ -8,7 +8,50 @@
 #endif
 
 static uint32_t layer_tiles(const tn_layer *l) {
-    return l->kind == TN_CONV ? ((uint32_t)l->hout * l->wout + TN_TILE_POSITIONS - 1u) / TN_TILE_POSITIONS : 1u;
+    const int positions = l->kind == TN_CONV || l->kind == TN_DWCONV;
+    return positions ? ((uint32_t)l->hout * l->wout + TN_TILE_POSITIONS - 1u) / TN_TILE_POSITIONS : 1u;
+}
+
+/* Layers that read one int8 buffer and write the other (the last fully connected layer writes
+ * the logits instead, but nothing follows it). */
+static uint32_t flips(const tn_layer *l) {
+    return l->kind == TN_POOL || l->kind == TN_DENSE ? 0u : 1u;
+}
+
+/* One tile of layer `li`, whose input is buffer `flip` % 2: it writes only the other buffer (or
+ * the pooled sums, or the logits), so redoing it after a power cut rewrites the same bytes. */
+static void run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_t tile, uint32_t flip, tn_scratch *scratch) {
+    const tn_layer *l = &model->layers[li];
+    const int8_t *in = nv->buf[flip & 1u];
+    int8_t *out = nv->buf[(flip + 1u) & 1u];
+    switch (l->kind) {
+    case TN_CONV:
+        CONV_TILE(l, in, out, tile, scratch->column);
+        break;
+    case TN_DWCONV:
+        tn_dwconv_tile(l, in, out, tile);
+        break;
+    case TN_AVGPOOL:
+    case TN_MAXPOOL:
+        tn_window_pool(l, in, out);
+        break;
+    case TN_MEAN:
+        tn_mean(l, in, out);
+        break;
+    case TN_POOL:
+        tn_pool(l, in, nv->pooled);
+        break;
+    case TN_FC:
+        if (li + 1u == model->n_layers) {
+            tn_fc(l, in, 0, nv->logits);
+        } else {
+            tn_fc(l, in, out, 0);
+        }
+        break;
+    default:
+        tn_dense(l, nv->pooled, nv->logits);
+        break;
+    }
 }
 
 uint32_t tn_total_tiles(const tn_model *model) {
@@ -39,11 +82,16 @@ static tn_status check(const tn_model *model) {
         if (l->kind == TN_CONV && TN_TILE_POSITIONS * tn_depth(l) > TN_MAX_COLUMN) {
             return TN_ERR_ARENA;
         }
-        if (l->cin > TN_MAX_CHANNELS || (l->kind == TN_DENSE && l->cout > TN_MAX_CLASSES)) {
+        if (l->kind < TN_CONV || l->kind > TN_FC || ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) ||
+            (l->kind == TN_DWCONV && (l->cin == 0 || l->cout % l->cin != 0))) {
             return TN_ERR_MODEL;
         }
     }
-    return model->n_layers > 0 && model->layers[model->n_layers - 1].kind == TN_DENSE ? TN_OK : TN_ERR_MODEL;
+    if (model->n_layers == 0) {
+        return TN_ERR_MODEL;
+    }
+    const tn_layer *last = &model->layers[model->n_layers - 1];
+    return (last->kind == TN_DENSE || last->kind == TN_FC) && last->cout <= TN_MAX_CLASSES ? TN_OK : TN_ERR_MODEL;
 }
 
 tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t run, const int8_t *input) {
@@ -76,21 +124,13 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
     }
-    uint32_t conv_index = 0;
+    uint32_t flip = 0;
     for (uint16_t li = 0; li < model->n_layers; li++) {
         const tn_layer *l = &model->layers[li];
-        if (l->kind == TN_CONV) {
-            const int8_t *in = nv->buf[conv_index & 1u];
-            int8_t *out = nv->buf[(conv_index + 1u) & 1u];
-            for (uint32_t tile = 0; tile < layer_tiles(l); tile++) {
-                CONV_TILE(l, in, out, tile, scratch->column);
-            }
-            conv_index++;
-        } else if (l->kind == TN_POOL) {
-            tn_pool(l, nv->buf[conv_index & 1u], nv->pooled);
-        } else {
-            tn_dense(l, nv->pooled, nv->logits);
+        for (uint32_t tile = 0; tile < layer_tiles(l); tile++) {
+            run_tile(nv, model, li, tile, flip, scratch);
         }
+        flip += flips(l);
     }
     return TN_OK;
 }
@@ -102,23 +142,13 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     const uint32_t total = tn_total_tiles(model);
     uint32_t p = *(volatile uint32_t *)&nv->progress;
     while (p < total) {
-        uint32_t first = 0, li = 0, conv_index = 0;
+        uint32_t first = 0, li = 0, flip = 0;
         while (p >= first + layer_tiles(&model->layers[li])) {
             first += layer_tiles(&model->layers[li]);
-            conv_index += model->layers[li].kind == TN_CONV ? 1u : 0u;
+            flip += flips(&model->layers[li]);
             li++;
         }
-        const tn_layer *l = &model->layers[li];
-        const uint32_t tile = p - first;
-        if (l->kind == TN_CONV) { /* conv i reads buffer i % 2 and writes the other */
-            const int8_t *in = nv->buf[conv_index & 1u];
-            int8_t *out = nv->buf[(conv_index + 1u) & 1u];
-            CONV_TILE(l, in, out, tile, scratch->column);
-        } else if (l->kind == TN_POOL) {
-            tn_pool(l, nv->buf[conv_index & 1u], nv->pooled);
-        } else {
-            tn_dense(l, nv->pooled, nv->logits);
-        }
+        run_tile(nv, model, li, p - first, flip, scratch);
         p++;
         commit(nv, p);
     }

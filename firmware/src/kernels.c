@@ -1,4 +1,6 @@
-/* int8 kernels: conv (1-D and 2-D), global sum pool, dense, with TFLite's requantization.
+/* int8 kernels: conv (1-D and 2-D), global sum pool, dense, with TFLite's requantization; and for
+ * models imported from TFLite: depthwise conv, average and max pools, MEAN, fully connected, each
+ * computing what TFLite Micro's reference kernel computes, bit for bit.
  *
  * Activations are HWC (channels last, CMSIS-NN's layout): the taps of one window row are one
  * contiguous run of kw * cin bytes. */
@@ -19,8 +21,17 @@ static inline int32_t rounding_divide_by_pot(int32_t x, int32_t exponent) {
     return (x >> exponent) + (remainder > threshold ? 1 : 0);
 }
 
+/* MultiplyByQuantizedMultiplier (TFLite): a shift >= 0 divides after the multiply, rounding; a
+ * negative one multiplies by 2^-shift before it (two's complement wrap, as TFLite's int32 does). */
+static inline int32_t mbqm(int32_t acc, int32_t multiplier, int32_t shift) {
+    if (shift >= 0) {
+        return rounding_divide_by_pot(srdhm(acc, multiplier), shift);
+    }
+    return srdhm((int32_t)((uint32_t)acc << (uint32_t)-shift), multiplier);
+}
+
 int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift) {
-    return rounding_divide_by_pot(srdhm(acc, multiplier), shift);
+    return mbqm(acc, multiplier, shift);
 }
 
 /* A conv layer's output stage, read once per tile: the stores to int8 outputs may alias
@@ -36,7 +47,7 @@ static inline out_stage stage_of(const tn_layer *l) {
 }
 
 static inline int8_t requantize_out(const out_stage *s, int32_t acc, uint32_t oc) {
-    int32_t v = rounding_divide_by_pot(srdhm(acc, s->multiplier[oc]), s->shift[oc]) + s->out_offset;
+    int32_t v = mbqm(acc, s->multiplier[oc], s->shift[oc]) + s->out_offset;
     v = v < s->act_min ? s->act_min : v;
     v = v > s->act_max ? s->act_max : v;
     return (int8_t)v;
@@ -62,7 +73,7 @@ void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, ui
             int32_t acc = l->bias[oc];
             uint32_t k = 0;
             for (uint32_t ky = 0; ky < l->kh; ky++) {
-                int32_t iy = (int32_t)(oy * l->stride + ky) - (int32_t)(l->kh > 1 ? l->pad : 0);
+                int32_t iy = (int32_t)(oy * l->stride + ky) - (int32_t)l->pad_h;
                 for (uint32_t kx = 0; kx < l->kw; kx++) {
                     int32_t ix = (int32_t)(ox * l->stride + kx) - (int32_t)l->pad;
                     for (uint32_t ic = 0; ic < l->cin; ic++, k++) {
@@ -170,7 +181,7 @@ static void zero(int16_t *dst, uint32_t n) {
  * inside the input is one contiguous run, so a position costs kh runs, not kh * cin. */
 static void fill_column(const tn_layer *l, const int8_t *in, int16_t *column, uint32_t pos) {
     const uint32_t kh = l->kh, kw = l->kw, hin = l->hin, win = l->win, cin = l->cin;
-    const int32_t iy0 = (int32_t)(pos / l->wout * l->stride) - (int32_t)(kh > 1 ? l->pad : 0);
+    const int32_t iy0 = (int32_t)(pos / l->wout * l->stride) - (int32_t)l->pad_h;
     const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
     const uint32_t ky0 = iy0 < 0 ? (uint32_t)-iy0 : 0u, kx0 = ix0 < 0 ? (uint32_t)-ix0 : 0u;
     const uint32_t ky1 = iy0 + (int32_t)kh > (int32_t)hin ? (uint32_t)((int32_t)hin - iy0) : kh;
@@ -266,6 +277,103 @@ void tn_dense(const tn_layer *l, const int32_t *in, int32_t *out) {
             acc += in[i] * w[i];
         }
         out[o] = acc;
+    }
+}
+
+void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile) {
+    const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, mult = cout / l->cin;
+    const out_stage s = stage_of(l);
+    for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
+        const int32_t iy0 = (int32_t)(pos / l->wout * l->stride) - (int32_t)l->pad_h;
+        const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
+        for (uint32_t oc = 0; oc < cout; oc++) {
+            const uint32_t ic = oc / mult;
+            int32_t acc = l->bias[oc];
+            for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
+                const int32_t iy = iy0 + ky;
+                if (iy < 0 || iy >= (int32_t)l->hin) {
+                    continue;
+                }
+                for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
+                    const int32_t ix = ix0 + kx;
+                    if (ix < 0 || ix >= (int32_t)l->win) {
+                        continue;
+                    }
+                    const int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];
+                    acc += (x + l->in_offset) * l->weight[((uint32_t)ky * l->kw + (uint32_t)kx) * cout + oc];
+                }
+            }
+            out[pos * cout + oc] = requantize_out(&s, acc, oc);
+        }
+    }
+}
+
+/* TFLite's AveragePool (the window's sum over its cells inside the input, divided by their count,
+ * rounding half away from zero) and MaxPool, clamped to the fused activation's range. */
+void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
+    const uint32_t c_n = l->cin;
+    for (uint32_t oy = 0; oy < l->hout; oy++) {
+        for (uint32_t ox = 0; ox < l->wout; ox++) {
+            const int32_t iy0 = (int32_t)(oy * l->stride) - (int32_t)l->pad_h;
+            const int32_t ix0 = (int32_t)(ox * l->stride) - (int32_t)l->pad;
+            const int32_t fy0 = iy0 < 0 ? -iy0 : 0, fx0 = ix0 < 0 ? -ix0 : 0;
+            const int32_t fy1 = iy0 + (int32_t)l->kh > (int32_t)l->hin ? (int32_t)l->hin - iy0 : (int32_t)l->kh;
+            const int32_t fx1 = ix0 + (int32_t)l->kw > (int32_t)l->win ? (int32_t)l->win - ix0 : (int32_t)l->kw;
+            for (uint32_t c = 0; c < c_n; c++) {
+                int32_t acc = l->kind == TN_MAXPOOL ? -128 : 0, count = 0;
+                for (int32_t fy = fy0; fy < fy1; fy++) {
+                    for (int32_t fx = fx0; fx < fx1; fx++) {
+                        const int32_t x = in[((uint32_t)(iy0 + fy) * l->win + (uint32_t)(ix0 + fx)) * c_n + c];
+                        acc = l->kind == TN_MAXPOOL ? (x > acc ? x : acc) : acc + x;
+                        count++;
+                    }
+                }
+                if (l->kind == TN_AVGPOOL && count > 0) {
+                    acc = acc > 0 ? (acc + count / 2) / count : (acc - count / 2) / count;
+                }
+                acc = acc < l->act_min ? l->act_min : acc;
+                acc = acc > l->act_max ? l->act_max : acc;
+                out[(oy * l->wout + ox) * c_n + c] = (int8_t)acc;
+            }
+        }
+    }
+}
+
+/* TFLite Micro's MEAN over positions for int8: the sum of (x - input zero point), requantized by a
+ * multiplier with 1/positions folded in (QuantizedMeanOrSum); with the same scale and zero point
+ * in and out, the raw sum divided by the positions, truncated (reference_ops::Mean). */
+void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out) {
+    const uint32_t positions = (uint32_t)l->hin * l->win, c_n = l->cin;
+    for (uint32_t c = 0; c < c_n; c++) {
+        int32_t sum = 0;
+        for (uint32_t p = 0; p < positions; p++) {
+            sum += in[p * c_n + c];
+        }
+        if (l->multiplier == 0) {
+            out[c] = (int8_t)(sum / (int32_t)positions);
+            continue;
+        }
+        int32_t v = mbqm(sum + l->in_offset * (int32_t)positions, l->multiplier[0], l->shift[0]) + l->out_offset;
+        v = v < -128 ? -128 : v;
+        v = v > 127 ? 127 : v;
+        out[c] = (int8_t)v;
+    }
+}
+
+void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32) {
+    const out_stage s = stage_of(l);
+    for (uint32_t o = 0; o < l->cout; o++) {
+        int32_t acc = l->bias[o];
+        const int8_t *w = l->weight + o * l->cin;
+        for (uint32_t i = 0; i < l->cin; i++) {
+            acc += (in[i] + l->in_offset) * w[i];
+        }
+        const int8_t v = requantize_out(&s, acc, o);
+        if (out8 != 0) {
+            out8[o] = v;
+        } else {
+            out32[o] = v;
+        }
     }
 }
 

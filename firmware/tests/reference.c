@@ -33,7 +33,7 @@ static int8_t weight_at(const tn_layer *l, uint32_t oc, uint32_t k) {
 }
 
 tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
-    const int32_t pad_rows = l->kh > 1 ? l->pad : 0, pad_cols = l->pad;
+    const int32_t pad_rows = l->pad_h, pad_cols = l->pad;
     if (l->kind != TN_CONV || l->stride == 0 ||
         (int32_t)l->hout != ((int32_t)l->hin + 2 * pad_rows - (int32_t)l->kh) / (int32_t)l->stride + 1 ||
         (int32_t)l->wout != ((int32_t)l->win + 2 * pad_cols - (int32_t)l->kw) / (int32_t)l->stride + 1) {

@@ -42,6 +42,7 @@ static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weig
     l->stride = (uint8_t)check_range(rng, 1, 3);
     l->pad = (uint8_t)check_range(rng, 0, (two_d && l->kh < l->kw ? l->kh : l->kw) / 2);
     const int32_t pad_rows = two_d ? l->pad : 0;
+    l->pad_h = (uint8_t)pad_rows;
     l->hin = (uint16_t)(two_d ? check_range(rng, l->kh - 2 * pad_rows > 1 ? l->kh - 2 * pad_rows : 1, MAX_HIN) : 1);
     l->win = (uint16_t)check_range(rng, l->kw - 2 * l->pad > 1 ? l->kw - 2 * l->pad : 1, MAX_WIN);
     l->hout = (uint16_t)((l->hin + 2 * pad_rows - l->kh) / l->stride + 1);
@@ -134,7 +135,7 @@ static check_status test_conv_known_values(void) {
     static int8_t w[4];
     static const int8_t taps3[3] = {1, 1, 1};
     static const int32_t b[1] = {0}, m[1] = {1 << 30}, s[1] = {0};
-    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 1, -128, 127, w, b, m, s};
+    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 0, 1, -128, 127, w, b, m, s};
     CHECK_EQ(ref_pack_conv(&l, taps3, w), TN_OK);
     static const int8_t expect[4] = {16, 31, 47, 37}; /* (30 / 2 = 15, 60 / 2, 91 / 2 = 45.5 -> 46, 71 / 2 -> 36) + 1 */
     int8_t out[4];

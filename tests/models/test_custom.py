@@ -10,7 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 import torch
 from torch import nn
 
@@ -75,6 +77,22 @@ def test_the_command_line_trains_a_users_module_on_a_users_audio_folder(tmp_path
     assert proc.returncode == 0, proc.stderr  # rebuilt from the spec, parity-checked
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["preprocessing"]["steps"][0]["op"] == "mfcc" and {v["drop"] for v in manifest["variants"]} == {0.0}
+    # the node simulated on the user's own recordings, raw waveforms through the bundle's MFCC step
+    waves, labels = [], []
+    for k, label in enumerate(manifest["labels"]):
+        for clip in sorted((clips / label).iterdir()):
+            waves.append(soundfile.read(clip, dtype="float32")[0])
+            labels.append(k)
+    raw = np.zeros((len(waves), max(len(w) for w in waves)), np.float32)
+    for row, wave in zip(raw, waves):
+        row[: len(wave)] = wave
+    np.savez(tmp_path / "samples.npz", x=raw, y=np.array(labels))
+    proc = trickle("simulate", "--scenario", "rf_powercast", "--bundle", str(tmp_path / "b"), "--samples",
+                   str(tmp_path / "samples.npz"), "--nodes", "1", "--duration-s", "300", "--out", str(tmp_path / "sim"),
+                   "--no-progress", "--no-plots")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "sim" / "results.json").read_text())["summary"]
+    assert summary["released"] > 0 and summary["accuracy_within_deadline"] > 0
     if shutil.which("cc") or shutil.which("gcc"):
         proc = trickle("flash", str(tmp_path / "b"), "--board", "host", "--out", str(tmp_path / "fw"), "--vectors", "4")
         assert proc.returncode == 0, proc.stderr

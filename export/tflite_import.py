@@ -1,0 +1,474 @@
+"""A fully-int8 TFLite classifier the user brings (what TFLite Micro deploys), bundled and flashed.
+
+    trickle export model.tflite --calibration inputs.npz --out bundles/mine [--labels a,b,c]
+
+The bundle's one variant is the flatbuffer as given (format ``tflite-int8``: LiteRT runs it on a
+device, quantizing float inputs with the model's own input scale). ``trickle flash`` reads it into
+the firmware's integer kernels (``from_tflite``), computing what TFLite Micro's reference kernels
+compute, and checks every test vector bit for bit against TFLite Micro's own interpreter
+(``tflm_outputs``, PyPI ``tflite-micro``).
+
+What the reader takes: CONV_2D and DEPTHWISE_CONV_2D (per-tensor or per-channel weights; SAME,
+VALID or a PAD before them; stride equal in both directions; no dilation), AVERAGE_POOL_2D,
+MAX_POOL_2D, MEAN over all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused;
+RESHAPE, SQUEEZE and TRANSPOSE, which move no data on the device (the firmware's buffer stays
+channels-last; a transposed or reshaped tensor only reorders the next layer's weights or the
+input's bytes); and a last SOFTMAX, which the device leaves out (it does not change the top
+class): the firmware's outputs are the int8 tensor before it, checked against that tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge.bundle import load_private_key, pack, write_bundle
+from edge.errors import BundleError
+from edge.manifest import SCHEMA_VERSION
+from edge.vectors import FILE as VECTORS_FILE
+from edge.vectors import TestVectors
+from export.intmodel import (
+    ConvLayer,
+    DepthwiseLayer,
+    FCLayer,
+    IntModel,
+    IntModelError,
+    Layer,
+    MeanLayer,
+    WindowPoolLayer,
+)
+from simulator.devices import MCUS
+
+MIN_AGREEMENT = 0.95  # LiteRT's optimized kernels against TFLite Micro's reference ones, top class
+SUPPORTED = ("CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN, FULLY_CONNECTED, RESHAPE, SQUEEZE, "
+             "TRANSPOSE, PAD and a last SOFTMAX")
+ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}
+
+
+class TfliteImportError(BundleError):
+    """The .tflite file or its example inputs cannot become a bundle."""
+
+
+def _schema() -> Any:
+    try:
+        from tflite_micro.tensorflow.lite.micro.python import schema_py_generated
+    except ImportError:
+        raise TfliteImportError("reading .tflite models needs tflite-micro: pip install 'trickle[export]'") from None
+    return schema_py_generated
+
+
+def read_model(data: bytes) -> Any:
+    """The flatbuffer as the schema's object tree (``ModelT``), or one error line."""
+    schema = _schema()
+    try:
+        if not schema.Model.ModelBufferHasIdentifier(data, 0):
+            raise ValueError("no TFL3 identifier")
+        model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    except Exception as e:  # flatbuffers raises struct.error, IndexError, ... on a bad buffer
+        raise TfliteImportError(f"not a TFLite flatbuffer ({e})") from None
+    if not model.subgraphs or len(model.subgraphs) != 1:
+        raise TfliteImportError(f"the model has {len(model.subgraphs or [])} subgraphs; one is supported")
+    return model
+
+
+def op_names(model: Any) -> list[str]:
+    """The builtin operator name of each operator of the main subgraph."""
+    schema = _schema()
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    out = []
+    for op in model.subgraphs[0].operators:
+        code = model.operatorCodes[op.opcodeIndex]
+        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+        out.append(names.get(builtin, f"custom {code.customCode!r}") if builtin != schema.BuiltinOperator.CUSTOM
+                   else f"CUSTOM {bytes(code.customCode or b'').decode(errors='replace')}")
+    return out
+
+
+class _Graph:
+    """Tensors of the main subgraph: shapes, int8 quantization and constant data."""
+
+    def __init__(self, model: Any, data: bytes) -> None:
+        self.model, self.data = model, data
+        self.g = model.subgraphs[0]
+        self.schema = _schema()
+
+    def name(self, t: int) -> str:
+        return bytes(self.g.tensors[t].name or b"").decode(errors="replace")
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.g.tensors[t].shape)
+
+    def quant(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        q = self.g.tensors[t].quantization
+        if q is None or q.scale is None or len(q.scale) == 0:
+            raise IntModelError(f"tensor {self.name(t)!r} is not quantized")
+        return np.asarray(q.scale, np.float32), np.asarray(q.zeroPoint, np.int64)
+
+    def act(self, t: int) -> tuple[float, int]:
+        """(scale, zero point) of an int8 activation tensor."""
+        if self.g.tensors[t].type != self.schema.TensorType.INT8:
+            raise IntModelError(f"tensor {self.name(t)!r} is not int8: a fully-int8 model is needed")
+        scale, zp = self.quant(t)
+        return float(scale[0]), int(zp[0])
+
+    def const(self, t: int) -> np.ndarray:
+        tensor = self.g.tensors[t]
+        buf = self.model.buffers[tensor.buffer]
+        if buf.data is not None and len(buf.data):
+            raw = bytes(bytearray(buf.data))
+        elif getattr(buf, "offset", 0) > 1:  # large models keep buffers after the flatbuffer
+            raw = self.data[buf.offset : buf.offset + buf.size]
+        else:
+            raise IntModelError(f"tensor {self.name(t)!r} has no constant data")
+        types = {self.schema.TensorType.INT8: np.int8, self.schema.TensorType.INT32: np.int32,
+                 self.schema.TensorType.INT64: np.int64}
+        if tensor.type not in types:
+            raise IntModelError(f"constant {self.name(t)!r} has type {tensor.type}; int8/int32/int64 expected")
+        return np.frombuffer(raw, dtype=types[tensor.type]).reshape(self.shape(t))
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """TFLite's QuantizeMultiplier as (Q31 multiplier, right shift; negative: a left shift)."""
+    if real <= 0.0:
+        raise IntModelError(f"requantization scale {real}: must be positive")
+    mantissa, exponent = math.frexp(real)
+    q = math.floor(mantissa * (1 << 31) + 0.5)  # std::round; exact: mantissa * 2^31 + 0.5 fits a double
+    if q == 1 << 31:
+        q, exponent = q // 2, exponent + 1
+    if exponent < -31:
+        raise IntModelError(f"requantization scale {real}: too small for TFLite's multiplier")
+    return q, -exponent
+
+
+def _activation_range(code: int, scale: float, zp: int, where: str) -> tuple[int, int]:
+    """CalculateActivationRangeQuantized: quantize(f) = zp + round(f / scale), float32."""
+    def q(f: float) -> int:
+        v = float(np.float32(f) / np.float32(scale))
+        return zp + int(math.copysign(math.floor(abs(v) + 0.5), v))
+
+    if code == 0:
+        return -128, 127
+    if code == 1:
+        return max(-128, q(0.0)), 127
+    if code == 3:
+        return max(-128, q(0.0)), min(127, q(6.0))
+    if code == 2:
+        return max(-128, q(-1.0)), min(127, q(1.0))
+    raise IntModelError(f"{where}: fused activation {code} has no firmware kernel (NONE, RELU, RELU6, RELU_N1_TO_1)")
+
+
+def _same_pad(n: int, k: int, stride: int, out: int) -> int:
+    return max((out - 1) * stride + k - n, 0) // 2
+
+
+def from_tflite(data: bytes) -> IntModel:
+    """The integer model of a fully-int8 TFLite flatbuffer, as the firmware runs it."""
+    model = read_model(data)
+    graph = _Graph(model, data)
+    g = graph.g
+    names = op_names(model)
+    schema = graph.schema
+    if len(g.inputs) != 1 or len(g.outputs) != 1:
+        raise IntModelError(f"the model has {len(g.inputs)} inputs and {len(g.outputs)} outputs; one of each is needed")
+    t_in = int(g.inputs[0])
+    in_scale, in_zp = graph.act(t_in)
+    in_shape = graph.shape(t_in)
+    if not in_shape or in_shape[0] != 1:
+        raise IntModelError(f"input shape {list(in_shape)}: the batch (first) dimension must be 1")
+    out = IntModel(in_scale, in_shape[1:], input_zero_point=in_zp)
+    cur = t_in
+    # where[i...]: the offset in the device's buffer of each value of the current tensor; before the
+    # first layer that computes, the buffer is the model input itself, laid out as the layer needs
+    where = np.arange(math.prod(in_shape)).reshape(in_shape)
+    computed = False
+    phys: tuple[int, ...] = in_shape[1:]  # the device buffer: (H, W, C), or (N,) after a vector op
+    pad = (0, 0, 0, 0)  # a pending PAD: top, bottom, left, right
+    outputs = {int(g.outputs[0])}
+
+    def place(k: int, shape: tuple[int, ...]) -> None:
+        """The current tensor as a channels-last (1, H, W, C) buffer in order."""
+        nonlocal where, computed, phys
+        if where.shape != shape:
+            raise IntModelError(f"operator {k + 1} ({names[k]}): input shape {list(where.shape)}, expected {list(shape)}")
+        if not computed:
+            out.input_gather = where.reshape(-1).copy()
+        elif phys != shape[1:] or not np.array_equal(where.reshape(-1), np.arange(where.size)):
+            raise IntModelError(f"operator {k + 1} ({names[k]}): its input is a transposed view of the buffer; the "
+                                "firmware's layers read channels-last tensors in order")
+
+    def produced(t: int, layer: Layer) -> None:
+        nonlocal cur, where, computed, phys
+        out.layers.append(layer)
+        cur, computed = t, True
+        shape = graph.shape(t)
+        phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
+        where = np.arange(math.prod(shape)).reshape(shape)
+
+    for k, op in enumerate(g.operators):
+        kind = names[k]
+        ins = [int(i) for i in op.inputs]
+        outs = [int(i) for i in op.outputs]
+        opts = op.builtinOptions
+        here = f"operator {k + 1} of {len(g.operators)} ({kind}, output {graph.name(outs[0])!r})"
+        if ins[0] != cur:
+            raise IntModelError(f"{here}: does not read the previous operator's output; only chains are supported")
+        if pad != (0, 0, 0, 0) and kind not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+            raise IntModelError(f"{here}: a PAD must be followed by a convolution (it is folded into it)")
+        if kind in ("RESHAPE", "SQUEEZE"):
+            shape = graph.shape(outs[0])
+            where = where.reshape(shape)
+            cur = outs[0]
+        elif kind == "TRANSPOSE":
+            where = np.transpose(where, graph.const(ins[1]).astype(int).tolist())
+            cur = outs[0]
+        elif kind in ("PAD", "PADV2"):
+            paddings = graph.const(ins[1]).astype(int)
+            s_in, zp_in = graph.act(ins[0])
+            s_out, zp_out = graph.act(outs[0])
+            if kind == "PADV2" and int(graph.const(ins[2]).reshape(-1)[0]) != zp_in:
+                raise IntModelError(f"{here}: pads with a value other than the zero point; only zero padding folds")
+            if paddings.shape != (4, 2) or paddings[0].any() or paddings[3].any() or (s_in, zp_in) != (s_out, zp_out):
+                raise IntModelError(f"{here}: only spatial zero padding of an NHWC tensor folds into the next conv")
+            place(k, graph.shape(ins[0]))
+            pad = (int(paddings[1][0]), int(paddings[1][1]), int(paddings[2][0]), int(paddings[2][1]))
+            cur = outs[0]  # the buffer stays the unpadded tensor; the next conv pads
+        elif kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+            x_shape = graph.shape(ins[0])
+            if pad != (0, 0, 0, 0):
+                x_shape = (x_shape[0], x_shape[1] - pad[0] - pad[1], x_shape[2] - pad[2] - pad[3], x_shape[3])
+            if pad == (0, 0, 0, 0):  # (a PAD placed its input already)
+                place(k, x_shape)
+            y_shape = graph.shape(outs[0])
+            if opts.dilationHFactor != 1 or opts.dilationWFactor != 1:
+                raise IntModelError(f"{here}: dilation has no firmware kernel")
+            if opts.strideH != opts.strideW:
+                raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
+            w = graph.const(ins[1])
+            s_x, zp_x = graph.act(ins[0])
+            s_y, zp_y = graph.act(outs[0])
+            s_w, zp_w = graph.quant(ins[1])
+            if np.any(zp_w != 0):
+                raise IntModelError(f"{here}: weights with a zero point; TFLite's int8 weights are symmetric")
+            n_out = y_shape[3]
+            bias = (graph.const(ins[2]).astype(np.int32) if len(ins) > 2 and ins[2] >= 0
+                    else np.zeros(n_out, np.int32))
+            kh, kw = (w.shape[1], w.shape[2])
+            same = opts.padding == schema.Padding.SAME
+            top = pad[0] + (_same_pad(x_shape[1], kh, opts.strideH, y_shape[1]) if same else 0)
+            left = pad[2] + (_same_pad(x_shape[2], kw, opts.strideW, y_shape[2]) if same else 0)
+            scales = np.broadcast_to(s_w, (n_out,))
+            m0, shift = zip(*(quantize_multiplier(float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)))
+                              for sw in scales))
+            act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
+            common = dict(bias=bias, multiplier=np.array(m0, np.int32), shift=np.array(shift, np.int32),
+                          input_offset=-zp_x, output_offset=zp_y, act_min=act_min, act_max=act_max,
+                          stride=int(opts.strideH), in_shape=(x_shape[3], x_shape[1], x_shape[2]),
+                          out_shape=(n_out, y_shape[1], y_shape[2]))
+            if kind == "CONV_2D":
+                layer: Layer = ConvLayer(weight=np.ascontiguousarray(np.transpose(w, (0, 3, 1, 2))), padding=left,
+                                         padding_h=top, **common)  # type: ignore[arg-type]
+            else:
+                if n_out % x_shape[3]:
+                    raise IntModelError(f"{here}: {n_out} output channels for {x_shape[3]} input channels")
+                layer = DepthwiseLayer(weight=np.ascontiguousarray(w[0]), padding=left, padding_h=top,
+                                       **common)  # type: ignore[arg-type]
+            pad = (0, 0, 0, 0)
+            produced(outs[0], layer)
+        elif kind in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
+            x_shape, y_shape = graph.shape(ins[0]), graph.shape(outs[0])
+            place(k, x_shape)
+            if graph.act(ins[0]) != graph.act(outs[0]):
+                raise IntModelError(f"{here}: input and output quantized differently; TFLite pools keep the scale")
+            if opts.strideH != opts.strideW:
+                raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
+            same = opts.padding == schema.Padding.SAME
+            s_y, zp_y = graph.act(outs[0])
+            act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
+            produced(outs[0], WindowPoolLayer(
+                kind="avg" if kind == "AVERAGE_POOL_2D" else "max", kernel=(opts.filterHeight, opts.filterWidth),
+                stride=int(opts.strideH),
+                padding_h=_same_pad(x_shape[1], opts.filterHeight, opts.strideH, y_shape[1]) if same else 0,
+                padding=_same_pad(x_shape[2], opts.filterWidth, opts.strideW, y_shape[2]) if same else 0,
+                act_min=act_min, act_max=act_max, in_shape=(x_shape[3], x_shape[1], x_shape[2]),
+                out_shape=(y_shape[3], y_shape[1], y_shape[2])))
+        elif kind == "MEAN":
+            if not computed or len(phys) != 3:
+                raise IntModelError(f"{here}: MEAN runs over the positions of a convolution's output only")
+            h, w_, c = phys
+            axes = sorted(int(a) % where.ndim for a in graph.const(ins[1]).reshape(-1))
+            if opts is not None and opts.keepDims and where.ndim == 4 and axes == [1, 2]:
+                raise IntModelError(f"{here}: MEAN keeping dims over axes 1, 2 (TFLite Micro's integer path) has "
+                                    "no firmware kernel; export it with keepdims=False")
+            rows = np.moveaxis(where, axes, list(range(where.ndim - len(axes), where.ndim)))
+            rows = rows.reshape(-1, math.prod(where.shape[a] for a in axes))
+            channel = rows % c
+            if (rows.shape[1] != h * w_ or np.any(channel != channel[:, :1])
+                    or not np.array_equal(np.sort(rows // c, axis=1), np.broadcast_to(np.arange(h * w_), rows.shape))):
+                raise IntModelError(f"{here}: MEAN over axes {axes} is not a mean over all positions")
+            s_x, zp_x = graph.act(ins[0])
+            s_y, zp_y = graph.act(outs[0])
+            if (s_x, zp_x) == (s_y, zp_y):
+                layer = MeanLayer(multiplier=0, shift=0, input_offset=0, output_offset=0, in_shape=(c, h, w_))
+            else:  # QuantizedMeanOrSum: 1/positions folded into the multiplier, as TFLite Micro does
+                mult, right = quantize_multiplier(float(np.float64(s_x) / np.float64(s_y)))
+                n = h * w_
+                fold = min(n.bit_length() - 1, 32, 31 - right)
+                layer = MeanLayer(multiplier=(mult << fold) // n, shift=right + fold, input_offset=-zp_x,
+                                  output_offset=zp_y, in_shape=(c, h, w_))
+            out.layers.append(layer)
+            cur, phys = outs[0], (c,)
+            where = channel[:, 0].reshape(graph.shape(outs[0]))
+        elif kind == "FULLY_CONNECTED":
+            w = graph.const(ins[1])
+            n_out, n_in = w.shape
+            if where.size != n_in:
+                raise IntModelError(f"{here}: {where.size} inputs for {n_in} weight columns")
+            order = where.reshape(-1)
+            if not computed:
+                out.input_gather, order = order.copy(), np.arange(n_in)
+            elif sorted(order.tolist()) != list(range(math.prod(phys))):
+                raise IntModelError(f"{here}: its input is not a permutation of the buffer")
+            w_dev = np.empty_like(w)
+            w_dev[:, order] = w  # column i reads buffer offset order[i]
+            s_x, zp_x = graph.act(ins[0])
+            s_y, zp_y = graph.act(outs[0])
+            s_w, zp_w = graph.quant(ins[1])
+            if np.any(zp_w != 0):
+                raise IntModelError(f"{here}: weights with a zero point; TFLite's int8 weights are symmetric")
+            bias = (graph.const(ins[2]).astype(np.int32) if len(ins) > 2 and ins[2] >= 0
+                    else np.zeros(n_out, np.int32))
+            m0, shift = zip(*(quantize_multiplier(float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)))
+                              for sw in np.broadcast_to(s_w, (n_out,))))
+            act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
+            produced(outs[0], FCLayer(weight=np.ascontiguousarray(w_dev), bias=bias, multiplier=np.array(m0, np.int32),
+                                      shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,
+                                      act_min=act_min, act_max=act_max, output_scale=s_y))
+        elif kind == "SOFTMAX" and outs[0] in outputs:
+            break  # monotone: the firmware stops at the logits before it
+        else:
+            raise IntModelError(f"operator {kind} (operator {k + 1} of {len(g.operators)} in the graph, output "
+                                f"{graph.name(outs[0])!r}) has no firmware kernel: the firmware runs {SUPPORTED}")
+    if not out.layers or not isinstance(out.layers[-1], FCLayer):
+        raise IntModelError("the model must end in a FULLY_CONNECTED layer (optionally then a SOFTMAX): its outputs "
+                            "are the device's logits")
+    if not 1 <= out.layers[-1].weight.shape[0] <= 16:
+        raise IntModelError(f"the model has {out.layers[-1].weight.shape[0]} outputs; the firmware takes 1 to 16")
+    return out
+
+
+def logits_model(data: bytes) -> bytes:
+    """The flatbuffer without a last SOFTMAX (its output is then the tensor before it), so TFLite
+    Micro's outputs are the ones the firmware computes."""
+    import flatbuffers
+
+    model = read_model(data)
+    g = model.subgraphs[0]
+    if not g.operators or op_names(model)[-1] != "SOFTMAX" or int(g.operators[-1].outputs[0]) != int(g.outputs[0]):
+        return data
+    last = g.operators.pop()
+    g.outputs = np.array([int(last.inputs[0])], dtype=np.int32)
+    builder = flatbuffers.Builder(len(data) + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def tflm_outputs(data: bytes, x_q: np.ndarray) -> np.ndarray:
+    """TFLite Micro's int8 outputs (as int32), one row per int8 input, of the model the firmware runs."""
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except ImportError:
+        raise TfliteImportError("checking against TFLite Micro needs tflite-micro: pip install 'trickle[export]'") from None
+    interpreter = runtime.Interpreter.from_bytes(logits_model(data))
+    rows = []
+    for x in x_q:
+        interpreter.set_input(x[None], 0)
+        interpreter.invoke()
+        rows.append(np.asarray(interpreter.get_output(0)).reshape(-1).astype(np.int32))
+    return np.stack(rows)
+
+
+def _macs(data: bytes) -> list[dict[str, Any]]:
+    """MACs, parameters and outputs of every CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED."""
+    model = read_model(data)
+    graph = _Graph(model, data)
+    layers = []
+    for k, (op, kind) in enumerate(zip(graph.g.operators, op_names(model))):
+        if kind not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+            continue
+        y = graph.shape(int(op.outputs[0]))
+        w = graph.shape(int(op.inputs[1]))
+        per_output = math.prod(w[1:]) if kind == "CONV_2D" else (w[1] * w[2] if kind == "DEPTHWISE_CONV_2D" else w[1])
+        bias = math.prod(graph.shape(int(op.inputs[2]))) if len(op.inputs) > 2 and op.inputs[2] >= 0 else 0
+        layers.append({"name": f"{kind.lower()}{k}", "macs": int(math.prod(y) * per_output),
+                       "param_bytes": int(math.prod(w) + 4 * bias), "outputs": int(math.prod(y))})
+    if not layers:
+        raise TfliteImportError("the model has no CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED: nothing to price")
+    return layers
+
+
+def import_tflite(model_path: Path, examples: Path, out: Path, labels: list[str] | None = None,
+                  key: Path | None = None, as_tar: bool = False, bundle_version: int = 1, vectors: int = 16,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """Write the bundle of the int8 TFLite classifier at ``model_path``; returns its path."""
+    from edge import __version__
+    from edge.backends import BackendError, LiteRtBackend
+    from export.onnx_import import _calibration, class_names
+
+    data = model_path.read_bytes()
+    model = read_model(data)
+    graph = _Graph(model, data)
+    g = graph.g
+    if len(g.inputs) != 1 or len(g.outputs) != 1:
+        raise TfliteImportError(f"{model_path}: needs one input and one output (has {len(g.inputs)} and {len(g.outputs)})")
+    for role, t in (("input", int(g.inputs[0])), ("output", int(g.outputs[0]))):
+        if g.tensors[t].type != graph.schema.TensorType.INT8:
+            raise TfliteImportError(f"{model_path}: the {role} is not int8; a fully-int8 model (int8 input and output, "
+                                    "e.g. ai-edge-quantizer's static int8 recipe) is needed")
+    in_shape = list(graph.shape(int(g.inputs[0])))
+    if in_shape[0] != 1:
+        raise TfliteImportError(f"{model_path}: input shape {in_shape}; the batch (first) dimension must be 1")
+    x, y = _calibration(examples, in_shape[1:])
+    layers = _macs(data)
+    try:
+        backend = LiteRtBackend(data)
+    except BackendError as e:
+        raise TfliteImportError(f"{model_path}: {e}") from None
+    logits = np.concatenate([backend.run(x[i : i + 1]) for i in range(len(x))])
+    names = class_names(model_path, logits, labels, TfliteImportError)
+    n_classes = len(names)
+    # LiteRT's optimized kernels against TFLite Micro's reference ones, on the same int8 inputs
+    scale, zp = graph.act(int(g.inputs[0]))
+    from edge.backends import quantize_tflite
+
+    reference = tflm_outputs(data, quantize_tflite(x, scale, zp))
+    agreement = float((reference.argmax(1) == logits.argmax(1)).mean())
+    if agreement < MIN_AGREEMENT:
+        raise TfliteImportError(f"{model_path}: LiteRT and TFLite Micro agree on the top class of {agreement:.1%} of "
+                                f"the examples (need {MIN_AGREEMENT:.0%})")
+    if progress:
+        progress(f"int8 model read; LiteRT and TFLite Micro agree on the top class of {agreement:.1%} of "
+                 f"{len(x)} examples")
+    n = min(vectors, len(x))
+    truth = y if y is not None else logits.argmax(1)
+    files = {"int8-d00.tflite": data,
+             VECTORS_FILE: TestVectors(x[:n], truth[:n], {"int8-d00": logits[:n]}, x[:n]).to_bytes()}
+    macs = sum(la["macs"] for la in layers)
+    doc = {
+        "schema_version": SCHEMA_VERSION, "model": model_path.stem, "task": model_path.stem, "labels": names,
+        "inputs": [{"name": "x", "shape": in_shape, "dtype": "float32"}],
+        "outputs": [{"name": "logits", "shape": [1, n_classes], "dtype": "float32"}],
+        "preprocessing": {"description": f"the model's input as given ({model_path.name}, imported)",
+                          "raw": {"shape": in_shape[1:], "dtype": "float32"}, "steps": []},
+        "variants": [{"name": "int8-d00", "bits": 8, "drop": 0.0, "formats": {"tflite-int8": "int8-d00.tflite"},
+                      "energy_j": {m: p.compute_energy_j(macs) for m, p in MCUS.items()},
+                      "accuracy": {} if y is None else {"tflite-int8": float((logits.argmax(1) == y).mean())},
+                      "layers": layers}],
+        "creator": f"trickle {__version__}", "bundle_version": bundle_version,
+        "test_vectors": {"file": VECTORS_FILE, "count": n},
+    }
+    members = pack(doc, files, load_private_key(key) if key else None)
+    return write_bundle(members, out.with_suffix(".tar") if as_tar else out)

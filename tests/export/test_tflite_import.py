@@ -1,0 +1,224 @@
+"""A fully-int8 .tflite made outside the training code (litert-torch, then ai-edge-quantizer's
+static int8 quantization; no TensorFlow) becomes a bundle that LiteRT runs, and flashes bit-exact
+with TFLite Micro's own interpreter (PyPI tflite-micro, its reference kernels), on the host and
+under QEMU. One model is per-channel convs (one padded by a PAD), a transposed flatten and a dense
+layer; the other mixes per-tensor and per-channel weights, depthwise convs with depth multipliers,
+an average pool, a MEAN and a last SOFTMAX. Unsupported operators and bad files get one line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edge.bundle import read_bundle
+from edge.vectors import TestVectors
+
+pytest.importorskip("tflite_micro")
+pytest.importorskip("ai_edge_quantizer")
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, stride=2, padding=1)  # stride 2, symmetric padding: a PAD in TFLite
+        self.fc = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.c2(torch.relu(self.c1(x))))
+        return self.fc(x.flatten(1))  # NCHW flatten: a TRANSPOSE before the RESHAPE
+
+
+class MixNet(nn.Module):
+    def __init__(self, head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 6, 3, padding=1)  # one input channel: a depthwise conv, multiplier 6
+        self.dw = nn.Conv2d(6, 12, 3, padding=1, groups=6)  # depthwise, multiplier 2
+        self.pool = nn.AvgPool2d(2)
+        self.pw = nn.Conv2d(12, 8, 1)
+        self.fc = nn.Linear(8, 4)
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.dw(nn.functional.relu6(self.c1(x))))
+        x = torch.relu(self.pw(self.pool(x))).mean((2, 3))
+        if self.head is not None:
+            x = self.head(x)
+        return torch.softmax(self.fc(x), dim=1)
+
+
+def int8_tflite(net: nn.Module, shape: tuple[int, ...], path: Path, per_tensor_fc: bool = False) -> np.ndarray:
+    """litert-torch's float model, quantized by ai-edge-quantizer (int8 activations and weights,
+    min/max calibrated); returns the calibration inputs."""
+    import litert_torch
+    from ai_edge_quantizer import qtyping, quantizer, recipe
+    from ai_edge_quantizer.utils import tfl_interpreter_utils
+
+    from edge.backends import quiet
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((48, *shape)).astype(np.float32)
+    with quiet():
+        float_path = path.with_suffix(".f32.tflite")
+        litert_torch.convert(net.eval(), (torch.from_numpy(x[:1]),)).export(str(float_path))
+        qt = quantizer.Quantizer(str(float_path))
+        qt.load_quantization_recipe(recipe.static_wi8_ai8())
+        if per_tensor_fc:
+            qt.add_static_config(".*", qtyping.TFLOperationName.FULLY_CONNECTED, 8, 8,
+                                 weight_granularity=qtyping.QuantGranularity.TENSORWISE)
+        signature = tfl_interpreter_utils.create_tfl_interpreter(str(float_path)).get_signature_list()
+        key, spec = next(iter(signature.items()))
+        name = spec["inputs"][0]
+        calibration = qt.calibrate({key: [{name: x[i : i + 1]} for i in range(len(x))]}, num_threads=1)
+        path.write_bytes(qt.quantize(calibration, enable_progress_report=False).quantized_model)
+    return x
+
+
+def trickle(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trickle", *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    root = tmp_path_factory.mktemp("tflite")
+    torch.manual_seed(0)
+    out = {}
+    for name, net, shape, per_tensor in (("conv", ConvNet(), (2, 8, 8), False), ("mix", MixNet(), (1, 9, 7), True)):
+        model = root / f"{name}.tflite"
+        x = int8_tflite(net, shape, model, per_tensor_fc=per_tensor)
+        with torch.no_grad():
+            y = net(torch.from_numpy(x)).argmax(1).numpy()
+        np.savez(root / f"{name}.npz", x=x, y=y)
+        out[name] = (model, root / f"{name}.npz")
+    return out
+
+
+def test_the_reader_meets_what_tflm_users_deploy(models: dict[str, tuple[Path, Path]]) -> None:
+    from export.intmodel import ConvLayer, DepthwiseLayer, FCLayer, MeanLayer, WindowPoolLayer
+    from export.tflite_import import from_tflite, op_names, read_model
+
+    conv = from_tflite(models["conv"][0].read_bytes())
+    ops = op_names(read_model(models["conv"][0].read_bytes()))
+    assert {"PAD", "TRANSPOSE", "RESHAPE"} <= set(ops)
+    assert [type(layer) for layer in conv.layers] == [ConvLayer, ConvLayer, FCLayer]
+    first_conv = conv.layers[0]
+    assert isinstance(first_conv, ConvLayer) and len(set(first_conv.multiplier.tolist())) > 1  # per-channel weights
+    assert conv.input_gather is not None and conv.input_gather[1] == 64  # NCHW input, channels-last buffer
+
+    data = models["mix"][0].read_bytes()
+    mix = from_tflite(data)
+    assert {"DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "MEAN", "SOFTMAX"} <= set(op_names(read_model(data)))
+    kinds = [type(layer) for layer in mix.layers]
+    assert kinds == [DepthwiseLayer, DepthwiseLayer, WindowPoolLayer, ConvLayer, MeanLayer, FCLayer]
+    first = mix.layers[0]
+    assert isinstance(first, DepthwiseLayer) and first.weight.shape[-1] == 6 and first.in_shape[0] == 1
+    fc = mix.layers[-1]
+    assert isinstance(fc, FCLayer) and len(set(fc.multiplier.tolist())) == 1  # per-tensor weights
+    second = mix.layers[1]
+    assert isinstance(second, DepthwiseLayer) and len(set(second.multiplier.tolist())) > 1  # per-channel
+
+
+def test_a_tflite_classifier_bundles_runs_and_flashes_bit_exact_with_tflm(models: dict[str, tuple[Path, Path]],
+                                                                          tmp_path: Path) -> None:
+    from edge.backends import load_backend
+
+    model, examples = models["conv"]
+    proc = trickle("export", str(model), "--calibration", str(examples), "--out", str(tmp_path / "b"), "--labels",
+                   "a,b,c,d,e")
+    assert proc.returncode == 0, proc.stderr
+    assert "LiteRT and TFLite Micro agree on the top class" in proc.stdout
+    bundle = read_bundle(tmp_path / "b")
+    (variant,) = bundle.manifest.variants
+    assert variant.formats == {"tflite-int8": "int8-d00.tflite"} and variant.bits == 8
+    # conv1 8 x 64 outputs x 18 taps, conv2 8 x 16 x 72, fc 5 x 128
+    assert [layer.macs for layer in variant.layers] == [9216, 9216, 640]
+    assert variant.accuracy["tflite-int8"] > 0.9  # labels: the float model's answers
+    vectors = TestVectors.from_bytes(bundle.file(bundle.manifest.test_vectors.file))  # type: ignore[union-attr]
+    backend = load_backend("tflite-int8", bundle.file("int8-d00.tflite"))
+    got = np.concatenate([backend.run(vectors.features[i : i + 1]) for i in range(len(vectors))])
+    np.testing.assert_array_equal(got, vectors.expected["int8-d00"])
+
+    proc = trickle("flash", str(tmp_path / "b"), "--board", "host", "--out", str(tmp_path / "fw"))
+    assert proc.returncode == 0, proc.stderr
+    assert "bit-exact with TFLite Micro" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_depthwise_pools_mean_and_mixed_granularity_are_bit_exact_on_host_and_qemu(
+        models: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    from export.flash import flash
+    from export.tflite_import import import_tflite, tflm_outputs
+
+    model, examples = models["mix"]
+    path = import_tflite(model, examples, tmp_path / "b", vectors=24)
+    bundle = read_bundle(path)
+    report = flash(bundle, "host", tmp_path / "host")
+    assert report["mismatches"] == 0 and report["oracle"] == "TFLite Micro" and report["vectors"] == 24
+    outputs = np.array([report["outputs"][(i, 0)] for i in range(24)])
+    assert len(np.unique(outputs, axis=0)) > 12  # the vectors differ: the check bites
+    with np.load(examples) as z:
+        x = z["x"][:24]
+    from edge.backends import quantize_tflite
+    from export.tflite_import import _Graph, logits_model, read_model
+
+    data = model.read_bytes()
+    graph = _Graph(read_model(data), data)
+    scale, zp = graph.act(int(graph.g.inputs[0]))
+    x_q = quantize_tflite(x, scale, zp)
+    # the board printed TFLite Micro's outputs of the model without its SOFTMAX, every byte
+    np.testing.assert_array_equal(outputs, tflm_outputs(data, x_q))
+    # ... and the unmodified model's SOFTMAX (TFLite Micro on the file as given) picks the same classes
+    from tflite_micro.python.tflite_micro import runtime
+
+    full = runtime.Interpreter.from_bytes(data)
+    probs = []
+    for row in x_q:
+        full.set_input(row[None], 0)
+        full.invoke()
+        probs.append(np.asarray(full.get_output(0)).reshape(-1))
+    assert len(logits_model(data)) < len(data)
+    assert (np.argmax(probs, axis=1) == outputs.argmax(1)).mean() >= 0.9  # int8 probabilities may tie
+    if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc"):
+        qemu = flash(bundle, "mps2-an386", tmp_path / "m4", vectors=4)
+        assert qemu["mismatches"] == 0 and qemu["variants"][0]["instructions_per_inference"] > 0
+
+
+def test_an_operator_the_firmware_lacks_is_named_with_its_place(tmp_path: Path) -> None:
+    from export.tflite_import import import_tflite
+
+    torch.manual_seed(0)
+    net = MixNet(head=nn.Tanh())
+    x = int8_tflite(net, (1, 8, 8), tmp_path / "tanh.tflite")
+    np.savez(tmp_path / "x.npz", x=x)
+    import_tflite(tmp_path / "tanh.tflite", tmp_path / "x.npz", tmp_path / "b")  # LiteRT runs it
+    proc = trickle("flash", str(tmp_path / "b"), "--board", "host", "--out", str(tmp_path / "fw"))
+    assert proc.returncode == 1
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "operator TANH (operator " in line and "has no firmware kernel" in line
+
+
+def test_bad_tflite_files_get_one_line(models: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    model, examples = models["conv"]
+    junk = tmp_path / "junk.tflite"
+    junk.write_bytes(b"not a flatbuffer at all" * 4)
+    float_model = model.with_suffix(".f32.tflite")
+    float_copy = tmp_path / "float.tflite"
+    float_copy.write_bytes(float_model.read_bytes())
+    np.savez(tmp_path / "wrong.npz", x=np.zeros((16, 3, 8, 8), np.float32))
+    for args, expected in (
+        ((str(junk), "--calibration", str(examples)), "not a TFLite flatbuffer"),
+        ((str(float_copy), "--calibration", str(examples)), "the input is not int8; a fully-int8 model"),
+        ((str(model), "--calibration", str(tmp_path / "wrong.npz")), "x holds examples of shape [3, 8, 8]"),
+        ((str(model),), "--calibration"),
+    ):
+        proc = trickle("export", *args, "--out", str(tmp_path / "b"))
+        assert proc.returncode == 1, proc.stdout
+        assert len(proc.stderr.strip().splitlines()) == 1 and expected in proc.stderr, proc.stderr
+        assert not (tmp_path / "b").exists()
