@@ -19,6 +19,7 @@ from edge.manifest import Variant
 from edge.vectors import TestVectors
 from export.intmodel import (
     ConvLayer,
+    DenseLayer,
     DepthwiseLayer,
     FCLayer,
     IntModel,
@@ -101,6 +102,12 @@ def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: i
           stride: int = 0, pad: int = 0, pad_h: int = 0, in_offset: int = 0, out_offset: int = 0, act_min: int = 0,
           act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0")) -> tuple[str, str]:
     """(arrays, a tn_layer initializer); refs: the weight, bias, multiplier and shift arrays' names."""
+    for name, value, top in (("channels in", cin, 0xFFFF), ("rows in", hin, 0xFFFF), ("columns in", win, 0xFFFF),
+                             ("channels out", cout, 0xFFFF), ("rows out", hout, 0xFFFF), ("columns out", wout, 0xFFFF),
+                             ("kernel rows", kh, 0xFF), ("kernel columns", kw, 0xFF), ("stride", stride, 0xFF),
+                             ("padding", pad, 0xFF), ("row padding", pad_h, 0xFF)):
+        if not 0 <= value <= top:
+            raise IntModelError(f"a {kind} layer with {value} {name}: the firmware's descriptor holds 0 to {top}")
     return arrays, (f"{{{kind}, {cin}, {hin}, {win}, {cout}, {hout}, {wout}, {kh}, {kw}, {stride}, {pad}, {pad_h}, "
                     f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}}}")
 
@@ -133,8 +140,8 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      layer.padding_h, act_min=layer.act_min, act_max=layer.act_max)
     if isinstance(layer, MeanLayer):
         c = layer.in_shape[0]
-        if not layer.multiplier:
-            return _init("TN_MEAN", c, *_hw(layer.in_shape), c, 1, 1)
+        if not -32 < layer.shift < 32:
+            raise IntModelError(f"{prefix}: the mean's requantization shift {layer.shift} exceeds 31 bits")
         arrays = (_array("int32_t", f"{prefix}_m", np.array([layer.multiplier]))
                   + _array("int32_t", f"{prefix}_s", np.array([layer.shift])))
         return _init("TN_MEAN", c, *_hw(layer.in_shape), c, 1, 1, in_offset=layer.input_offset,
@@ -164,6 +171,36 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                  arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _array("int32_t", f"{prefix}_b", layer.bias))
 
 
+ARENA_BYTES, MAX_COLUMN, MAX_CHANNELS, MAX_CLASSES = 4096, 1024, 128, 16  # firmware/include/tn.h's defaults
+
+
+def check_fits(model: IntModel, variant: str) -> None:
+    """One line naming the first layer that exceeds the firmware's default buffers."""
+    for k, layer in enumerate(model.layers):
+        where = f"variant {variant}, layer {k + 1} ({type(layer).__name__})"
+        if isinstance(layer, FCLayer):
+            sizes = (layer.weight.shape[1], layer.weight.shape[0])
+        elif isinstance(layer, (PoolLayer, MeanLayer)):
+            sizes = (int(np.prod(layer.in_shape)), layer.in_shape[0])
+        elif isinstance(layer, (ConvLayer, DepthwiseLayer, WindowPoolLayer)):
+            sizes = (int(np.prod(layer.in_shape)), int(np.prod(layer.out_shape)))
+        else:
+            sizes = (0, 0)
+        if max(sizes) > ARENA_BYTES:
+            raise IntModelError(f"{where}: {max(sizes)} bytes of activations; the firmware's buffers hold {ARENA_BYTES} "
+                                "(TN_ARENA_BYTES)")
+        if isinstance(layer, ConvLayer) and 2 * (-(-int(np.prod(layer.weight.shape[1:])) // 4) * 4) > MAX_COLUMN:
+            raise IntModelError(f"{where}: {int(np.prod(layer.weight.shape[1:]))} taps per output; the firmware's "
+                                f"scratch column holds {MAX_COLUMN // 2} (TN_MAX_COLUMN / 2)")
+        if isinstance(layer, PoolLayer) and layer.in_shape[0] > MAX_CHANNELS:
+            raise IntModelError(f"{where}: {layer.in_shape[0]} channels pooled; the firmware keeps {MAX_CHANNELS} "
+                                "(TN_MAX_CHANNELS)")
+    last = model.layers[-1]
+    n_out = last.weight.shape[0] if isinstance(last, (DenseLayer, FCLayer)) else 0
+    if not 1 <= n_out <= MAX_CLASSES:
+        raise IntModelError(f"variant {variant}: {n_out} outputs; the firmware takes 1 to {MAX_CLASSES} (TN_MAX_CLASSES)")
+
+
 def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "cortex-m4", max_vectors: int | None = None
              ) -> tuple[dict[str, str], dict[str, Any]]:
     """C sources for the firmware and a description (variants, test vectors, expected logits).
@@ -172,8 +209,12 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
     if x_test is None:
         x_test = bundle_inputs(bundle)
     models, oracles = zip(*(integer_model(bundle, v) for v in variants))
+    for v, m in zip(variants, models):
+        check_fits(m, v.name)
     scales = {(m.input_scale, m.input_zero_point) for m in models}
-    if len(scales) != 1 or len(set(oracles)) != 1:
+    if len(set(oracles)) != 1:
+        raise IntModelError("the bundle mixes int8 variants from ONNX and from TFLite; the firmware takes one kind")
+    if len(scales) != 1:
         raise IntModelError(f"variants quantize the input differently ({sorted(scales)}); one input scale is needed")
     x = x_test if max_vectors is None else x_test[:max_vectors]
     x_q = models[0].quantize_input(x)

@@ -97,7 +97,7 @@ class WindowPoolLayer:  # TFLite's AVERAGE_POOL_2D / MAX_POOL_2D: same scale in 
 
 @dataclass
 class MeanLayer:  # TFLite Micro's MEAN over all positions
-    multiplier: int  # Q31, 1/positions folded in; 0: the same scale and zero point in and out (sum / n)
+    multiplier: int  # Q31, 1/positions folded in
     shift: int  # a right shift, negative for a left one
     input_offset: int
     output_offset: int

@@ -237,9 +237,8 @@ def from_tflite(data: bytes) -> IntModel:
             pad = (int(paddings[1][0]), int(paddings[1][1]), int(paddings[2][0]), int(paddings[2][1]))
             cur = outs[0]  # the buffer stays the unpadded tensor; the next conv pads
         elif kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-            x_shape = graph.shape(ins[0])
-            if pad != (0, 0, 0, 0):
-                x_shape = (x_shape[0], x_shape[1] - pad[0] - pad[1], x_shape[2] - pad[2] - pad[3], x_shape[3])
+            padded = graph.shape(ins[0])  # SAME pads the conv's own input: the PAD's output, if any
+            x_shape: tuple[int, ...] = (padded[0], padded[1] - pad[0] - pad[1], padded[2] - pad[2] - pad[3], padded[3])
             if pad == (0, 0, 0, 0):  # (a PAD placed its input already)
                 place(k, x_shape)
             y_shape = graph.shape(outs[0])
@@ -257,9 +256,17 @@ def from_tflite(data: bytes) -> IntModel:
             bias = (graph.const(ins[2]).astype(np.int32) if len(ins) > 2 and ins[2] >= 0
                     else np.zeros(n_out, np.int32))
             kh, kw = (w.shape[1], w.shape[2])
+            if kind == "CONV_2D" and w.shape[3] != x_shape[3]:
+                raise IntModelError(f"{here}: {w.shape[3]} weight channels for {x_shape[3]} input channels (a grouped "
+                                    "convolution has no firmware kernel)")
             same = opts.padding == schema.Padding.SAME
-            top = pad[0] + (_same_pad(x_shape[1], kh, opts.strideH, y_shape[1]) if same else 0)
-            left = pad[2] + (_same_pad(x_shape[2], kw, opts.strideW, y_shape[2]) if same else 0)
+            top = pad[0] + (_same_pad(padded[1], kh, opts.strideH, y_shape[1]) if same else 0)
+            left = pad[2] + (_same_pad(padded[2], kw, opts.strideW, y_shape[2]) if same else 0)
+            stride = int(opts.strideH)
+            if (top >= kh or left >= kw or (y_shape[1] - 1) * stride - top >= x_shape[1]
+                    or (y_shape[2] - 1) * stride - left >= x_shape[2]):
+                raise IntModelError(f"{here}: padding wider than the kernel (some outputs see only padding); the "
+                                    "firmware's convolutions take at most kernel - 1")
             scales = np.broadcast_to(s_w, (n_out,))
             m0, shift = zip(*(quantize_multiplier(float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)))
                               for sw in scales))
@@ -312,7 +319,8 @@ def from_tflite(data: bytes) -> IntModel:
             s_x, zp_x = graph.act(ins[0])
             s_y, zp_y = graph.act(outs[0])
             if (s_x, zp_x) == (s_y, zp_y):
-                layer = MeanLayer(multiplier=0, shift=0, input_offset=0, output_offset=0, in_shape=(c, h, w_))
+                raise IntModelError(f"{here}: a MEAN that keeps its scale (TFLite Micro divides integers there) has "
+                                    "no firmware kernel checked against it yet")
             else:  # QuantizedMeanOrSum: 1/positions folded into the multiplier, as TFLite Micro does
                 mult, right = quantize_multiplier(float(np.float64(s_x) / np.float64(s_y)))
                 n = h * w_
@@ -341,8 +349,11 @@ def from_tflite(data: bytes) -> IntModel:
                 raise IntModelError(f"{here}: weights with a zero point; TFLite's int8 weights are symmetric")
             bias = (graph.const(ins[2]).astype(np.int32) if len(ins) > 2 and ins[2] >= 0
                     else np.zeros(n_out, np.int32))
-            m0, shift = zip(*(quantize_multiplier(float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)))
-                              for sw in np.broadcast_to(s_w, (n_out,))))
+            if s_w.size == 1:  # TFLite Micro's per-tensor path: the scales' product in float32, then double
+                real = [float(np.float32(s_x) * s_w[0]) / float(s_y)] * n_out
+            else:
+                real = [float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)) for sw in s_w]
+            m0, shift = zip(*(quantize_multiplier(r) for r in real))
             act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
             produced(outs[0], FCLayer(weight=np.ascontiguousarray(w_dev), bias=bias, multiplier=np.array(m0, np.int32),
                                       shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,

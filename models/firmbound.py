@@ -259,7 +259,8 @@ class StoppingRule:
     train_seconds: float = 0.0
 
     def continue_risk(self, t: int, pi: np.ndarray) -> np.ndarray:
-        return np.asarray(self.cost + self.continuation[t].predict(pi))
+        """c + Ê[G_t+1 | π_t], the estimate held within [0, L] where the risk lives."""
+        return np.asarray(self.cost + np.clip(self.continuation[t].predict(pi), 0.0, self.loss))
 
     def decide(self, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hitting time τ in 1..T, predicted class index) of posteriors π (n, T, K)."""
@@ -287,7 +288,7 @@ def backward_induction(pi: np.ndarray, cost: float, method: str = "cfl", loss: f
     for t in range(t_max - 2, -1, -1):
         model = ConvexContinuation(seed=seed) if method == "cfl" else GPContinuation(seed=seed)
         models[t] = model.fit(pi[:, t], g)
-        g = np.minimum(stopping_risk(pi[:, t], loss), cost + model.predict(pi[:, t]))
+        g = np.minimum(stopping_risk(pi[:, t], loss), cost + np.clip(model.predict(pi[:, t]), 0.0, loss))
     return StoppingRule(cost, loss, models, time.perf_counter() - start)
 
 
@@ -313,7 +314,7 @@ class ExactRule:
         tau = np.full(n, t_max)
         open_ = np.ones(n, bool)
         for t in range(t_max - 1):
-            g_st = LOSS_L * (1 - 1 / (1 + np.exp(-np.abs(llr[:, t]))))
+            g_st = np.interp(llr[:, t], self.grid, self.stop[t])
             stop = open_ & (g_st <= np.interp(llr[:, t], self.grid, self.cont[t]))
             tau[stop] = t + 1
             open_ &= ~stop
@@ -449,15 +450,29 @@ class FirmboundClassifier(BaseEarlyClassifier):
         return self.classes_[proba.argmax(1)], final
 
     def _update_predict_proba(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Longer prefixes of the series last predicted: all of them (decisions once made stand), or,
+        as sktime's loop passes them, only those still open, in order."""
         before = self.state_info
-        if before is None or len(before) != len(X):
-            raise DataError("update_predict: call predict on the shorter prefixes of these series first")
+        if before is None:
+            raise DataError("update_predict: call predict on shorter prefixes of these series first")
+        open_rows = np.flatnonzero(before[:, 0] == 0)
+        if len(X) == len(before):
+            rows = np.arange(len(X))
+        elif len(X) == len(open_rows):
+            rows = open_rows
+        else:
+            raise DataError(f"update_predict: {len(X)} series; the last predict saw {len(before)}, {len(open_rows)} "
+                            "of them still open")
         tau, proba, _ = self._decide_prefix(X)
-        kept = before[:, 0] > 0  # a decision once made stands
-        tau[kept] = before[kept, 0]
+        kept = before[rows, 0] > 0  # a decision once made stands
+        if np.any(before[rows, 0][kept] > X.shape[2]):
+            raise DataError("update_predict: the prefixes are shorter than ones already decided on")
+        tau[kept] = before[rows, 0][kept]
         pi_all = posteriors(self.dre_.accumulated(X))
-        proba[kept] = pi_all[np.where(kept)[0], tau[kept] - 1]
-        self.state_info = np.column_stack([tau, proba.argmax(1)])
+        proba[kept] = pi_all[np.flatnonzero(kept), tau[kept] - 1]
+        state = before.copy()
+        state[rows] = np.column_stack([tau, proba.argmax(1)])
+        self.state_info = state
         return proba, tau > 0
 
     def _update_predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

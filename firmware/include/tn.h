@@ -54,8 +54,7 @@ typedef struct {
                                    * to depth = a multiple of 4, each group of four stored as w0, w2, w1, w3
                                    * (the order SXTB16 unpacks); dense: [cout][cin] */
     const int32_t *bias;          /* [cout] */
-    const int32_t *multiplier;    /* conv, dwconv, fc: [cout], Q31; mean: [1], 1/positions folded in,
-                                   * or none when the mean keeps the scale (an integer division) */
+    const int32_t *multiplier;    /* conv, dwconv, fc: [cout], Q31; mean: [1], 1/positions folded in */
     const int32_t *shift;         /* as multiplier: a right shift (< 0: a left shift) */
 } tn_layer;
 

@@ -82,6 +82,12 @@ static tn_status check(const tn_model *model) {
         if (l->kind == TN_CONV && TN_TILE_POSITIONS * tn_depth(l) > TN_MAX_COLUMN) {
             return TN_ERR_ARENA;
         }
+        if ((l->kind == TN_CONV || l->kind == TN_DWCONV) && /* no window may lie wholly in the padding */
+            (l->pad_h >= l->kh || l->pad >= l->kw || l->stride == 0 ||
+             (uint32_t)(l->hout - 1u) * l->stride >= (uint32_t)l->hin + l->pad_h ||
+             (uint32_t)(l->wout - 1u) * l->stride >= (uint32_t)l->win + l->pad)) {
+            return TN_ERR_MODEL;
+        }
         if (l->kind < TN_CONV || l->kind > TN_FC || ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) ||
             (l->kind == TN_DWCONV && (l->cin == 0 || l->cout % l->cin != 0))) {
             return TN_ERR_MODEL;

@@ -340,18 +340,13 @@ void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
 }
 
 /* TFLite Micro's MEAN over positions for int8: the sum of (x - input zero point), requantized by a
- * multiplier with 1/positions folded in (QuantizedMeanOrSum); with the same scale and zero point
- * in and out, the raw sum divided by the positions, truncated (reference_ops::Mean). */
+ * multiplier with 1/positions folded in (QuantizedMeanOrSum). */
 void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out) {
     const uint32_t positions = (uint32_t)l->hin * l->win, c_n = l->cin;
     for (uint32_t c = 0; c < c_n; c++) {
         int32_t sum = 0;
         for (uint32_t p = 0; p < positions; p++) {
             sum += in[p * c_n + c];
-        }
-        if (l->multiplier == 0) {
-            out[c] = (int8_t)(sum / (int32_t)positions);
-            continue;
         }
         int32_t v = mbqm(sum + l->in_offset * (int32_t)positions, l->multiplier[0], l->shift[0]) + l->out_offset;
         v = v < -128 ? -128 : v;

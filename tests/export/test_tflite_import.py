@@ -222,3 +222,19 @@ def test_bad_tflite_files_get_one_line(models: dict[str, tuple[Path, Path]], tmp
         assert proc.returncode == 1, proc.stdout
         assert len(proc.stderr.strip().splitlines()) == 1 and expected in proc.stderr, proc.stderr
         assert not (tmp_path / "b").exists()
+
+
+def test_a_model_too_big_for_the_firmware_is_one_line_naming_the_layer() -> None:
+    from export.cgen import check_fits
+    from export.intmodel import FCLayer, IntModel, IntModelError
+
+    def fc(n_in: int, n_out: int) -> FCLayer:
+        ones = np.ones(n_out, np.int32)
+        return FCLayer(weight=np.zeros((n_out, n_in), np.int8), bias=0 * ones, multiplier=ones << 30, shift=ones,
+                       input_offset=0, output_offset=0, act_min=-128, act_max=127, output_scale=1.0)
+
+    check_fits(IntModel(1.0, (64,), [fc(64, 32), fc(32, 4)]), "int8-d00")
+    with pytest.raises(IntModelError, match=r"layer 1 \(FCLayer\): 5000 bytes of activations.*TN_ARENA_BYTES"):
+        check_fits(IntModel(1.0, (5000,), [fc(5000, 4)]), "int8-d00")
+    with pytest.raises(IntModelError, match="20 outputs; the firmware takes 1 to 16"):
+        check_fits(IntModel(1.0, (64,), [fc(64, 20)]), "int8-d00")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge.errors import ConfigError
+from edge.errors import ConfigError, DataError
 from models.firmbound import (
     FirmboundClassifier,
     MaxAffine,
@@ -92,6 +92,13 @@ def test_predict_then_update_predict_keep_decisions() -> None:
     assert 0 < final.mean() < 1 and np.all(early[final, 0] <= 4)
     labels2, final2 = clf.update_predict(x[:, :, :12])
     assert final2.all() and np.array_equal(labels2[final], labels[final])
+    # sktime's loop passes only the series still open
+    clf.predict(x[:, :, :4])
+    open_labels, open_final = clf.update_predict(x[~final, :, :12])
+    assert open_final.all() and np.array_equal(open_labels, labels2[~final])
+    assert np.array_equal(clf.get_state_info()[:, 0] > 0, np.ones(len(x), bool))
+    with pytest.raises(DataError, match="still open"):
+        clf.update_predict(x[:3, :, :12])
     tau, pred = clf.decisions(x)
     assert np.array_equal(pred, labels2) and np.array_equal(tau[final], early[final, 0])
     hm, acc, earliness = clf.score(x, y)
