@@ -1,0 +1,316 @@
+"""FIRMBOUND benchmark: early classification against the exact optimum and against sktime's peers.
+
+    trickle bench firmbound [--quick]
+
+Synthetic (the paper's Gaussian sequences, two classes): FIRMBOUND-CFL and -GP against the exact
+backward induction with the true LLR (``models.firmbound.exact_backward_induction``), and a
+static-threshold SPRT (Wald; its threshold the one of least training risk) at the same cost.
+Real streams (sktime's offline UCR/UEA copies: BasicMotions, GunPoint, ItalyPowerDemand,
+JapaneseVowels): speed–accuracy curves of FIRMBOUND-CFL (swept over the sampling cost c),
+FIRMBOUND-GP (three costs), the static SPRT (swept over its threshold), sktime's
+``ProbabilityThresholdEarlyClassifier`` (swept over its threshold) and ``TEASER`` (one point),
+and the full-length classifier (one point); the peers share one base classifier (MiniRocket features, logistic regression).
+AUSAT: the area under accuracy against the mean hitting time (points sorted by time, each
+accuracy held until the next point, the last until T), over T.
+Writes bench/results/firmbound.json and docs/results/firmbound.md (with a plot per data set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edge.files import write_atomic
+from edge.tables import markdown_table
+from models.firmbound import (
+    LOSS_L,
+    backward_induction,
+    bayes_risk,
+    exact_backward_induction,
+    fit_density_ratio,
+    gaussian_sequences,
+    posteriors,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+DOCS = REPO / "docs" / "results"
+REAL_SETS = ("BasicMotions", "GunPoint", "ItalyPowerDemand", "JapaneseVowels")
+GOALS = {"synthetic_bayes_risk_ratio_vs_optimal": ("<=", 1.05), "ausat_sets_with_gain": (">=", 3),
+         "hitting_time_std_ratio_vs_static_sprt": ("<=", 0.8), "energy_per_decision_ratio_vs_full_length": ("<=", 0.6)}
+COST_BASES = (0.02, 0.1, 0.5, 2.0, 5.0, 10.0, 20.0, 50.0)  # c = base x L / T, as the paper scales it; c <= L / 2
+GP_COST_BASES = (0.1, 2.0, 10.0)
+THRESHOLDS = (0.55, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999)
+
+
+def ausat(points: list[tuple[float, float]], length: int) -> float:
+    """Area under accuracy over mean hitting time (1..T), normalized by T."""
+    pts = sorted(points)
+    area = 0.0
+    for (m, acc), nxt in zip(pts, [p[0] for p in pts[1:]] + [float(length)]):
+        area += (nxt - m) * acc
+    return area / length
+
+
+def static_sprt(pi: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """Wald's rule with a constant threshold on the top posterior (= on the LLR), truncated at T."""
+    n = len(pi)
+    hit = pi.max(-1) >= threshold
+    hit[:, -1] = True
+    tau = hit.argmax(1) + 1
+    return tau, pi[np.arange(n), tau - 1].argmax(1)
+
+
+def synthetic(quick: bool) -> dict[str, Any]:
+    length, offset, dim = (20, 0.5, 8) if quick else (40, 0.5, 32)
+    cost = 0.1 * LOSS_L / length
+    n_train, n_test = (2000, 4000) if quick else (8000, 20000)
+    x, y, _ = gaussian_sequences(n_train, dim=dim, length=length, offset=offset, seed=0)
+    xt, yt, acc_t = gaussian_sequences(n_test, dim=dim, length=length, offset=offset, seed=1)
+    exact = exact_backward_induction(offset, length, cost)
+    tau_o, pred_o = exact.decide(acc_t[:, :, 0] - acc_t[:, :, 1])
+    dre = fit_density_ratio(x, y, hidden=0, epochs=20 if quick else 30)
+    pi, pi_t = posteriors(dre.accumulated(x)), posteriors(dre.accumulated(xt))
+    out: dict[str, Any] = {"length": length, "dim": dim, "offset": offset, "cost": cost, "train": n_train,
+                           "test": n_test, "exact_bayes_risk": exact.risk,
+                           "oracle_policy_test_risk": bayes_risk(tau_o, pred_o == yt, cost),
+                           "dre_train_s": dre.train_seconds}
+    for method in ("cfl", "gp"):
+        rule = backward_induction(pi, cost, method)
+        tau, pred = rule.decide(pi_t)
+        out[method] = {"bayes_risk": bayes_risk(tau, pred == yt, cost), "accuracy": float((pred == yt).mean()),
+                       "mean_hitting_time": float(tau.mean()), "hitting_time_std": float(tau.std()),
+                       "train_s": rule.train_seconds}
+    risks = {th: bayes_risk(*_scored(static_sprt(pi, th), y), cost) for th in np.linspace(0.5, 0.9999, 400)}
+    best = min(risks, key=lambda th: risks[th])
+    tau_s, pred_s = static_sprt(pi_t, best)
+    out["static_sprt"] = {"threshold": float(best), "bayes_risk": bayes_risk(tau_s, pred_s == yt, cost),
+                          "accuracy": float((pred_s == yt).mean()), "mean_hitting_time": float(tau_s.mean()),
+                          "hitting_time_std": float(tau_s.std())}
+    full = pi_t[:, -1].argmax(1) == yt
+    out["full_length"] = {"bayes_risk": bayes_risk(np.full(len(yt), length), full, cost), "accuracy": float(full.mean())}
+    return out
+
+
+def _scored(decision: tuple[np.ndarray, np.ndarray], y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    tau, pred = decision
+    return tau, pred == y
+
+
+def _peer_estimator() -> Any:
+    """The peers' shared base classifier: MiniRocket features, a logistic regression on them (so
+    the early classifiers get graded probabilities; Rocket's ridge gives 0/1), behind a
+    scikit-learn face (sktime 1.2's TEASER cross-validates it with scikit-learn 1.9, which needs
+    ``__sklearn_tags__``)."""
+    from sklearn.base import BaseEstimator, ClassifierMixin
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sktime.transformations.panel.rocket import MiniRocketMultivariate
+
+    class MiniRocketLogistic(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+        def __init__(self, random_state: int = 0) -> None:
+            self.random_state = random_state
+
+        def fit(self, x: np.ndarray, y: np.ndarray) -> Any:
+            self.rocket_ = MiniRocketMultivariate(num_kernels=1000, random_state=self.random_state).fit(x)
+            self.head_ = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=2000))
+            self.head_.fit(np.asarray(self.rocket_.transform(x)), y)
+            self.classes_ = self.head_.classes_
+            return self
+
+        def predict_proba(self, x: np.ndarray) -> np.ndarray:
+            return np.asarray(self.head_.predict_proba(np.asarray(self.rocket_.transform(x))))
+
+        def predict(self, x: np.ndarray) -> np.ndarray:
+            return np.asarray(self.classes_[self.predict_proba(x).argmax(1)])
+
+    return MiniRocketLogistic()
+
+
+def _points(length: int, n: int = 8) -> list[int]:
+    start = min(9, length)  # MiniRocket needs 9 samples
+    return sorted({round(float(v)) for v in np.linspace(start, length, n)})
+
+
+def probability_threshold_curve(x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray
+                                ) -> list[tuple[float, float]]:
+    """sktime's ProbabilityThresholdEarlyClassifier, fitted once, its threshold swept."""
+    from sktime.classification.early_classification import ProbabilityThresholdEarlyClassifier
+
+    length = x.shape[2]
+    points = _points(length)
+    clf = ProbabilityThresholdEarlyClassifier(estimator=_peer_estimator(), classification_points=points,
+                                              random_state=0)
+    clf.fit(x, y)
+    probas = [clf.predict_proba(xt[:, :, :p]) for p in points]
+    curve = []
+    for threshold in THRESHOLDS:
+        clf.probability_threshold = threshold
+        tau = np.full(len(yt), length)
+        pred = probas[-1].argmax(1)
+        state = None
+        decided = np.zeros(len(yt), bool)
+        for p, proba in zip(points, probas):
+            safe, state = clf.decide_prediction_safety(xt[:, :, :p], proba, state)
+            new = np.asarray(safe, bool) & ~decided
+            tau[new], pred[new] = p, proba[new].argmax(1)
+            decided |= new
+        curve.append((float(tau.mean()), float((clf.classes_[pred] == yt).mean())))
+    return curve
+
+
+def teaser_point(x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray) -> tuple[float, float]:
+    from sktime.classification.early_classification import TEASER
+
+    length = x.shape[2]
+    points = _points(length)
+    clf = TEASER(estimator=_peer_estimator(), classification_points=points, random_state=0)
+    clf.fit(x, y)
+    tau = np.full(len(yt), length)
+    pred = np.empty(len(yt), dtype=yt.dtype)
+    open_idx = np.arange(len(yt))  # TEASER's update_predict takes the cases still open, in order
+    for k, p in enumerate(points):
+        if not len(open_idx):
+            break
+        labels, safe = (clf.predict if k == 0 else clf.update_predict)(xt[open_idx, :, :p])
+        safe = np.ones(len(open_idx), bool) if p == length else np.asarray(safe, bool)
+        tau[open_idx[safe]], pred[open_idx[safe]] = p, np.asarray(labels)[safe]
+        open_idx = open_idx[~safe]
+    return float(tau.mean()), float((pred == yt).mean())
+
+
+def full_length_point(x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray) -> tuple[float, float]:
+    clf = _peer_estimator().fit(x, y)
+    return float(x.shape[2]), float((clf.predict(xt) == yt).mean())
+
+
+def real_set(name: str, quick: bool) -> dict[str, Any]:
+    from models.userdata import UserData, load_user
+
+    data = load_user(f"ucr:{name}", UserData(pad=True))
+    x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
+    length = x.shape[2]
+    started = time.perf_counter()
+    context = max(3, length // 20)  # a frame spans about 5 % of the series
+    dre = fit_density_ratio(x, y, context=context, hidden=32, epochs=30 if quick else 150, batch_size=16)
+    pi, pi_t = posteriors(dre.accumulated(x)), posteriors(dre.accumulated(xt))
+    curves: dict[str, list[tuple[float, float]]] = {"FIRMBOUND-CFL": [], "FIRMBOUND-GP": []}
+    train_s = {"cfl": 0.0, "gp": 0.0}
+    for base in (b for b in COST_BASES if b * LOSS_L / length <= LOSS_L / 2):
+        for method in ("cfl", "gp"):
+            if method == "gp" and (quick or base not in GP_COST_BASES):
+                continue
+            rule = backward_induction(pi, base * LOSS_L / length, method)
+            train_s[method] += rule.train_seconds
+            tau, pred = rule.decide(pi_t)
+            curves[f"FIRMBOUND-{method.upper()}"].append((float(tau.mean()), float((pred == yt).mean())))
+    curves["static SPRT"] = [(float(t.mean()), float((p == yt).mean()))
+                             for t, p in (static_sprt(pi_t, th) for th in THRESHOLDS)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        curves["ProbabilityThreshold"] = probability_threshold_curve(x, y, xt, yt)
+        curves["TEASER"] = [teaser_point(x, y, xt, yt)]
+        curves["full length"] = [full_length_point(x, y, xt, yt)]
+    areas = {k: ausat(v, length) for k, v in curves.items() if v}
+    # the same frame model sees every sample, so energy per decision is proportional to samples taken:
+    # the earliest FIRMBOUND point within 1 point of the same model's full-length accuracy
+    full_acc = float((pi_t[:, -1].argmax(1) == np.searchsorted(dre.classes, yt)).mean())
+    matched = [m for m, acc in curves["FIRMBOUND-CFL"] if acc >= full_acc - 0.01]
+    peers = [k for k in areas if not k.startswith("FIRMBOUND")]
+    best_peer = max(peers, key=lambda k: areas[k])
+    return {"length": length, "train": len(x), "test": len(xt), "classes": data.n_classes, "curves": curves,
+            "ausat": areas, "best_peer": best_peer, "dre_full_length_accuracy": full_acc,
+            "samples_ratio_at_full_accuracy": min(matched) / length if matched else None,
+            "ausat_gain_vs_best_peer": areas["FIRMBOUND-CFL"] - areas[best_peer],
+            "gp_train_s": train_s["gp"], "cfl_train_s": train_s["cfl"], "seconds": time.perf_counter() - started}
+
+
+def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS,
+         sets: tuple[str, ...] = REAL_SETS) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    syn = synthetic(quick)
+    print(f"synthetic: FIRMBOUND-CFL risk {syn['cfl']['bayes_risk']:.4f}, exact optimum {syn['exact_bayes_risk']:.4f}")
+    real = {}
+    for name in sets:
+        real[name] = real_set(name, quick)
+        print(f"{name}: AUSAT gain {real[name]['ausat_gain_vs_best_peer']:+.3f} vs {real[name]['best_peer']}")
+    gains = [r["ausat_gain_vs_best_peer"] for r in real.values()]
+    out: dict[str, Any] = {
+        "synthetic_bayes_risk_ratio_vs_optimal": syn["cfl"]["bayes_risk"] / syn["exact_bayes_risk"],
+        "synthetic_bayes_risk_ratio_gp_vs_optimal": syn["gp"]["bayes_risk"] / syn["exact_bayes_risk"],
+        "synthetic_bayes_risk_ratio_vs_oracle_policy_same_test": syn["cfl"]["bayes_risk"] / syn["oracle_policy_test_risk"],
+        "ausat_gain_vs_best_peer": {k: r["ausat_gain_vs_best_peer"] for k, r in real.items()},
+        "ausat_gain_vs_best_peer_mean": float(np.mean(gains)),
+        "ausat_sets_with_gain": int(sum(g > 0 for g in gains)),
+        "hitting_time_std_ratio_vs_static_sprt": syn["cfl"]["hitting_time_std"] / syn["static_sprt"]["hitting_time_std"],
+        "energy_per_decision_ratio_vs_full_length": None,  # needs the simulated early-classifying node (not built)
+        "samples_per_decision_ratio_vs_full_length": {k: r["samples_ratio_at_full_accuracy"] for k, r in real.items()},
+        "gp_train_time_ratio_vs_cfl": syn["gp"]["train_s"] / syn["cfl"]["train_s"],
+        "synthetic": syn, "real": real, "quick": quick, "seconds": time.perf_counter() - started,
+        "goals": {k: f"{op} {g}" for k, (op, g) in GOALS.items()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    _write(out, results_dir, docs_dir, quick)
+    return out
+
+
+def _write(out: dict[str, Any], results_dir: Path, docs_dir: Path, quick: bool) -> None:
+    suffix = "-quick" if quick else ""
+    write_atomic(results_dir / f"firmbound{suffix}.json", json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
+    plots = docs_dir / f"firmbound{suffix}"
+    plots.mkdir(parents=True, exist_ok=True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    syn = out["synthetic"]
+    lines = ["# FIRMBOUND: early classification", "",
+             "Produced by `trickle bench firmbound`" + (" --quick" if quick else "") + f" in {out['seconds'] / 60:.0f} min.",
+             "", f"## Synthetic Gaussian sequences (T = {syn['length']}, {syn['dim']} dimensions, c = {syn['cost']:.3g}, "
+             f"L = {LOSS_L:g})", ""]
+    rows = [("exact backward induction (true LLR)", f"{syn['exact_bayes_risk']:.4f}", "–", "–", "–"),
+            *((name, f"{syn[k]['bayes_risk']:.4f}", f"{100 * syn[k]['accuracy']:.1f}",
+               f"{syn[k].get('mean_hitting_time', syn['length']):.2f}", f"{syn[k].get('hitting_time_std', 0.0):.2f}")
+              for name, k in (("FIRMBOUND-CFL", "cfl"), ("FIRMBOUND-GP", "gp"), ("static SPRT", "static_sprt"),
+                              ("full length", "full_length")))]
+    lines.append(markdown_table(["method", "Bayes risk", "accuracy (%)", "mean τ", "std τ"], rows, align="lrrrr"))
+    lines += ["", "## Real streams: AUSAT (higher is better)", "",
+              "AUSAT: accuracy over the mean hitting time, each point's accuracy held until the next, the last "
+              "until T, divided by T. A lone point at T (the full-length classifier) has none by this definition; "
+              "its accuracy is in the JSON. Gain: FIRMBOUND-CFL minus the best peer.", ""]
+    methods = list(next(iter(out["real"].values()))["ausat"]) if out["real"] else []
+    rows = [(name, *(f"{r['ausat'].get(m, float('nan')):.3f}" for m in methods), f"{r['ausat_gain_vs_best_peer']:+.3f}",
+             f"{100 * r['curves']['full length'][0][1]:.1f}")
+            for name, r in out["real"].items()]
+    lines.append(markdown_table(["data set", *methods, "gain vs best peer", "full-length accuracy (%)"], rows,
+                                align="l" + "r" * (len(methods) + 2)))
+    for name, r in out["real"].items():
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        for method, pts in r["curves"].items():
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=3, label=method)
+        ax.set_xlabel("mean hitting time (samples)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"{name} (T = {r['length']})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(plots / f"{name}.png", dpi=110)
+        plt.close(fig)
+        lines += ["", f"![{name}](firmbound{suffix}/{name}.png)"]
+    goals = [(k, "not measured" if out[k] is None else f"{out[k]:.3g}", f"{op} {g}") for k, (op, g) in GOALS.items()]
+    goals.append(("gp_train_time_ratio_vs_cfl", f"{out['gp_train_time_ratio_vs_cfl']:.3g}", "reported"))
+    lines += ["", "## Goals", "", markdown_table(["key", "measured", "goal"], goals, align="lrl")]
+    write_atomic(docs_dir / f"firmbound{suffix}.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
