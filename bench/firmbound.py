@@ -116,7 +116,7 @@ def _peer_estimator() -> Any:
     from sklearn.preprocessing import StandardScaler
     from sktime.transformations.panel.rocket import MiniRocketMultivariate
 
-    class MiniRocketLogistic(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+    class MiniRocketLogistic(ClassifierMixin, BaseEstimator):
         def __init__(self, random_state: int = 0) -> None:
             self.random_state = random_state
 
