@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.backends import BACKENDS
-from edge.errors import ConfigError
+from edge.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
+    from edge.bundle import Bundle
     from edge.runtime import Runtime
 
 RUN_HELP = """Run the device agent: read SOURCE, infer with the bundle, publish results and telemetry.
@@ -52,7 +53,12 @@ The variant is the most accurate one, --variant NAME, or DynInfer's choice for t
 --voltage-v/--capacitance-f leave above --v-cut-v, priced for --mcu. --backend executorch loads
 the export tier's backend (it needs torch; see edge/backends.py); the others run without.
 --self-test runs every variant on the test vectors the bundle carries and compares them with the
-outputs recorded at export, as a device does before it switches to a new bundle."""
+outputs recorded at export, as a device does before it switches to a new bundle.
+--early (a bundle with an early-decision rule, export.early): each INPUT is a whole series,
+(channels, T) or (T,) in .npy/.csv/.txt; it is streamed sample by sample and the decision is
+printed with the number of samples the rule took before it stopped.
+
+    trickle edge infer bundles/gestures-early series.npy --early"""
 
 
 GENERATE_HELP = """Generate text with a draft on this machine, verified by the server's language model.
@@ -114,6 +120,8 @@ def add_edge_arguments(p: argparse.ArgumentParser) -> None:
     infer.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
                        help="trusted public key file; with one, the bundle must be signed by a trusted key")
     infer.add_argument("--features", action="store_true", help="inputs are already pre-processed model inputs")
+    infer.add_argument("--early", action="store_true",
+                       help="stream each input series sample by sample and stop when the bundle's rule says so")
     infer.add_argument("--json", action="store_true", help="print one JSON object per input instead of a table")
     agent = sub.add_parser("run", help="the device agent: infer on a source, report over MQTT, take OTA",
                            description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -248,6 +256,8 @@ def infer(args: argparse.Namespace) -> int:
     if args.capacitance_f <= 0 or args.v_cut_v < 0:
         raise ConfigError("--capacitance-f/--v-cut-v", (args.capacitance_f, args.v_cut_v), "must be > 0 and >= 0")
     bundle = read_trusted(args.bundle, args.trust)
+    if args.early:
+        return _infer_early(bundle, args.inputs, args.json)
     rt = Runtime(bundle, backend=args.backend)
     manifest = bundle.manifest
     if args.self_test:
@@ -274,6 +284,32 @@ def infer(args: argparse.Namespace) -> int:
                               "logits": [float(v) for v in logits]}))
         else:
             print(f"  {path}: {manifest.labels[top]} (p={p[top]:.3f}, {elapsed * 1e3:.2f} ms)")
+    return 0
+
+
+def _infer_early(bundle: Bundle, inputs: list[Path], as_json: bool) -> int:
+    import numpy as np
+
+    from edge.early import EarlyDecider
+
+    if not inputs:
+        raise ConfigError("INPUT", None, "give series files to decide on")
+    decider = EarlyDecider(bundle)
+    labels = bundle.manifest.labels
+    for path in inputs:
+        try:
+            series = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.loadtxt(path, delimiter=",", ndmin=2)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: not a readable series ({e})") from None
+        series = np.atleast_2d(np.asarray(series, dtype=np.float32))
+        if series.shape[0] != decider.channels:
+            raise DataError(f"{path}: {series.shape[0]} channels (rows); the bundle takes {decider.channels}")
+        d = decider.run(series)
+        if as_json:
+            print(json.dumps({"input": str(path), "label": labels[d.label], "samples": d.t, "horizon": decider.horizon,
+                              "stopped_early": d.t < decider.horizon, "posterior": [float(p) for p in d.posterior]}))
+        else:
+            print(f"  {path}: {labels[d.label]} after {d.t} of {decider.horizon} samples (p={d.posterior.max():.3f})")
     return 0
 
 

@@ -8,7 +8,8 @@ Export writes it, the edge runtime, the simulator, the server and ``trickle flas
 nothing else looks inside ``manifest.json``. ``edge/schemas/manifest-v1.json`` is generated
 from these models (``python -m edge.manifest`` rewrites it; a test fails when they disagree),
 for tools in other languages. Schema version 1 reads every bundle written since the format
-began: fields added later (``measured``, ``test_vectors``, a layer's ``outputs``) are optional.
+began: fields added later (``measured``, ``test_vectors``, a layer's ``outputs``, ``early``) are
+optional.
 """
 
 from __future__ import annotations
@@ -166,6 +167,21 @@ class TestVectorsInfo(_Model):
     count: PositiveInt
 
 
+class EarlyRule(_Model):
+    """An early-decision rule (FIRMBOUND, ``edge.early``): the variant is a frame model, fed the last
+    ``context`` samples; ``file`` holds the stopping rule's max-affine pieces per time step."""
+
+    file: FileName
+    horizon: int = Field(ge=2)
+    """T: the decision is forced after this many samples."""
+    context: PositiveInt
+    cost: float = Field(gt=0)
+    """c: the sampling cost per sample, in units of the misclassification loss."""
+    loss: float = Field(gt=0)
+    """L: the misclassification loss."""
+    method: Literal["cfl"]
+
+
 class Manifest(_Model):
     """``manifest.json`` of a bundle, schema version 1."""
 
@@ -186,6 +202,8 @@ class Manifest(_Model):
     bundle_version: PositiveInt
     """Monotonic: a device refuses one not newer than what it runs."""
     test_vectors: TestVectorsInfo | None = None
+    early: EarlyRule | None = None
+    """A bundle for early decisions: its stopping rule (``edge.early``)."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
