@@ -45,8 +45,11 @@ class EarlyDecider:
         self.manifest = bundle.manifest
         self.horizon, self.context, self.cost, self.loss = rule.horizon, rule.context, rule.cost, rule.loss
         variant = bundle.manifest.variants[0]
-        self._backend = load_backend("onnx", bundle.file(variant.formats["onnx"]))
         n_classes = len(bundle.manifest.labels)
+        missing = [f for f in (rule.file, variant.formats.get("onnx")) if f is None or f not in bundle.files]
+        if missing:
+            raise BundleError(f"bundle {bundle.manifest.model}: the early rule needs an onnx frame model and its rule "
+                              f"file; missing: {missing}")
         try:
             pieces = np.load(io.BytesIO(bundle.file(rule.file)), allow_pickle=False)
         except (OSError, ValueError) as e:
@@ -54,6 +57,7 @@ class EarlyDecider:
         if pieces.ndim != 3 or pieces.shape[0] != self.horizon - 1 or pieces.shape[2] != n_classes + 1:
             raise BundleError(f"{rule.file}: shape {pieces.shape}, expected ({self.horizon - 1}, pieces, {n_classes + 1})")
         self._slopes, self._intercepts = pieces[..., :n_classes], pieces[..., n_classes]
+        self._backend = load_backend("onnx", bundle.file(variant.formats["onnx"]))
         raw = bundle.manifest.preprocessing.raw
         self.channels = raw.shape[0] if raw is not None else 1
         self.reset()
