@@ -297,19 +297,25 @@ def _infer_early(bundle: Bundle, inputs: list[Path], as_json: bool) -> int:
     decider = EarlyDecider(bundle)
     labels = bundle.manifest.labels
     for path in inputs:
+        suffix = path.suffix.lower()
         try:
-            series = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.loadtxt(path, delimiter=",", ndmin=2)
+            series = (np.load(path, allow_pickle=False) if suffix == ".npy"
+                      else np.loadtxt(path, delimiter="," if suffix == ".csv" else None, ndmin=1))
         except (OSError, ValueError) as e:
             raise DataError(f"{path}: not a readable series ({e})") from None
         series = np.atleast_2d(np.asarray(series, dtype=np.float32))
-        if series.shape[0] != decider.channels:
-            raise DataError(f"{path}: {series.shape[0]} channels (rows); the bundle takes {decider.channels}")
+        if series.ndim != 2 or series.shape[0] != decider.channels or not np.all(np.isfinite(series)):
+            raise DataError(f"{path}: a series of shape {series.shape}; the bundle takes ({decider.channels}, T) "
+                            "finite values (one row per channel)")
         d = decider.run(series)
         if as_json:
             print(json.dumps({"input": str(path), "label": labels[d.label], "samples": d.t, "horizon": decider.horizon,
-                              "stopped_early": d.t < decider.horizon, "posterior": [float(p) for p in d.posterior]}))
-        else:
+                              "decided": d.stop, "stopped_early": d.stop and d.t < decider.horizon,
+                              "posterior": [float(p) for p in d.posterior]}))
+        elif d.stop:
             print(f"  {path}: {labels[d.label]} after {d.t} of {decider.horizon} samples (p={d.posterior.max():.3f})")
+        else:
+            print(f"  {path}: undecided after all {d.t} samples (leading: {labels[d.label]}, p={d.posterior.max():.3f})")
     return 0
 
 

@@ -60,12 +60,15 @@ class EarlyDecider:
         self._backend = load_backend("onnx", bundle.file(variant.formats["onnx"]))
         raw = bundle.manifest.preprocessing.raw
         self.channels = raw.shape[0] if raw is not None else 1
+        if [1, self.channels * self.context] != list(bundle.manifest.input_shape):
+            raise BundleError(f"bundle {bundle.manifest.model}: input {list(bundle.manifest.input_shape)}, but "
+                              f"{self.channels} channels x context {self.context} make {self.channels * self.context}")
         self.reset()
 
     def reset(self) -> None:
         """Forget the series: the next sample is its first."""
         self._window = np.zeros((self.channels, self.context), np.float32)
-        self._acc = np.zeros(len(self.manifest.labels))
+        self._acc = np.zeros(len(self.manifest.labels), np.float32)  # float32 sums, as the estimator's
         self.t = 0
         self.done: Decision | None = None
 
@@ -79,17 +82,18 @@ class EarlyDecider:
         if self.done is not None:
             return self.done
         x = np.asarray(sample, dtype=np.float32).reshape(-1)
-        if x.shape != (self.channels,):
-            raise DataError(f"a sample of shape {np.shape(sample)}: the model takes ({self.channels},)")
+        if x.shape != (self.channels,) or not np.all(np.isfinite(x)):
+            raise DataError(f"a sample of shape {np.shape(sample)}: the model takes ({self.channels},) finite values")
         z = np.asarray(apply(self.manifest.preprocessing, x), dtype=np.float32)
         self._window = np.concatenate([self._window[:, 1:], z[:, None]], axis=1)
-        logits = np.asarray(self._backend.run(self._window.reshape(1, -1)), dtype=np.float64).reshape(-1)
+        logits = np.asarray(self._backend.run(self._window.reshape(1, -1)), dtype=np.float32).reshape(-1)
         self._acc = self._acc + logits
         self.t += 1
-        e = np.exp(self._acc - self._acc.max())
+        acc = self._acc.astype(np.float64)
+        e = np.exp(acc - acc.max())
         pi = e / e.sum()
         stop = self.t >= self.horizon or self.loss * (1 - pi.max()) <= self.continuation(self.t, pi)
-        decision = Decision(bool(stop), int(pi.argmax()), self.t, self._acc[:, None] - self._acc[None, :], pi)
+        decision = Decision(bool(stop), int(pi.argmax()), self.t, acc[:, None] - acc[None, :], pi)
         if stop:
             self.done = decision
         return decision

@@ -30,6 +30,9 @@ class Runtime:
     def __init__(self, bundle: Bundle, backend: str = "onnxruntime") -> None:
         if backend not in BACKENDS:
             raise ConfigError("--backend", backend, f"must be one of {list(BACKENDS)}")
+        if bundle.manifest.early is not None:
+            raise BundleError(f"bundle {bundle.manifest.model} decides early, sample by sample: run it with "
+                              "edge.early.EarlyDecider (trickle edge infer --early)")
         self.bundle = bundle
         self.backend = backend
         self.manifest = bundle.manifest
@@ -53,7 +56,8 @@ class Runtime:
         if known and mcu not in known:
             raise ConfigError("--mcu", mcu, f"the bundle has energy costs for {known}")
         pool = [v for v in self.variants if mcu in v.energy_j] or self.variants
-        options = [Option(v.bits, v.drop, v.energy_j.get(mcu, 0.0), v.accuracy[self.format_of(v)]) for v in pool]
+        options = [Option(v.bits, v.drop, v.energy_j.get(mcu, 0.0), v.accuracy.get(self.format_of(v), 0.0))
+                   for v in pool]
         if voltage_v is None or capacitance_f is None:
             best = max(options, key=lambda o: (o.accuracy, -o.energy_j))
         else:

@@ -36,6 +36,8 @@ def rule_arrays(clf: FirmboundClassifier) -> tuple[np.ndarray, np.ndarray]:
     if not all(isinstance(m, ConvexContinuation) for m in models):
         raise ExportError("only a cfl rule exports (a GP's continuation value has no closed form); fit with "
                           "method='cfl'")
+    if not models:
+        raise ExportError("a rule over one sample has nothing to decide early")
     pieces = max(len(m.model.intercepts) for m in models)
     k = len(clf.classes_)
     slopes = np.zeros((len(models), pieces, k))
@@ -85,7 +87,7 @@ def export_early(clf: FirmboundClassifier, out: Path, labels: list[str] | None =
                           "raw": {"shape": [channels], "dtype": "float32"},
                           "steps": [{"op": "standardize", "mean": dre.mean.tolist(), "std": dre.std.tolist()}]},
         "variants": [{"name": "fp32-d00", "bits": 32, "drop": 0.0, "formats": {"onnx": "frame.onnx"},
-                      "energy_j": {m: p.compute_energy_j(macs) for m, p in MCUS.items()}, "accuracy": {},
+                      "energy_j": {m: p.compute_energy_j(macs) for m, p in MCUS.items()}, "accuracy": {},  # per frame
                       "layers": [{"name": "frame", "macs": macs, "param_bytes": 4 * sum(p.numel() for p in
                                                                                         net.parameters()),
                                   "outputs": k}]}],

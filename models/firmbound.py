@@ -104,7 +104,7 @@ class DensityRatio:
 
     def accumulated(self, x: np.ndarray) -> np.ndarray:
         """A (n, T, classes): the running sums of the frame logits for series X (n, channels, T)."""
-        z = ((x - self.mean[None, :, None]) / self.std[None, :, None]).astype(np.float32)
+        z = ((x.astype(np.float32) - self.mean[None, :, None]) / self.std[None, :, None]).astype(np.float32)
         with torch.no_grad():
             return self.net(torch.from_numpy(stack_frames(z, self.context))).numpy().astype(np.float64)
 
@@ -114,7 +114,9 @@ def fit_density_ratio(x: np.ndarray, y: np.ndarray, context: int = 1, hidden: in
     """Train the SPRT-TANDEM estimator on series X (n, channels, T) with labels y."""
     torch.manual_seed(seed)
     classes, y_idx = np.unique(y, return_inverse=True)
-    mean, std = x.mean(axis=(0, 2)), x.std(axis=(0, 2)) + 1e-6
+    x = np.asarray(x, dtype=np.float32)  # float32 throughout, as on the device (edge.preprocess)
+    mean = x.mean(axis=(0, 2), dtype=np.float64).astype(np.float32)
+    std = (x.std(axis=(0, 2), dtype=np.float64) + 1e-6).astype(np.float32)
     z = ((x - mean[None, :, None]) / std[None, :, None]).astype(np.float32)
     frames = torch.from_numpy(stack_frames(z, context))
     target = torch.from_numpy(y_idx.astype(np.int64))

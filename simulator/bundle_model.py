@@ -23,7 +23,7 @@ def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str =
     runtime = Runtime(bundle, backend=backend)
     quantized = [v for v in runtime.variants if v.bits < 32]
     variants = []
-    for v in sorted(quantized or runtime.variants, key=lambda v: -v.accuracy[runtime.format_of(v)]):
+    for v in sorted(quantized or runtime.variants, key=lambda v: -v.accuracy.get(runtime.format_of(v), 0.0)):
         backend_model = runtime.load(v)
         predicted = np.array([int(np.argmax(backend_model.run(np.asarray(xi, dtype=np.float32)[None]))) for xi in x])
         bits = min(v.bits, 8)  # a float variant runs as 8-bit on a microcontroller

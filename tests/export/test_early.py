@@ -55,6 +55,16 @@ def test_the_device_decides_where_the_estimator_does(fitted: FirmboundClassifier
     assert proc.returncode == 0, proc.stderr
     line = json.loads(proc.stdout)
     assert line["samples"] == got[0].t and line["label"] == "abc"[got[0].label] and line["horizon"] == 16
+    # a series the wrong way round is one line; the classifier runtime refuses the bundle in one line
+    np.savetxt(tmp_path / "s.csv", xt[0].T, delimiter=",")
+    proc = subprocess.run([sys.executable, "-m", "trickle", "edge", "infer", str(path), str(tmp_path / "s.csv"), "--early"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "one row per channel" in proc.stderr
+    from edge.errors import BundleError
+    from edge.runtime import Runtime
+
+    with pytest.raises(BundleError, match="decides early"):
+        Runtime(bundle)
     # the same classifier exports byte for byte the same bundle
     again = export_early(fitted, tmp_path / "again", labels=["a", "b", "c"], name="toy")
     assert {p.name: p.read_bytes() for p in path.iterdir()} == {p.name: p.read_bytes() for p in again.iterdir()}
