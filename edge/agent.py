@@ -207,11 +207,14 @@ class Agent:
                                 label=str(labels[k]), class_index=k, variant=variant.name,
                                 bundle_version=bundle.manifest.bundle_version, latency_s=latency_s,
                                 correct=None if label is None else k == label)
-                self._queue("result", result, {"cursor": str(i + 1)})
+                # telemetry first: the result's put advances the cursor, so a kill between the two would
+                # skip the telemetry on restart; the other way a restart re-queues it under the same key,
+                # which the outbox and the server keep once
                 if (i + 1) % self.config.telemetry_every == 0:
                     self._queue("telemetry", Telemetry(key=f"{self.config.device}:telemetry:{i}", device=self.config.device,
                                                        ts_s=time.time(), metrics={"queued": float(len(self.outbox)),
                                                                                   "latency_s": latency_s}))
+                self._queue("result", result, {"cursor": str(i + 1)})
                 produced += 1
                 if self.config.period_s > 0:
                     self._stopped.wait(self.config.period_s)
