@@ -264,16 +264,23 @@ class StoppingRule:
         """c + Ê[G_t+1 | π_t], the estimate held within [0, L] where the risk lives."""
         return np.asarray(self.cost + np.clip(self.continuation[t].predict(pi), 0.0, self.loss))
 
+    def hitting_times(self, pi: np.ndarray) -> np.ndarray:
+        """τ (1..T) of posteriors π (n, t, K) of prefixes t <= T; 0 where a prefix shorter than T is
+        still open (at T every series stops)."""
+        n, t_max, _ = pi.shape
+        horizon = len(self.continuation) + 1
+        tau = np.zeros(n, int)
+        for t in range(min(t_max, horizon - 1)):
+            stop = (tau == 0) & (stopping_risk(pi[:, t], self.loss) <= self.continue_risk(t, pi[:, t]))
+            tau[stop] = t + 1
+        if t_max == horizon:
+            tau[tau == 0] = horizon
+        return tau
+
     def decide(self, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hitting time τ in 1..T, predicted class index) of posteriors π (n, T, K)."""
-        n, t_max, _ = pi.shape
-        tau = np.full(n, t_max)
-        open_ = np.ones(n, bool)
-        for t in range(t_max - 1):
-            stop = open_ & (stopping_risk(pi[:, t], self.loss) <= self.continue_risk(t, pi[:, t]))
-            tau[stop] = t + 1
-            open_ &= ~stop
-        return tau, pi[np.arange(n), tau - 1].argmax(1)
+        tau = self.hitting_times(pi)
+        return tau, pi[np.arange(len(pi)), tau - 1].argmax(1)
 
 
 def backward_induction(pi: np.ndarray, cost: float, method: str = "cfl", loss: float = LOSS_L,
@@ -432,15 +439,9 @@ class FirmboundClassifier(BaseEarlyClassifier):
         if t > self.n_timepoints_:
             raise DataError(f"series of length {t}: the rule was learned for at most {self.n_timepoints_}")
         pi = posteriors(self.dre_.accumulated(X))
-        n = len(X)
-        tau = np.zeros(n, int)
-        for k in range(min(t, self.n_timepoints_ - 1)):
-            stop = (tau == 0) & (stopping_risk(pi[:, k], self.loss) <= self.rule_.continue_risk(k, pi[:, k]))
-            tau[stop] = k + 1
-        if t == self.n_timepoints_:
-            tau[tau == 0] = t
+        tau = self.rule_.hitting_times(pi)
         at = np.where(tau > 0, tau, t) - 1
-        return tau, pi[np.arange(n), at], at
+        return tau, pi[np.arange(len(X)), at], at
 
     def _predict_proba(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         tau, proba, _ = self._decide_prefix(X)
