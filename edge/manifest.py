@@ -167,6 +167,26 @@ class TestVectorsInfo(_Model):
     count: PositiveInt
 
 
+class EarlyInteger(_Model):
+    """An early rule in integers: an int8 frame model (``frame``: its fully connected layers, .npz)
+    and the stopping rule in fixed point (``rule``: int32 (T − 1, pieces, K + 1) in
+    Q``frac_bits``; ``exp``: uint32 exp(−j × ``logit_scale``) in Q16), as ``edge.early`` and the
+    firmware's ``tn_early_update`` compute them."""
+
+    frame: FileName
+    rule: FileName
+    exp: FileName
+    frac_bits: int = Field(ge=8, le=30)
+    cost_q: int = Field(gt=0)
+    """c in Q``frac_bits``."""
+    loss_q: int = Field(gt=0)
+    """L in Q``frac_bits``."""
+    input_scale: float = Field(gt=0)
+    """int8 sample = clip(rint(standardized / input_scale), −128, 127)."""
+    logit_zero_point: int = Field(ge=-128, le=127)
+    logit_scale: float = Field(gt=0)
+
+
 class EarlyRule(_Model):
     """An early-decision rule (FIRMBOUND, ``edge.early``): the variant is a frame model, fed the last
     ``context`` samples; ``file`` holds the stopping rule's max-affine pieces per time step."""
@@ -180,6 +200,8 @@ class EarlyRule(_Model):
     loss: float = Field(gt=0)
     """L: the misclassification loss."""
     method: Literal["cfl"]
+    integer: EarlyInteger | None = None
+    """The same rule in integers, bit-exact between ``edge.early`` and the firmware."""
 
 
 class Manifest(_Model):

@@ -175,6 +175,10 @@ def run_flash(args: argparse.Namespace) -> int:
     a real board. With --record, a profiling build also splits each variant's count into its
     layers, and a copy of the bundle with those counts in its manifest (bundle_version + 1,
     signed with --key) is written for the simulator's cost model (workload.bundle).
+    A bundle with an early-decision rule in integers (FIRMBOUND, export.early with calibration
+    series) builds its int8 frame model and the rule (tn_early_update), streams the bundle's test
+    series (or --inputs SERIES.npy, (N, channels, T) raw) sample by sample and checks every decision
+    (samples taken, class) against edge.early's integer rule.
     Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm for mps2-an386.
     """
     if args.vectors is not None and args.vectors < 1:
@@ -188,7 +192,13 @@ def run_flash(args: argparse.Namespace) -> int:
 
     bundle = read_trusted(args.bundle, args.trust)
     private = load_private_key(args.key) if args.key is not None else None
-    x_test = _inputs(args.inputs, bundle.manifest.input_shape) if args.inputs is not None else None
+    early = bundle.manifest.early
+    if early is not None and args.record is not None:
+        raise ConfigError("--record", str(args.record), "records a classifier's counts; an early-rule bundle has none")
+    raw = bundle.manifest.preprocessing.raw
+    channels = raw.shape[0] if raw is not None else 1
+    shape = (0, channels, early.horizon) if early is not None else bundle.manifest.input_shape
+    x_test = _inputs(args.inputs, shape) if args.inputs is not None else None
     report = flash(bundle, args.board, args.out, args.vectors, profile=args.record is not None, x_test=x_test)
     recorded = record(bundle, report, args.record, private) if args.record is not None and report["mismatches"] == 0 else None
     if args.json:
@@ -217,6 +227,14 @@ def _flash_json(report: dict[str, Any], recorded: Path | None) -> dict[str, Any]
 
 
 def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path | None) -> None:
+    if "series" in report:  # an early-rule bundle
+        print(f"{model} on {board}: the int8 frame model and the early rule on {report['series']} test series")
+        for i, (got, want) in enumerate(zip(report["decisions"], report["expected_decisions"])):
+            mark = "" if got is not None and tuple(got) == tuple(want) else f"  (edge.early: {want[0]} samples, class {want[1]})"
+            print(f"  series {i}: " + (f"decided after {got[0]} samples, class {got[1]}" if got else "no decision") + mark)
+        verdict = "the same as edge.early's" if report["mismatches"] == 0 else f"{report['mismatches']} DIFFER"
+        print(f"  decisions: {verdict}")
+        return
     print(f"{model} on {board}: {report['vectors']} test vectors x {len(report['variants'])} variants")
     for k, v in enumerate(report["variants"]):
         first = report["outputs"].get((0, k))

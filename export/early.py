@@ -9,14 +9,24 @@ names the rule file (``rule.npy``, float64 (T − 1, pieces, K + 1): for every t
 max-affine pieces (slopes, then intercept) of the continuation value's negative, padded to one
 count with pieces that never win) and the horizon, context, cost and loss.
 The rule must be CFL's (a GP's continuation value has no closed form to ship).
+
+Given calibration series, the bundle also carries the rule in integers for the firmware
+(``early.integer`` in the manifest; ``edge.early`` runs it bit for bit as the firmware does): the
+frame model quantized after training (int8 per-channel weights, int8 activations ranged on the
+calibration frames; ``frame-int8.npz``), the pieces and c, L in fixed point (``rule-q.npy``) and
+an exp table (``exp-q16.npy``); and the first calibration series as the firmware's test series
+(``series.npy``).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,10 +34,104 @@ import torch
 from edge.bundle import load_private_key, pack, write_bundle
 from edge.errors import ExportError
 from edge.manifest import SCHEMA_VERSION
-from models.firmbound import ConvexContinuation, FirmboundClassifier
+from export.intmodel import Q31, FCLayer, IntModel, Layer
+from models.firmbound import ConvexContinuation, FirmboundClassifier, stack_frames
 from simulator.devices import MCUS
 
 RULE_FILE = "rule.npy"
+INT_FILES = {"frame": "frame-int8.npz", "rule": "rule-q.npy", "exp": "exp-q16.npy"}
+SERIES_FILE = "series.npy"
+TEST_SERIES = 8
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    """np.savez, byte-deterministic (fixed entry dates)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, a in arrays.items():
+            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), _npy(a))
+    return buf.getvalue()
+
+
+def _multipliers(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q31 multipliers and right shifts of real multipliers m in (0, 1) (TFLite's)."""
+    pairs = []
+    for v in m:
+        mantissa, exponent = math.frexp(float(v))
+        m0 = round(mantissa * Q31)
+        if m0 == Q31:
+            m0, exponent = m0 // 2, exponent + 1
+        pairs.append((m0, -exponent))
+    return np.array([p[0] for p in pairs], np.int32), np.array([p[1] for p in pairs], np.int32)
+
+
+def standardized_frames(clf: FirmboundClassifier, x: np.ndarray) -> np.ndarray:
+    """Every frame the device feeds the frame model for series X (n, channels, T): (n·T, channels·context)."""
+    dre = clf.dre_
+    z = ((np.asarray(x, np.float32) - dre.mean[None, :, None]) / dre.std[None, :, None]).astype(np.float32)
+    frames = stack_frames(z, dre.context)
+    return frames.reshape(-1, frames.shape[-1])
+
+
+def quantize_frame(clf: FirmboundClassifier, x_cal: np.ndarray) -> IntModel:
+    """The frame model in int8 (post-training: per-channel symmetric weights, activation ranges from
+    the calibration series' frames; the logits per tensor, so their sum over time means one scale)."""
+    frames = standardized_frames(clf, x_cal).astype(np.float64)
+    linears = [m for m in clf.dre_.net.net.modules() if isinstance(m, torch.nn.Linear)]
+    input_scale = in_scale = max(float(np.abs(frames).max()), 1e-6) / 127.0
+    in_offset, h = 0, frames
+    layers: list[Layer] = []
+    for i, lin in enumerate(linears):
+        w = lin.weight.detach().double().numpy()
+        b = lin.bias.detach().double().numpy()
+        y = h @ w.T + b
+        last = i == len(linears) - 1
+        w_scale = np.maximum(np.abs(w).max(axis=1), 1e-12) / 127.0
+        if last:
+            lo, hi = min(float(y.min()), 0.0), max(float(y.max()), 0.0)
+            out_scale = max((hi - lo) / 255.0, 1e-6)
+        else:
+            y = np.maximum(y, 0.0)
+            lo, out_scale = 0.0, max(float(y.max()), 1e-6) / 255.0
+        out_scale = max(out_scale, float((in_scale * w_scale).max()) * 1.0001)  # multipliers below 1: right shifts
+        zero_point = int(np.clip(round(-128 - lo / out_scale), -128, 127))
+        multiplier, shift = _multipliers(in_scale * w_scale / out_scale)
+        w_q = np.clip(np.rint(w / w_scale[:, None]), -127, 127).astype(np.int8)
+        b_q = np.rint(b / (in_scale * w_scale)).astype(np.int64)
+        bound = np.abs(b_q) + 255 * np.abs(w_q.astype(np.int64)).sum(axis=1)
+        if bound.max() >= 2**31:
+            raise ExportError(f"frame layer {i + 1}: its int32 accumulator could overflow")
+        layers.append(FCLayer(w_q, b_q.astype(np.int32), multiplier, shift, in_offset, zero_point, zero_point if not last
+                              else -128, 127, out_scale))
+        in_scale, in_offset, h = out_scale, -zero_point, y
+    return IntModel(input_scale=input_scale, input_shape=(frames.shape[1],), layers=layers)
+
+
+def integer_rule(slopes: np.ndarray, intercepts: np.ndarray, cost: float, loss: float, logit_scale: float
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """(pieces int32 (T-1, P, K+1) in Q(frac_bits), exp table uint32 Q16, {frac_bits, cost_q, loss_q})."""
+    real = intercepts > -1e29
+    largest = max(float(np.abs(slopes).max()), float(np.abs(intercepts[real]).max()), cost, loss)
+    frac_bits = min(24, 30 - math.ceil(math.log2(largest + 1)))
+    if frac_bits < 8:
+        raise ExportError(f"the rule's coefficients reach {largest:.3g}: too large for 32-bit fixed point")
+    one = 1 << frac_bits
+    pieces = np.zeros((*intercepts.shape, slopes.shape[2] + 1), np.int32)
+    pieces[..., :-1] = np.rint(slopes * one)
+    pieces[..., -1] = np.where(real, np.rint(np.where(real, intercepts, 0) * one), -(2**31) + 1)
+    j = np.arange(1, 1 << 20)
+    table = np.rint(65536 * np.exp(-j * logit_scale))
+    exp = np.concatenate([[65536], table[: int(np.argmax(table == 0))]]).astype(np.uint32)
+    cost_q, loss_q = round(cost * one), round(loss * one)
+    if cost_q < 1:
+        raise ExportError(f"cost {cost:g}: below the fixed point's resolution 2^-{frac_bits}")
+    return pieces, exp, {"frac_bits": frac_bits, "cost_q": cost_q, "loss_q": loss_q}
 
 
 def rule_arrays(clf: FirmboundClassifier) -> tuple[np.ndarray, np.ndarray]:
@@ -61,8 +165,10 @@ def frame_onnx(clf: FirmboundClassifier) -> bytes:
 
 
 def export_early(clf: FirmboundClassifier, out: Path, labels: list[str] | None = None, name: str = "early",
-                 key: Path | None = None, bundle_version: int = 1) -> Path:
-    """Write the bundle of a fitted FIRMBOUND classifier; returns its path."""
+                 key: Path | None = None, bundle_version: int = 1, calibration: np.ndarray | None = None) -> Path:
+    """Write the bundle of a fitted FIRMBOUND classifier; returns its path. ``calibration``: series
+    (n, channels, T) to range the int8 frame model with; with them the bundle also carries the
+    rule in integers for the firmware."""
     from edge import __version__
 
     if not hasattr(clf, "rule_"):
@@ -96,4 +202,25 @@ def export_early(clf: FirmboundClassifier, out: Path, labels: list[str] | None =
         "creator": f"trickle {__version__}", "bundle_version": bundle_version,
     }
     files = {"frame.onnx": frame_onnx(clf), RULE_FILE: buf.getvalue()}
+    if calibration is not None:
+        x_cal = np.asarray(calibration, np.float32)
+        if x_cal.ndim != 3 or x_cal.shape[1:] != (channels, clf.n_timepoints_) or not np.all(np.isfinite(x_cal)):
+            raise ExportError(f"calibration series of shape {x_cal.shape}: expected (n, {channels}, "
+                              f"{clf.n_timepoints_}) finite values")
+        model = quantize_frame(clf, x_cal)
+        logit_layer = model.layers[-1]
+        assert isinstance(logit_layer, FCLayer)
+        pieces, exp, fixed = integer_rule(slopes, intercepts, clf.rule_.cost, clf.rule_.loss, logit_layer.output_scale)
+        arrays = {}
+        for i, layer in enumerate(model.layers):
+            assert isinstance(layer, FCLayer)
+            arrays.update({f"w{i}": layer.weight, f"b{i}": layer.bias, f"m{i}": layer.multiplier, f"s{i}": layer.shift,
+                           f"p{i}": np.array([layer.input_offset, layer.output_offset, layer.act_min, layer.act_max],
+                                             np.int32)})
+        files |= {INT_FILES["frame"]: _npz(arrays), INT_FILES["rule"]: _npy(pieces), INT_FILES["exp"]: _npy(exp),
+                  SERIES_FILE: _npy(x_cal[:TEST_SERIES])}
+        early_doc: dict[str, Any] = doc["early"]  # type: ignore[assignment]
+        early_doc["integer"] = {**INT_FILES, **fixed, "input_scale": model.input_scale,
+                                "logit_zero_point": logit_layer.output_offset, "logit_scale": logit_layer.output_scale}
+
     return write_bundle(pack(doc, files, load_private_key(key) if key else None), out)

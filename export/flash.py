@@ -42,6 +42,7 @@ class BoardRun:
     instructions: int | None = None
     marks: list[int] = field(default_factory=list)
     stdout: str = ""
+    decisions: dict[int, tuple[int, int]] = field(default_factory=dict)  # early rule: series -> (samples, class)
 
 
 def _tool(name: str, package: str) -> str:
@@ -143,18 +144,21 @@ def symbol(elf: Path, name: str) -> int:
 
 def parse_output(stdout: str) -> BoardRun:
     outputs: dict[tuple[int, int], list[int]] = {}
+    decisions: dict[int, tuple[int, int]] = {}
     boots, mismatches = 1, -1
     for line in stdout.splitlines():
         parts = line.split()
         if parts[:1] == ["OUT"]:
             outputs[(int(parts[1]), int(parts[2]))] = [int(v) for v in parts[3:]]
+        elif parts[:1] == ["EARLY"]:
+            decisions[int(parts[1])] = (int(parts[2]), int(parts[3]))
         elif parts[:1] == ["BOOTS"]:
             boots = int(parts[1])
         elif parts[:1] == ["MISMATCHES"]:
             mismatches = int(parts[1])
     if mismatches < 0:
         raise FlashError(f"the board did not finish; it printed:\n{stdout[-2000:]}")
-    return BoardRun(outputs, mismatches, boots, stdout=stdout)
+    return BoardRun(outputs, mismatches, boots, stdout=stdout, decisions=decisions)
 
 
 def fresh_nv(path: Path, voltage_mv: int = 0) -> None:
@@ -184,9 +188,10 @@ def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float
     return proc.returncode, proc.stdout + proc.stderr, marks, total
 
 
-def run_board(exe: Path, board: str, work: Path, voltage_mv: int = 0) -> BoardRun:
+def run_board(exe: Path, board: str, work: Path, voltage_mv: int = 0, mode: str = "run") -> BoardRun:
+    """Run the firmware's checks: the host board's ``mode`` (run, early, ...), or one QEMU power-on."""
     if board == "host":
-        proc = subprocess.run([str(exe), "run"], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([str(exe), mode], capture_output=True, text=True, timeout=600)
         result = parse_output(proc.stdout)
         if proc.returncode not in (0, 1):
             raise FlashError(f"host firmware exited {proc.returncode}: {proc.stderr.strip()}")
@@ -286,17 +291,30 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
     """Generate, build and run the firmware of ``bundle`` on ``board``; returns what was measured.
     ``profile`` (mps2-an386): also split each variant's instructions into its layers. ``x_test``:
     model inputs to use as test vectors instead of the bundle's own."""
-    from export.cgen import generate
+    from export.cgen import generate, generate_early
 
     if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")
-    sources, info = generate(bundle, x_test, max_vectors=vectors)
+    early = bundle.manifest.early is not None
+    if early:  # x_test: raw test series (n, channels, T); vectors: how many
+        sources, info = generate_early(bundle, None if x_test is None else x_test[:vectors])
+    else:
+        sources, info = generate(bundle, x_test, max_vectors=vectors)
     gen = out / "generated"
     write_sources(sources, gen)
     exe = build(gen, board, out / board)
-    run = run_board(exe, board, out / board)
+    run = run_board(exe, board, out / board, mode="early" if early else "run")
     report: dict[str, Any] = {"board": board, "binary": str(exe), "vectors": info["vectors"], "variants": info["variants"],
                               "mismatches": run.mismatches, "outputs": run.outputs, "oracle": info["oracle"]}
+    if early:
+        frames = run_board(exe, board, out / board) if board == "host" else None  # the frame model's own vectors
+        report |= {"series": info["series"], "expected_decisions": info["decisions"],
+                   "decisions": [run.decisions.get(i) for i in range(info["series"])],
+                   "mismatches": run.mismatches + (frames.mismatches if frames else 0),
+                   "outputs": frames.outputs if frames else {}}
+        if board == "mps2-an386":
+            report["instructions_per_series"] = inference_instructions(run.marks)
+        return report
     if board == "mps2-an386":
         per = inference_instructions(run.marks)
         n_var = len(info["variants"])

@@ -396,7 +396,7 @@ def integer_onnx(model: IntModel) -> bytes:
         nodes.append(helper.make_node(kind, inputs, [name], **attrs))
         return name
 
-    def requant(acc: str, layer: ConvLayer, dims: int) -> str:
+    def requant(acc: str, layer: ConvLayer | FCLayer, dims: int) -> str:
         view = (1, -1, *([1] * dims))
         ab = op("Mul", [acc, const(layer.multiplier.astype(np.int64).reshape(view))])
         nudge = op("Where", [op("GreaterOrEqual", [ab, const(np.array(0, np.int64))]),
@@ -424,10 +424,16 @@ def integer_onnx(model: IntModel) -> bytes:
                    keepdims=0)
         elif isinstance(layer, DenseLayer):
             x = op("Add", [op("MatMul", [x, const(layer.weight.T.astype(np.int64))]), const(layer.bias.astype(np.int64))])
+        elif isinstance(layer, FCLayer) and model.input_gather is None and np.all(layer.shift >= 0):
+            # a trickle-quantized frame model (export.early): int8 in, int8 out, right shifts only
+            shifted = op("Add", [x, const(np.array(layer.input_offset, np.int64))])
+            acc = op("Add", [op("MatMul", [shifted, const(layer.weight.T.astype(np.int64))]),
+                             const(layer.bias.astype(np.int64))])
+            x = requant(acc, layer, 0)
         else:  # a TFLite model's layer: TFLite Micro's interpreter is its oracle
             raise IntModelError(f"integer_onnx: {type(layer).__name__} is checked against TFLite Micro, not this graph")
     nodes.append(helper.make_node("Cast", [x], ["logits"], to=TensorProto.INT32))
-    n_out = model.layers[-1].weight.shape[0] if isinstance(model.layers[-1], DenseLayer) else 0
+    n_out = model.layers[-1].weight.shape[0] if isinstance(model.layers[-1], (DenseLayer, FCLayer)) else 0
     x_info = helper.make_tensor_value_info("x", TensorProto.INT8, [1, *model.input_shape])
     graph = helper.make_graph(nodes, "trickle-int", [x_info],
                               [helper.make_tensor_value_info("logits", TensorProto.INT32, [1, n_out])], inits)

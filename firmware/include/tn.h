@@ -121,6 +121,59 @@ uint16_t tn_argmax(const int32_t *logits, uint16_t n);
 uint32_t tn_choose_variant(const tn_model *const *variants, uint32_t n, uint32_t voltage_mv, uint32_t v_cut_mv,
                            uint32_t capacitance_uf);
 
+/* ---- Early decisions (FIRMBOUND): a frame model after every sample, then a stopping rule ------
+ *
+ * After sample t the frame model reads the last `context` int8 samples (channel by channel, oldest
+ * first; zeros before the first sample); A_t = sum over samples of (int8 logit - zero point),
+ * in int32; pi_k = floor(2^16 e_k / sum e), e_k = exp_q16[max A - A_k] (0 beyond the table); stop
+ * when L (2^16 - max pi) <= c 2^16 + clamp(-max_i (a_i . pi + b_i 2^16), 0, L 2^16) (the pieces,
+ * c and L in Q(frac_bits), everything in int64), and at t = horizon at the latest. The same
+ * integers as edge.early's integer rule, so the decisions agree bit for bit.
+ *
+ * Intermittency: the samples sit in a ring and A in two slots in non-volatile memory; a step
+ * writes sample t's slot and A_t's slot, then commits t with one word store, so a step redone
+ * after a power cut rewrites the same bytes. */
+typedef struct {
+    const tn_model *frame;        /* int8 channels x context in, its int8 logits out */
+    uint16_t channels, context, horizon, n_classes, n_pieces;
+    int32_t logit_zero_point;
+    uint32_t exp_len;
+    const uint32_t *exp_q16;      /* exp(-j x logit scale) in Q16, j < exp_len */
+    const int32_t *pieces;        /* [horizon - 1][n_pieces][n_classes + 1]: slopes, then the intercept */
+    uint8_t frac_bits;
+    int32_t cost_q, loss_q;       /* c and L in Q(frac_bits) */
+} tn_early;
+
+#ifndef TN_EARLY_WINDOW
+#define TN_EARLY_WINDOW 1024      /* bytes of the sample ring: context x channels */
+#endif
+#define TN_EARLY_MAGIC 0x544E4531u /* "TNE1" */
+
+typedef struct {
+    uint32_t magic;               /* TN_EARLY_MAGIC once series `series` began */
+    uint32_t series;
+    uint32_t t;                   /* samples taken: the only word a step's commit writes */
+    int32_t acc[2][TN_MAX_CLASSES]; /* A_t in acc[t & 1] */
+    int8_t ring[TN_EARLY_WINDOW]; /* sample u (from 1) at row (u - 1) % context */
+} tn_early_nv;
+
+typedef struct {
+    uint32_t stop;                /* 1: the decision is safe (or the horizon is reached) */
+    uint32_t label;               /* the class leading now */
+    uint32_t t;                   /* samples taken */
+    uint32_t max_posterior_q16;
+} tn_decision;
+
+/* Begin series `series` (any id but 0), unless `s` already holds it (after a power failure). */
+tn_status tn_early_begin(tn_early_nv *s, const tn_early *e, uint32_t series);
+/* Take sample t (from 1; `channels` int8 values) and decide. t = s->t repeats the last decision
+ * (what a caller resuming after a power failure asks first); anything but s->t or s->t + 1 is
+ * TN_ERR_STATE. Uses nv and scratch for the frame model. */
+tn_status tn_early_update(const tn_early *e, tn_early_nv *s, tn_nv *nv, tn_scratch *scratch, uint32_t t,
+                          const int8_t *sample, tn_decision *d);
+/* The rule on the sums `acc` after t samples. */
+void tn_early_decide(const tn_early *e, const int32_t *acc, uint32_t t, tn_decision *d);
+
 /* Kernels (exposed for tests and benchmarks). */
 /* One conv tile: output positions tile * TN_TILE_POSITIONS ... (row-major over hout x wout, the
  * last tile may hold fewer) of every output channel. */

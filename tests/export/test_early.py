@@ -75,3 +75,56 @@ def test_a_gp_rule_does_not_export(tmp_path: Path) -> None:
     clf = FirmboundClassifier(method="gp", hidden=0, epochs=2).fit(x, y)
     with pytest.raises(ExportError, match="only a cfl rule exports"):
         export_early(clf, tmp_path / "b")
+
+
+def test_the_firmware_decides_as_the_edge_does_bit_for_bit(fitted: FirmboundClassifier, tmp_path: Path) -> None:
+    """The rule in integers: edge.early's int8 path against the C firmware's tn_early_update, on the
+    host (sanitized, and with a power cut after every commit) and under QEMU; the edge's integer
+    frame model against onnxruntime's exact integer graph; and the int8 rule against the float one."""
+    import onnxruntime as ort
+
+    from export.cgen import generate_early
+    from export.early import quantize_frame, standardized_frames
+    from export.flash import build, flash, run_board, write_sources
+    from export.intmodel import integer_onnx
+
+    x, _, _ = gaussian_sequences(300, n_classes=3, dim=6, length=16, offset=0.8, seed=0)
+    path = export_early(fitted, tmp_path / "b", labels=["a", "b", "c"], name="toy", calibration=x)
+    bundle = read_bundle(path)
+    assert bundle.manifest.early is not None and bundle.manifest.early.integer is not None
+    xt, yt, _ = gaussian_sequences(200, n_classes=3, dim=6, length=16, offset=0.8, seed=1)
+    tau, pred = fitted.decisions(xt)
+    decider = EarlyDecider(bundle, integer=True)
+    got = [decider.run(s) for s in xt]
+    assert np.mean([d.t == t and d.label == p for d, t, p in zip(got, tau, pred)]) >= 0.85
+    assert abs(np.mean([d.label == c for d, c in zip(got, yt)]) - np.mean(pred == yt)) <= 0.03
+    assert abs(np.mean([d.t for d in got]) - tau.mean()) <= 0.5
+    # the numpy integer frame model is onnxruntime's integer graph, bit for bit
+    model = quantize_frame(fitted, x)
+    q = model.quantize_input(standardized_frames(fitted, xt[:10]))
+    session = ort.InferenceSession(integer_onnx(model), providers=["CPUExecutionProvider"])
+    oracle = np.concatenate([session.run(None, {"x": row[None]})[0] for row in q])
+    mine = []
+    for row in q:
+        v = row.astype(np.int64)
+        for layer in decider.layers:
+            v = layer(v)
+        mine.append(v)
+    np.testing.assert_array_equal(np.array(mine), oracle)
+    # the firmware: 8 series on the host, and every power cut of two of them under ASan + UBSan
+    sources, _ = generate_early(bundle, xt[:8])
+    gen = tmp_path / "gen"
+    write_sources(sources, gen)
+    exe = build(gen, "host", tmp_path / "host", sanitize=True)
+    run = run_board(exe, "host", tmp_path / "host", mode="early")
+    want = [decider.run(s) for s in xt[:8]]
+    assert run.mismatches == 0 and [run.decisions[i] for i in range(8)] == [(d.t, d.label) for d in want]
+    assert {t for t, _ in run.decisions.values()} != {16}  # some decide early
+    cuts = subprocess.run([str(exe), "early-cuts", "2"], capture_output=True, text=True, timeout=600)
+    assert cuts.returncode == 0, cuts.stdout + cuts.stderr
+    trials = int(cuts.stdout.split()[1])
+    assert trials > 20 and cuts.stdout.split()[3] == str(trials)
+    # Cortex-M4 under QEMU, from the bundle's own test series
+    report = flash(bundle, "mps2-an386", tmp_path / "m4")
+    assert report["mismatches"] == 0 and report["decisions"] == report["expected_decisions"]
+    assert len(report["instructions_per_series"]) == report["series"] == 8

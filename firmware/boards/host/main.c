@@ -5,6 +5,9 @@
  *   host_fw run [VARIANT]        every vector, prints "OUT vector variant logits...", checks them
  *   host_fw cuts [VECTORS]       a cut at every progress point of each of the first VECTORS vectors
  *   host_fw dyn VOLTAGE_MV       DynInfer: the variant the voltage register affords, per vector
+ *   host_fw early                an early-rule model (TN_EARLY): every test series sample by
+ *                                sample, "EARLY series samples class", checked against edge.early
+ *   host_fw early-cuts [SERIES]  a cut after every commit (tiles and steps) of the first SERIES
  */
 #include <setjmp.h>
 #include <stdio.h>
@@ -20,12 +23,83 @@ static jmp_buf power_fail;
 static uint32_t cut_at; /* progress value after whose commit power fails; 0 = never */
 static unsigned long reboots;
 
+static unsigned long commits, cut_commit; /* early-cuts: cut after commit number cut_commit (0 = never) */
+
 void tn_progress_hook(uint32_t progress) {
-    if (cut_at != 0u && progress == cut_at) {
+    commits++;
+    if ((cut_at != 0u && progress == cut_at) || (cut_commit != 0u && commits == cut_commit)) {
         cut_at = 0u;
+        cut_commit = 0u;
         longjmp(power_fail, 1);
     }
 }
+
+#ifdef TN_EARLY
+static tn_early_nv early_nv; /* non-volatile, with nv */
+
+/* One series to its decision; a power cut longjmps back here and the series resumes at the
+ * step non-volatile memory holds. */
+static int run_series(uint32_t series, tn_decision *d) {
+    if (setjmp(power_fail) != 0) {
+        reboots++;
+    }
+    if (tn_early_begin(&early_nv, &tn_early_rule, series + 1u) != TN_OK) {
+        return -1;
+    }
+    const int8_t *samples = &tn_early_series_flat[(size_t)series * TN_EARLY_LENGTH * TN_EARLY_CHANNELS];
+    for (uint32_t t = early_nv.t > 0u ? early_nv.t : 1u; t <= TN_EARLY_LENGTH; t++) {
+        if (tn_early_update(&tn_early_rule, &early_nv, &nv, &scratch, t, &samples[(t - 1u) * TN_EARLY_CHANNELS], d) !=
+            TN_OK) {
+            return -1;
+        }
+        if (d->stop) {
+            break;
+        }
+    }
+    return d->t == tn_early_expected[2u * series] && d->label == tn_early_expected[2u * series + 1u] ? 0 : 1;
+}
+
+static int early_main(int argc, char **argv) {
+    tn_decision d;
+    if (strcmp(argv[1], "early") == 0) {
+        unsigned long mismatches = 0;
+        for (uint32_t s = 0; s < TN_EARLY_SERIES; s++) {
+            memset(&early_nv, 0, sizeof early_nv);
+            int r = run_series(s, &d);
+            if (r < 0) {
+                fprintf(stderr, "error: early rule rejected\n");
+                return 2;
+            }
+            mismatches += (unsigned long)r;
+            printf("EARLY %u %u %u\n", (unsigned)s, (unsigned)d.t, (unsigned)d.label);
+        }
+        printf("MISMATCHES %lu\n", mismatches);
+        return mismatches == 0 ? 0 : 1;
+    }
+    uint32_t series = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 1u;
+    unsigned long trials = 0, identical = 0;
+    for (uint32_t s = 0; s < series && s < TN_EARLY_SERIES; s++) {
+        memset(&early_nv, 0, sizeof early_nv);
+        commits = 0;
+        if (run_series(s, &d) != 0) {
+            return 1;
+        }
+        const unsigned long total = commits;
+        for (unsigned long cut = 1; cut <= total; cut++) {
+            memset(&early_nv, 0, sizeof early_nv);
+            memset(&nv, 0, sizeof nv);
+            commits = 0;
+            cut_commit = cut;
+            unsigned long before = reboots;
+            int r = run_series(s, &d);
+            trials++;
+            identical += (r == 0 && reboots == before + 1u) ? 1u : 0u;
+        }
+    }
+    printf("CUTS %lu IDENTICAL %lu REBOOTS %lu\n", trials, identical, reboots);
+    return trials == identical && trials > 0 ? 0 : 1;
+}
+#endif
 
 static const int32_t *expected(uint32_t vector, uint32_t variant) {
     return &tn_expected_flat[((size_t)vector * TN_N_VARIANTS + variant) * TN_N_CLASSES];
@@ -48,6 +122,11 @@ static int run_vector(uint32_t vector, uint32_t variant, uint32_t run_id) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "run";
     uint32_t run_id = 1;
+#ifdef TN_EARLY
+    if (strcmp(mode, "early") == 0 || strcmp(mode, "early-cuts") == 0) {
+        return early_main(argc, argv);
+    }
+#endif
     if (strcmp(mode, "run") == 0 || strcmp(mode, "dyn") == 0) {
         int only = -1;
         uint32_t voltage_mv = 0;
@@ -102,6 +181,7 @@ int main(int argc, char **argv) {
         printf("CUTS %lu IDENTICAL %lu REBOOTS %lu\n", trials, identical, reboots);
         return trials == identical ? 0 : 1;
     }
-    fprintf(stderr, "usage: %s run [VARIANT] | cuts [VECTORS] | dyn VOLTAGE_MV\n", argv[0]);
+    fprintf(stderr, "usage: %s run [VARIANT] | cuts [VECTORS] | dyn VOLTAGE_MV | early | early-cuts [SERIES]\n",
+            argv[0]);
     return 2;
 }

@@ -1,7 +1,9 @@
 /* mps2-an386 board: runs every (vector, variant) job, keeping its place in non-volatile memory,
  * so a QEMU killed at any instruction and started again on the same backing file finishes
  * with the same results. Prints "OUT vector variant logits...", "BOOTS n", "MISMATCHES n".
- * Built with -DTN_DYNINFER, each vector runs the variant the voltage register affords. */
+ * Built with -DTN_DYNINFER, each vector runs the variant the voltage register affords. A model
+ * with an early rule (TN_EARLY in model.h) instead streams every test series through
+ * tn_early_update and prints "EARLY series samples class". */
 #include <stdint.h>
 
 #include "model.h"
@@ -63,15 +65,79 @@ static char *put_int(char *p, int32_t v) {
     return p;
 }
 
+static void write_line(const char *label, const int32_t *values, uint32_t n) {
+    static char line[16 + 12 * (TN_N_CLASSES + 3)];
+    char *p = line;
+    while (*label) *p++ = *label++;
+    for (uint32_t i = 0; i < n; i++) {
+        *p++ = ' ';
+        p = put_int(p, values[i]);
+    }
+    *p++ = '\n';
+    *p = '\0';
+    semihost_write(line);
+}
+
+#ifdef TN_EARLY
+/* An early-rule model: every test series, sample by sample, to its decision; a cut anywhere
+ * resumes at the step non-volatile memory holds. Prints "EARLY series samples class". */
+__attribute__((section(".noinit"))) static uint32_t decided[TN_EARLY_SERIES][2];
+__attribute__((section(".noinit"))) static tn_early_nv early_nv;
+
+/* board.next_job counts the series decided */
+static int early_main(void) {
+    for (uint32_t s = board.next_job; s < TN_EARLY_SERIES; s++) {
+        tn_decision d = {0u, 0u, 0u, 0u};
+        if (tn_early_begin(&early_nv, &tn_early_rule, s + 1u) != TN_OK) {
+            semihost_write("error: early rule rejected\n");
+            return 1;
+        }
+        const int8_t *samples = &tn_early_series_flat[s * TN_EARLY_LENGTH * TN_EARLY_CHANNELS];
+        tn_mark();
+        for (uint32_t t = early_nv.t > 0u ? early_nv.t : 1u; t <= TN_EARLY_LENGTH; t++) {
+            if (tn_early_update(&tn_early_rule, &early_nv, &nv, &scratch, t, &samples[(t - 1u) * TN_EARLY_CHANNELS],
+                                &d) != TN_OK) {
+                semihost_write("error: early rule rejected\n");
+                return 1;
+            }
+            if (d.stop) {
+                break;
+            }
+        }
+        tn_mark();
+        decided[s][0] = d.t;
+        decided[s][1] = d.label;
+        __asm__ volatile("" ::: "memory");
+        *(volatile uint32_t *)&board.next_job = s + 1u;
+    }
+    int32_t mismatches = 0;
+    for (uint32_t s = 0; s < TN_EARLY_SERIES; s++) {
+        int32_t v[3] = {(int32_t)s, (int32_t)decided[s][0], (int32_t)decided[s][1]};
+        write_line("EARLY", v, 3);
+        mismatches += decided[s][0] != tn_early_expected[2u * s] || decided[s][1] != tn_early_expected[2u * s + 1u];
+    }
+    int32_t boots = (int32_t)board.boots;
+    write_line("BOOTS", &boots, 1);
+    write_line("MISMATCHES", &mismatches, 1);
+    return mismatches == 0 ? 0 : 1;
+}
+#endif
+
 int main(void) {
     if (board.magic != BOARD_MAGIC) { /* first boot on fresh non-volatile memory */
         board.next_job = 0u;
         board.boots = 0u;
         nv.magic = 0u;
+#ifdef TN_EARLY
+        early_nv.magic = 0u;
+#endif
         __asm__ volatile("" ::: "memory");
         board.magic = BOARD_MAGIC;
     }
     board.boots++;
+#ifdef TN_EARLY
+    return early_main();
+#endif
     for (uint32_t job = board.next_job; job < TN_JOBS; job++) {
 #ifdef TN_DYNINFER
         uint32_t vector = job;
@@ -97,8 +163,7 @@ int main(void) {
         __asm__ volatile("" ::: "memory");
         *(volatile uint32_t *)&board.next_job = job + 1u;
     }
-    uint32_t mismatches = 0;
-    static char line[16 + 12 * (TN_N_CLASSES + 2)];
+    int32_t mismatches = 0;
     for (uint32_t job = 0; job < TN_JOBS; job++) {
 #ifdef TN_DYNINFER
         uint32_t vector = job;
@@ -107,33 +172,15 @@ int main(void) {
 #endif
         uint32_t variant = board.variant[job];
         const int32_t *want = &tn_expected_flat[(vector * TN_N_VARIANTS + variant) * TN_N_CLASSES];
-        char *p = line;
-        *p++ = 'O'; *p++ = 'U'; *p++ = 'T'; *p++ = ' ';
-        p = put_int(p, (int32_t)vector);
-        *p++ = ' ';
-        p = put_int(p, (int32_t)variant);
+        int32_t values[2 + TN_N_CLASSES] = {(int32_t)vector, (int32_t)variant};
         for (uint32_t c = 0; c < TN_N_CLASSES; c++) {
-            *p++ = ' ';
-            p = put_int(p, board.results[job][c]);
-            mismatches += board.results[job][c] != want[c] ? 1u : 0u;
+            values[2 + c] = board.results[job][c];
+            mismatches += board.results[job][c] != want[c];
         }
-        *p++ = '\n';
-        *p = '\0';
-        semihost_write(line);
+        write_line("OUT", values, 2 + TN_N_CLASSES);
     }
-    char *p = line;
-    const char *b = "BOOTS ";
-    while (*b) *p++ = *b++;
-    p = put_int(p, (int32_t)board.boots);
-    *p++ = '\n';
-    *p = '\0';
-    semihost_write(line);
-    p = line;
-    b = "MISMATCHES ";
-    while (*b) *p++ = *b++;
-    p = put_int(p, (int32_t)mismatches);
-    *p++ = '\n';
-    *p = '\0';
-    semihost_write(line);
-    return mismatches == 0u ? 0 : 1;
+    int32_t boots = (int32_t)board.boots;
+    write_line("BOOTS", &boots, 1);
+    write_line("MISMATCHES", &mismatches, 1);
+    return mismatches == 0 ? 0 : 1;
 }
