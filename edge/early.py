@@ -214,14 +214,17 @@ class EarlyDecider:
             self.done = decision
         return decision
 
-    def run(self, series: np.ndarray) -> Decision:
-        """The decision on one whole series (channels, T): where the rule stops."""
+    def run(self, series: np.ndarray, to_horizon: bool = False) -> Decision:
+        """The decision on one whole series (channels, T): where the rule stops, or with
+        ``to_horizon`` the one after the last sample (the full-length decision of the same model)."""
         self.reset()
         decision = None
         for t in range(series.shape[1]):
             decision = self.update(series[:, t])
             if decision.stop:
-                break
+                if not to_horizon or decision.t >= self.horizon:
+                    break
+                self.done = None
         if decision is None:
             raise DataError("an empty series")
         return decision

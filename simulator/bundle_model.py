@@ -3,6 +3,8 @@ variant's answers on a test set, computed by the edge runtime (no torch).
 
     model = inference_model(read_bundle("bundles/digits.tar"), x_test, y_test)
     result = simulate(scenario, model=model)
+
+    model = early_model(read_bundle("bundles/gestures-early"), series, y)   # early classification
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import math
 import numpy as np
 
 from edge.bundle import Bundle
+from edge.errors import BundleError, DataError
 from edge.runtime import Runtime
-from simulator.workload import InferenceModel, LayerSpec, ModelVariant
+from simulator.workload import EarlyTask, InferenceModel, LayerSpec, ModelVariant
 
 
 def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str = "onnxruntime", adaptive: bool = True,
@@ -33,3 +36,36 @@ def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str =
         variants.append(ModelVariant(bits=bits, drop=v.drop, layers=layers, correct=correct,
                                      accuracy=float(correct.mean()), predicted=predicted))
     return InferenceModel(tuple(variants), adaptive=adaptive, margin=margin)
+
+
+def early_model(bundle: Bundle, series: np.ndarray, y: np.ndarray, integer: bool | None = None,
+                full_length: bool = False) -> InferenceModel:
+    """An early-decision bundle (``edge.early``) as the nodes' task: per sample, sense and run the
+    frame model; the rule's decision on each raw test series (n, channels, T) says how many samples
+    its task takes and whether it is right. ``integer``: the rule in integers (the firmware's;
+    default when the bundle has it), else in float. ``full_length``: ignore the rule, sense all T
+    samples and decide at the end (the baseline a rule saves against)."""
+    from edge.early import EarlyDecider
+
+    early = bundle.manifest.early
+    if early is None:
+        raise BundleError(f"bundle {bundle.manifest.model}: no early-decision rule")
+    integer = early.integer is not None if integer is None else integer
+    decider = EarlyDecider(bundle, integer=integer)
+    x = np.asarray(series, dtype=np.float32)
+    if x.ndim != 3 or x.shape[1:] != (decider.channels, decider.horizon) or len(x) != len(y):
+        raise DataError(f"series of shape {x.shape} with {len(y)} labels: expected (n, {decider.channels}, "
+                        f"{decider.horizon}) and one label per series")
+    labels = bundle.manifest.labels
+    decisions = [decider.run(s, to_horizon=full_length) for s in x]
+    predicted = np.array([d.label for d in decisions])
+    truth = np.array([labels.index(str(v)) if str(v) in labels else int(v) for v in y])
+    correct = predicted == truth
+    v = bundle.manifest.variants[0]
+    bits = 8 if integer else 32
+    layers = tuple(LayerSpec(name=layer.name, macs=layer.macs, output_bytes=math.ceil((layer.outputs or 0) * min(bits, 8) / 8))
+                   for layer in v.layers)
+    frame = ModelVariant(bits=min(bits, 8), drop=v.drop, layers=layers, correct=correct, accuracy=float(correct.mean()),
+                         predicted=predicted)
+    return InferenceModel((frame,), adaptive=False,
+                          early=EarlyTask(np.array([d.t for d in decisions]), decider.horizon))

@@ -57,7 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--bundle", type=Path, help="run this bundle's model on the nodes (needs --samples)")
-    p.add_argument("--samples", type=Path, help=".npz with raw test samples 'x' and labels 'y' for --bundle")
+    p.add_argument("--samples", type=Path, help=".npz with raw test samples 'x' and labels 'y' for --bundle (for a "
+                                                "bundle with an early-decision rule, 'x' holds whole series (n, "
+                                                "channels, T): each task senses until the rule stops)")
     p.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
                    help="with --bundle: require a signature by this key")
     p.add_argument("--live", metavar="URL", help="publish the nodes' results to this trickle server (needs --bundle)")
@@ -141,6 +143,10 @@ def _bundle_model(args: argparse.Namespace) -> tuple[Any, Any]:
             x_raw, y = data["x"], data["y"]
     except (OSError, ValueError, KeyError) as err:
         raise DataError(f"--samples {args.samples}: not an .npz with raw 'x' and labels 'y' ({err})") from None
+    if bundle.manifest.early is not None:  # early classification: 'x' holds whole series (n, channels, T)
+        from simulator.bundle_model import early_model
+
+        return bundle, early_model(bundle, x_raw, y)
     runtime = Runtime(bundle)
     x = np.stack([runtime.preprocess(raw) for raw in x_raw])
     return bundle, inference_model(bundle, x, y)

@@ -26,7 +26,7 @@ from simulator.harvesters import build_curves, build_trace
 from simulator.node import END, Node, NodeSpec, NodeStats, PowerPath, apply_event, next_event
 from simulator.power import curve_regions, mppt_point
 from simulator.reference import run_fixed_step
-from simulator.summary import summarize
+from simulator.summary import sample_indices, summarize
 from simulator.trace import PowerTrace
 from simulator.workload import InferenceModel, Phase, build_plan, jit_load_phases, program_phases
 
@@ -65,6 +65,7 @@ class SimulationResult:
     harvest: PowerTrace
     model: InferenceModel | None = None
     summary: dict[str, float | int] = field(default_factory=dict)
+    plan_energy_j: tuple[float, ...] = ()  # load energy of each variant's plan, run through without a failure
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class _Shared:
     airtime_s: float
     sense_times_s: np.ndarray | None
     variant_plans: tuple[tuple[Phase, ...], ...] = ()
-    chooser: DynInferChooser | None = None
+    chooser: DynInferChooser | EarlyChooser | None = None
     path: PowerPath | None = None
     boot_seq: tuple[Phase, ...] = ()
     loop_at: int = -1
@@ -93,9 +94,26 @@ class DynInferChooser:
     output_efficiency: float
     margin: float
 
-    def __call__(self, v: float) -> int:
+    def __call__(self, v: float, node_id: int = 0, event: int = 0) -> int:
         budget_j = usable_energy_j(v, self.capacitance_f, self.v_cut_v) * self.output_efficiency
         return self.variants.index(choose_variant(self.variants, budget_j, self.margin))
+
+
+@dataclass
+class EarlyChooser:
+    """The plan of an early-classification task: the one that senses as many samples as the rule
+    takes on the test series this sensing event observes (``summary.sample_indices``)."""
+
+    seed: int
+    samples: np.ndarray  # (n_test,): samples the rule takes on each test series
+    _drawn: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def __call__(self, v: float, node_id: int = 0, event: int = 0) -> int:
+        drawn = self._drawn.get(node_id)
+        if drawn is None or event >= len(drawn):  # a prefix of the same stream, grown by doubling
+            drawn = sample_indices(self.seed, node_id, len(self.samples), max(2 * event + 2, 64))
+            self._drawn[node_id] = drawn
+        return int(self.samples[drawn[event]]) - 1
 
 
 def tx_timing(scenario: Scenario) -> tuple[float, float, float]:
@@ -127,9 +145,15 @@ def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
     if model is None:
         plan = build_plan(work, on_s, tx_w, quanta_budget_j=budget_j)
         return _Shared(scenario, harvest, plan, airtime_s, _sense_times(scenario), path=path)
+    if model.early is not None:  # plan k: k + 1 samples sensed, each through the frame model
+        frame = model.variants[0]
+        plans = tuple(build_plan(work, on_s, tx_w, bits=frame.bits, layers=frame.layers, quanta_budget_j=budget_j,
+                                 steps=k) for k in range(1, model.early.horizon + 1))
+        return _Shared(scenario, harvest, plans[-1], airtime_s, _sense_times(scenario), plans,
+                       EarlyChooser(run.seed, model.early.samples), path=path)
     plans = tuple(build_plan(work, on_s, tx_w, bits=v.bits, layers=v.layers, quanta_budget_j=budget_j)
                   for v in model.variants)
-    chooser = None
+    chooser: DynInferChooser | None = None
     if model.adaptive and len(plans) > 1:
         costs = tuple(Variant(v.bits, v.drop, sum(p.energy_j for p in plan), v.accuracy)
                       for v, plan in zip(model.variants, plans))
@@ -280,7 +304,8 @@ def simulate(
     nodes = [r for part in parts for r in part]
     distances = network.node_distances_m(scenario.network, n, scenario.run.seed)
     resolution = network.resolve(_packet_log(scenario, nodes, distances), scenario.network, scenario.run.seed)
-    result = SimulationResult(scenario, nodes, distances, resolution, shared.harvest, model)
+    result = SimulationResult(scenario, nodes, distances, resolution, shared.harvest, model,
+                              plan_energy_j=tuple(sum(p.energy_j for p in plan) for plan in shared.variant_plans))
     result.summary = summarize(result)
     return result
 

@@ -74,12 +74,12 @@ def node_messages(result: SimulationResult, fleet: str, labels: list[str],
     out: dict[str, list[tuple[str, Message]]] = {}
     for r in result.nodes:
         device = device_name(fleet, r.node_id)
-        samples = sample_indices(result.scenario.run.seed, r, model.n_test)
+        samples = sample_indices(result.scenario.run.seed, r.node_id, model.n_test, r.stats.released)
         messages: list[tuple[str, Message]] = []
         log, done, latency = r.task_log, r.task_done_s, r.task_latency_s
         assert log is not None and done is not None and latency is not None
         for (event, variant, in_time), done_s, latency_s in zip(log.tolist(), done.tolist(), latency.tolist()):
-            v = model.variants[variant]
+            v = model.variants[0 if model.early is not None else variant]  # early: variant = samples taken - 1
             sample = int(samples[event])
             k = int(v.predicted[sample]) if v.predicted is not None else 0
             messages.append(("result", Result(

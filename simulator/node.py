@@ -99,7 +99,9 @@ class NodeSpec:
     airtime_s: float  # on-air part of the tx phase (the rest is radio start-up)
     record_trace: bool = False
     variant_plans: tuple[tuple[Phase, ...], ...] = ()  # one plan per model variant (adaptive inference)
-    choose_variant: Callable[[float], int] | None = None  # capacitor voltage -> variant, at task start
+    # (capacitor voltage, node id, sensing event) -> variant, at task start: DynInfer's choice, or
+    # an early rule's plan for the series this event observes
+    choose_variant: Callable[[float, int, int], int] | None = None
     thresholds: Thresholds | None = None  # of the whole power path (None: the storage's and the MCU's)
     path: PowerPath | None = None  # a power path beyond converters (None: eq. 1 terms are powers)
     boot_seq: tuple[Phase, ...] = ()  # the program's once_per_boot, repeat and until_power_fails phases
@@ -600,7 +602,7 @@ class Node:
             return
         self.task_release_s, self.task_event = self.queue.popleft()
         if self.spec.choose_variant is not None:  # DynInfer: the variant the stored energy affords
-            self.variant = self.spec.choose_variant(self.v)
+            self.variant = self.spec.choose_variant(self.v, self.spec.node_id, self.task_event)
             self.plan = self.spec.variant_plans[self.variant]
         self.pos, self.durable, self.restore_bytes = _Progress(), _Progress(), 0
         self._enter(RUN, self.plan[0])

@@ -71,26 +71,39 @@ def period_summary(nodes: list[NodeResult]) -> dict[str, float | int]:
     return {**period_stats(on, "on_period"), **period_stats(off, "off_period")}
 
 
-def sample_indices(seed: int, node: NodeResult, n_test: int) -> np.ndarray:
-    """The test sample each sensing event of ``node`` observes (index by event number)."""
-    rng = np.random.default_rng([seed, node.node_id, _SAMPLE_STREAM])
-    return rng.integers(0, n_test, size=max(node.stats.released, 1))
+def sample_indices(seed: int, node_id: int, n_test: int, events: int) -> np.ndarray:
+    """The test sample each of the first ``events`` sensing events of node ``node_id`` observes
+    (index by event number; a longer draw extends a shorter one)."""
+    rng = np.random.default_rng([seed, node_id, _SAMPLE_STREAM])
+    return rng.integers(0, n_test, size=max(events, 1))
 
 
 def _accuracy_summary(result: SimulationResult, model: InferenceModel) -> dict[str, float | int]:
     """Accuracy within deadline: a sensing event counts as right only if its result came in time and
     was correct; events lost, dropped, late or unfinished count as wrong."""
     seed = result.scenario.run.seed
-    right, released = 0, 0
-    usage = np.zeros(len(model.variants), dtype=np.int64)
+    right, released, decided, taken, lost_j = 0, 0, 0, 0, 0.0
+    usage = np.zeros(len(result.plan_energy_j) or len(model.variants), dtype=np.int64)
     for r in result.nodes:
         released += r.stats.released
+        lost_j += r.stats.lost_work_j
         log = r.task_log if r.task_log is not None else np.zeros((0, 3), dtype=np.int64)
-        samples = sample_indices(seed, r, model.n_test)
+        samples = sample_indices(seed, r.node_id, model.n_test, r.stats.released)
         for event, variant, in_time in log:
             usage[variant] += 1
-            right += int(in_time and model.variants[variant].correct[samples[event]])
+            decided += 1
+            if model.early is not None:  # variant k: the plan of k + 1 samples, the one series event observed
+                assert model.early.samples[samples[event]] == variant + 1
+                taken += variant + 1
+                right += int(in_time and model.variants[0].correct[samples[event]])
+            else:
+                right += int(in_time and model.variants[variant].correct[samples[event]])
     out: dict[str, float | int] = {"accuracy_within_deadline": right / released if released else 0.0}
+    if model.early is not None:
+        plans_j = float(usage @ np.asarray(result.plan_energy_j))
+        out |= {"decisions": decided, "samples_per_decision": taken / decided if decided else math.nan,
+                "energy_per_decision_j": (plans_j + lost_j) / decided if decided else math.nan}
+        return out
     for i, v in enumerate(model.variants):
         out[f"variant_{v.bits}b_d{v.drop:g}_tasks"] = int(usage[i])
     return out

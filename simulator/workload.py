@@ -292,20 +292,26 @@ def _nvm_phase(kind: str, mcu: McuProfile, nbytes: int, write: bool, **kw: objec
 
 
 def build_plan(work: WorkloadConfig, tx_time_s: float, tx_power_w: float, bits: int = 8,
-               layers: tuple[LayerSpec, ...] | None = None, quanta_budget_j: float = math.inf) -> tuple[Phase, ...]:
-    """The phases of one task under the workload's policy, for ``layers`` (default the workload's) at ``bits``."""
+               layers: tuple[LayerSpec, ...] | None = None, quanta_budget_j: float = math.inf,
+               steps: int = 1) -> tuple[Phase, ...]:
+    """The phases of one task under the workload's policy, for ``layers`` (default the workload's) at ``bits``.
+    ``steps`` > 1: an early-classification task, which senses a sample and runs ``layers`` on it
+    that many times before it sends its result (the sample is ``input_bytes``)."""
     mcu = work.mcu_profile
     layers = work.layers if layers is None else layers
     # sensing: sensor + MCU for sense_time_s, then the sample is written to NVM; one phase
     store = _nvm_phase("sense", mcu, work.input_bytes, write=True)
     duration_s = work.sense_time_s + store.duration_s
     energy_j = work.sense_time_s * (mcu.active_power_w() + work.sense_power_w) + store.energy_j
-    plan = [Phase("sense", duration_s, energy_j / duration_s if duration_s > 0 else 0.0, durable_end=True)]
-    if work.policy == "quanta":
-        plan.extend(_quanta_phases(mcu, layers, bits, quanta_budget_j))
-    else:
-        for layer in layers:
-            plan.extend(_layer_phases(work, mcu, layer, bits))
+    sense = Phase("sense", duration_s, energy_j / duration_s if duration_s > 0 else 0.0, durable_end=True)
+    plan: list[Phase] = []
+    for _ in range(steps):
+        plan.append(sense)
+        if work.policy == "quanta":
+            plan.extend(_quanta_phases(mcu, layers, bits, quanta_budget_j))
+        else:
+            for layer in layers:
+                plan.extend(_layer_phases(work, mcu, layer, bits))
     if work.send_packet:
         plan.append(Phase("tx", tx_time_s, tx_power_w + mcu.sleep_power_w(), durable_end=work.policy != "restart"))
     return tuple(plan)
@@ -394,12 +400,24 @@ class ModelVariant:
 
 
 @dataclass(frozen=True)
+class EarlyTask:
+    """Early classification (FIRMBOUND, ``edge.early``): a task senses a sample, runs the frame
+    model on it, and repeats until the bundle's rule stops; how many samples that takes on each
+    test series."""
+
+    samples: np.ndarray  # (n_test,) int in 1..horizon
+    horizon: int
+
+
+@dataclass(frozen=True)
 class InferenceModel:
-    """A trained model as the node's task: its variants, and whether DynInfer picks among them."""
+    """A trained model as the node's task: its variants, and whether DynInfer picks among them.
+    With ``early``, the one variant is the frame model and the task's length follows the rule."""
 
     variants: tuple[ModelVariant, ...]
     adaptive: bool = True  # DynInfer chooses per task; otherwise variants[0] always runs
     margin: float = 1.0  # DynInfer's safety factor on a variant's energy
+    early: EarlyTask | None = None
 
     def __post_init__(self) -> None:
         if not self.variants:
@@ -407,6 +425,11 @@ class InferenceModel:
         sizes = {len(v.correct) for v in self.variants}
         if len(sizes) != 1:
             raise ConfigError("model.variants", sorted(sizes), "every variant needs a verdict on the same test samples")
+        if self.early is not None:
+            taken = self.early.samples
+            if len(self.variants) != 1 or len(taken) != self.n_test or not np.all((taken >= 1) & (taken <= self.early.horizon)):
+                raise ConfigError("model.early", len(taken), "one frame-model variant, and per test series a count of "
+                                  f"samples in 1..{self.early.horizon}")
 
     @property
     def n_test(self) -> int:

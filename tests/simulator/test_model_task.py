@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from edge.errors import ConfigError
 from simulator.config import load_scenario
 from simulator.fleet import simulate
 from simulator.workload import InferenceModel, LayerSpec, ModelVariant
@@ -43,3 +45,27 @@ def test_dyninfer_picks_the_variant_the_energy_affords() -> None:
     # 47 µF holds ~0.1 mJ between 3.0 and 2.0 V: less than BIG costs, so the cheaper variant runs
     poor = simulate(scenario(0.05, 47e-6, policy="quanta"), model=model).summary
     assert poor["variant_4b_d0_tasks"] > 0
+
+
+def test_an_early_decision_task_senses_until_the_rule_stops() -> None:
+    """Each task observes one test series and senses as many samples as the rule takes on it: under
+    continuous power the energy per decision is that count times one sample's sense + frame model
+    (closed form from the plan), and accuracy follows the series' verdicts."""
+    from simulator.workload import EarlyTask
+
+    sc = scenario(0.05, 0.01)
+    frame = variant(SMALL, [True, False, True, True])
+    runs = {}
+    for name, taken in (("early", [2, 5, 3, 2]), ("full", [8, 8, 8, 8])):
+        model = InferenceModel((frame,), adaptive=False, early=EarlyTask(np.array(taken), horizon=8))
+        runs[name] = simulate(sc, model=model)
+    early, full = runs["early"].summary, runs["full"].summary
+    assert full["samples_per_decision"] == 8 and full["decisions"] > 100
+    step_j = runs["full"].plan_energy_j[0]  # one sample: sense, then the frame model
+    assert runs["full"].plan_energy_j[4] == pytest.approx(5 * step_j)
+    assert full["energy_per_decision_j"] == pytest.approx(8 * step_j)
+    assert early["energy_per_decision_j"] == pytest.approx(early["samples_per_decision"] * step_j)
+    assert 2.3 < early["samples_per_decision"] < 3.7  # each event a random series of the four
+    assert 0.6 < early["accuracy_within_deadline"] < 0.9
+    with pytest.raises(ConfigError, match="model.early"):
+        InferenceModel((frame,), early=EarlyTask(np.array([1, 9, 2, 2]), horizon=8))
