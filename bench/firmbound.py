@@ -216,14 +216,16 @@ def full_length_point(x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarr
     return float(x.shape[2]), float((clf.predict(xt) == yt).mean())
 
 
-def choose_context(x: np.ndarray, y: np.ndarray, quick: bool) -> tuple[int, dict[int, float]]:
-    """The frame length (a fraction of T) whose frame model, trained on three quarters of the
-    training series, is most accurate on the last quarter, averaged over every prefix length."""
+def choose_on_validation(x: np.ndarray, y: np.ndarray, quick: bool) -> tuple[int, dict[int, float], float]:
+    """Hyper-parameters from the training series alone, on a held-out quarter of them: the frame
+    length (a fraction of T) whose frame model, trained on the other three quarters, is most
+    accurate averaged over every prefix length; and, with it, the node's sampling-cost base: the
+    largest whose CFL rule stays within 1 point of the same model's full-length accuracy."""
     rng = np.random.default_rng(0)
     order = rng.permutation(len(x))
     cut = len(x) * 3 // 4
     fit_idx, val_idx = order[:cut], order[cut:]
-    scores = {}
+    scores, fitted = {}, {}
     for frac in CONTEXT_FRACTIONS:
         context = max(3, round(x.shape[2] * frac))
         if context in scores:
@@ -233,7 +235,19 @@ def choose_context(x: np.ndarray, y: np.ndarray, quick: bool) -> tuple[int, dict
         pi = posteriors(dre.accumulated(x[val_idx]))
         truth = np.searchsorted(dre.classes, y[val_idx])
         scores[context] = float((pi.argmax(-1) == truth[:, None]).mean())
-    return max(scores, key=lambda c: scores[c]), scores
+        fitted[context] = (dre, pi, truth)
+    best = max(scores, key=lambda c: scores[c])
+    dre, pi_val, truth = fitted[best]
+    pi_fit = posteriors(dre.accumulated(x[fit_idx]))
+    full = float((pi_val[:, -1].argmax(1) == truth).mean())
+    length, base = x.shape[2], min(COST_BASES)
+    for b in sorted(COST_BASES):
+        if b * LOSS_L / length > LOSS_L / 2:
+            break
+        _, pred = backward_induction(pi_fit, b * LOSS_L / length, "cfl").decide(pi_val)
+        if (pred == truth).mean() >= full - 0.01:
+            base = b
+    return best, scores, base
 
 
 def load_real(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -253,7 +267,7 @@ def real_set(name: str, quick: bool) -> dict[str, Any]:
     x, y, xt, yt = load_real(name)
     length = x.shape[2]
     started = time.perf_counter()
-    context, context_scores = choose_context(x, y, quick)
+    context, context_scores, node_base = choose_on_validation(x, y, quick)
     dre = fit_density_ratio(x, y, context=context, hidden=HIDDEN, epochs=30 if quick else 150, batch_size=16)
     pi, pi_t = posteriors(dre.accumulated(x)), posteriors(dre.accumulated(xt))
     curves: dict[str, list[tuple[float, float]]] = {"FIRMBOUND-CFL": [], "FIRMBOUND-GP": []}
@@ -279,19 +293,17 @@ def real_set(name: str, quick: bool) -> dict[str, Any]:
     # the same frame model sees every sample, so energy per decision is proportional to samples taken:
     # the earliest FIRMBOUND point within 1 point of the same model's full-length accuracy
     full_acc = float((pi_t[:, -1].argmax(1) == np.searchsorted(dre.classes, yt)).mean())
-    cfl_bases = [b for b in COST_BASES if ("cfl", b) in rules]
-    matched = [(m, b) for (m, acc), b in zip(curves["FIRMBOUND-CFL"], cfl_bases) if acc >= full_acc - 0.01]
+    matched = [m for m, acc in curves["FIRMBOUND-CFL"] if acc >= full_acc - 0.01]
     peers = [k for k in areas if not k.startswith("FIRMBOUND")]
     best_peer = max(peers, key=lambda k: areas[k])
-    # the node: the earliest rule within 1 point of the same model's full-length accuracy, exported
-    # with its integer rule, against the same model deciding after all T samples, on simulated nodes
-    base = min(matched)[1] if matched else cfl_bases[0]
-    node = simulated_node(name, dre, rules[("cfl", base)], x, xt, yt, quick)
-    node["cost_base"] = base
+    # the node: the rule at the cost chosen on held-out training series, exported with its integer
+    # rule, against the same bundle deciding after all T samples, on simulated nodes
+    node = simulated_node(name, dre, rules[("cfl", node_base)], x, xt, yt, quick)
+    node["cost_base"] = node_base
     return {"length": length, "train": len(x), "test": len(xt), "classes": len(dre.classes), "curves": curves,
             "context": context, "context_validation_accuracy": context_scores, "node": node,
             "ausat": areas, "best_peer": best_peer, "dre_full_length_accuracy": full_acc,
-            "samples_ratio_at_full_accuracy": min(matched)[0] / length if matched else None,
+            "samples_ratio_at_full_accuracy": min(matched) / length if matched else None,
             "ausat_gain_vs_best_peer": areas["FIRMBOUND-CFL"] - areas[best_peer],
             "gp_train_s": train_s["gp"], "cfl_train_s": train_s["cfl"], "seconds": time.perf_counter() - started}
 
@@ -340,7 +352,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         print(f"{name}: AUSAT gain {real[name]['ausat_gain_vs_best_peer']:+.3f} vs {real[name]['best_peer']}")
     gains = [r["ausat_gain_vs_best_peer"] for k, r in real.items() if k in GOAL_SETS]
     ratios = {k: r["node"]["energy_ratio"] for k, r in real.items()}
-    within = {k: v for k, v in ratios.items() if real[k]["node"]["accuracy_gap_pts"] <= 1.0}
+    gaps = {k: r["node"]["accuracy_gap_pts"] for k, r in real.items()}
+    goal_ratios = [ratios[k] for k in GOAL_SETS if k in ratios]
     out: dict[str, Any] = {
         "synthetic_bayes_risk_ratio_vs_optimal": syn["cfl"]["bayes_risk"] / syn["exact_bayes_risk"],
         "synthetic_bayes_risk_ratio_gp_vs_optimal": syn["gp"]["bayes_risk"] / syn["exact_bayes_risk"],
@@ -352,10 +365,11 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         # the exact optimum's own ratio: how low this task lets any Bayes-optimal rule go
         "hitting_time_std_ratio_exact_optimum_vs_static_sprt": (syn["oracle_policy"]["hitting_time_std"]
                                                                 / syn["static_sprt"]["hitting_time_std"]),
-        # mean over the sets where the exported rule stays within 1 point of the full-length accuracy
-        "energy_per_decision_ratio_vs_full_length": float(np.mean(list(within.values()))) if within else None,
+        # mean over the goal's four sets, whatever their accuracy gap (reported beside it, per set)
+        "energy_per_decision_ratio_vs_full_length": float(np.mean(goal_ratios)) if goal_ratios else None,
         "energy_per_decision_ratio_per_set": ratios,
-        "energy_sets_within_1pt": sorted(within),
+        "energy_accuracy_gap_pts_per_set": gaps,
+        "energy_sets_within_1pt": sorted(k for k in GOAL_SETS if k in gaps and gaps[k] <= 1.0),
         "samples_per_decision_ratio_vs_full_length": {k: r["samples_ratio_at_full_accuracy"] for k, r in real.items()},
         "gp_train_time_ratio_vs_cfl": syn["gp"]["train_s"] / syn["cfl"]["train_s"],
         "synthetic": syn, "real": real, "quick": quick, "seconds": time.perf_counter() - started,

@@ -23,6 +23,7 @@ Q``frac_bits``, compared in int64.
 from __future__ import annotations
 
 import io
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,8 +71,11 @@ def read_int_layers(data: bytes, name: str) -> list[IntFC]:
                                 *(int(v) for v in p)))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise BundleError(f"{name}: not an int8 frame model ({e})") from None
-    if not layers or len(arrays) != 5 * len(layers) or any(np.any(fc.shift < 0) for fc in layers):
-        raise BundleError(f"{name}: not an int8 frame model (w, b, m, s, p per layer; right shifts)")
+    if not layers or len(arrays) != 5 * len(layers) or any(np.any((fc.shift < 0) | (fc.shift > 31)) for fc in layers):
+        raise BundleError(f"{name}: not an int8 frame model (w, b, m, s, p per layer; right shifts of 0 to 31)")
+    for a, b in itertools.pairwise(layers):
+        if a.weight.shape[0] != b.weight.shape[1]:
+            raise BundleError(f"{name}: a layer of {a.weight.shape[0]} outputs feeds one of {b.weight.shape[1]} inputs")
     return layers
 
 
@@ -120,12 +124,21 @@ class EarlyDecider:
                 self.exp_q16 = np.load(io.BytesIO(bundle.file(q.exp)), allow_pickle=False).astype(np.int64)
             except (OSError, ValueError) as e:
                 raise BundleError(f"{q.rule}, {q.exp}: not .npy arrays ({e})") from None
-            if self.pieces_q.shape[::2] != (self.horizon - 1, n_classes + 1) or self.exp_q16.ndim != 1:
+            if self.pieces_q.ndim != 3 or self.pieces_q.shape[::2] != (self.horizon - 1, n_classes + 1):
                 raise BundleError(f"{q.rule}: shape {self.pieces_q.shape}, expected ({self.horizon - 1}, pieces, "
                                   f"{n_classes + 1})")
+            if self.exp_q16.ndim != 1 or not len(self.exp_q16) or self.exp_q16[0] != Q16:
+                raise BundleError(f"{q.exp}: an exp table in Q16 starts at {Q16}")
+            first, last = self.layers[0].weight.shape[1], self.layers[-1].weight.shape[0]
+            if last != n_classes:
+                raise BundleError(f"{q.frame}: {last} outputs for {n_classes} classes")
+            self._int_inputs = first
         self._backend = load_backend("onnx", bundle.file(variant.formats["onnx"]))
         raw = bundle.manifest.preprocessing.raw
         self.channels = raw.shape[0] if raw is not None else 1
+        if self.integer is not None and self._int_inputs != self.channels * self.context:
+            raise BundleError(f"{self.integer.frame}: {self._int_inputs} inputs, but {self.channels} channels x "
+                              f"context {self.context} make {self.channels * self.context}")
         if [1, self.channels * self.context] != list(bundle.manifest.input_shape):
             raise BundleError(f"bundle {bundle.manifest.model}: input {list(bundle.manifest.input_shape)}, but "
                               f"{self.channels} channels x context {self.context} make {self.channels * self.context}")

@@ -41,6 +41,7 @@ from simulator.devices import MCUS
 RULE_FILE = "rule.npy"
 INT_FILES = {"frame": "frame-int8.npz", "rule": "rule-q.npy", "exp": "exp-q16.npy"}
 SERIES_FILE = "series.npy"
+MAX_EXP_TABLE = 4096  # entries (16 KiB of flash): logit scales down to ~0.003
 TEST_SERIES = 8
 
 
@@ -92,7 +93,8 @@ def quantize_frame(clf: FirmboundClassifier, x_cal: np.ndarray) -> IntModel:
         b = lin.bias.detach().double().numpy()
         y = h @ w.T + b
         last = i == len(linears) - 1
-        w_scale = np.maximum(np.abs(w).max(axis=1), 1e-12) / 127.0
+        w_max = np.abs(w).max(axis=1)
+        w_scale = np.where(w_max > 1e-8, w_max, 127.0) / 127.0  # a dead row: zero weights, an ordinary scale
         if last:
             lo, hi = min(float(y.min()), 0.0), max(float(y.max()), 0.0)
             out_scale = max((hi - lo) / 255.0, 1e-6)
@@ -102,6 +104,9 @@ def quantize_frame(clf: FirmboundClassifier, x_cal: np.ndarray) -> IntModel:
         out_scale = max(out_scale, float((in_scale * w_scale).max()) * 1.0001)  # multipliers below 1: right shifts
         zero_point = int(np.clip(round(-128 - lo / out_scale), -128, 127))
         multiplier, shift = _multipliers(in_scale * w_scale / out_scale)
+        if np.any((shift < 0) | (shift > 31)):
+            raise ExportError(f"frame layer {i + 1}: requantization shifts {shift.min()}..{shift.max()} leave 0..31 "
+                              "(a layer whose outputs are far smaller than its inputs' scale)")
         w_q = np.clip(np.rint(w / w_scale[:, None]), -127, 127).astype(np.int8)
         b_q = np.rint(b / (in_scale * w_scale)).astype(np.int64)
         bound = np.abs(b_q) + 255 * np.abs(w_q.astype(np.int64)).sum(axis=1)
@@ -125,8 +130,11 @@ def integer_rule(slopes: np.ndarray, intercepts: np.ndarray, cost: float, loss: 
     pieces = np.zeros((*intercepts.shape, slopes.shape[2] + 1), np.int32)
     pieces[..., :-1] = np.rint(slopes * one)
     pieces[..., -1] = np.where(real, np.rint(np.where(real, intercepts, 0) * one), -(2**31) + 1)
-    j = np.arange(1, 1 << 20)
+    j = np.arange(1, MAX_EXP_TABLE + 1)
     table = np.rint(65536 * np.exp(-j * logit_scale))
+    if table[-1] != 0:
+        raise ExportError(f"the frame model's logit scale {logit_scale:.3g} needs an exp table of more than "
+                          f"{MAX_EXP_TABLE} entries (its logits span too little of int8)")
     exp = np.concatenate([[65536], table[: int(np.argmax(table == 0))]]).astype(np.uint32)
     cost_q, loss_q = round(cost * one), round(loss * one)
     if cost_q < 1:

@@ -150,11 +150,15 @@ def stopping_risk(pi: np.ndarray, loss: float = LOSS_L) -> np.ndarray:
 @dataclass
 class MaxAffine:
     """Convex max-affine regression f(s) = max_i (a_i·s + b_i), by Magnani and Boyd's heuristic:
-    partition the points by their active piece, refit each piece by least squares, repeat."""
+    partition the points by their active piece, refit each piece by least squares, repeat. The
+    least squares carry a small ridge on the slopes (``ridge`` × the piece's points): posteriors
+    crowd at the simplex's corners, where a piece's points barely vary in some direction, and an
+    unpenalized fit there puts slopes of 1e11 in it that no fixed-point device could hold."""
 
     pieces: int = 12
     iterations: int = 30
     seed: int = 0
+    ridge: float = 1e-6
     slopes: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     intercepts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
@@ -169,7 +173,9 @@ class MaxAffine:
             for i in range(len(centers)):
                 rows = part == i
                 if rows.sum() > d:
-                    coef[i] = np.linalg.lstsq(design[rows], target[rows], rcond=None)[0]
+                    penalty = np.sqrt(self.ridge * rows.sum()) * np.eye(d, d + 1)  # slopes only, not the intercept
+                    coef[i] = np.linalg.lstsq(np.vstack([design[rows], penalty]),
+                                              np.r_[target[rows], np.zeros(d)], rcond=None)[0]
                 elif rows.any():
                     coef[i] = np.r_[np.zeros(d), target[rows].mean()]
                 else:

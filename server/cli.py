@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="set one config field, the value in TOML syntax (repeatable; overrides the file and the flags)")
     p.add_argument("--state-dir", type=Path, help="database, uploaded bundles, tokens (default runs/server)")
+    p.add_argument("--store", metavar="URL", help="postgresql://USER[:PASSWORD]@HOST:PORT/DB: keep the data in "
+                                                  "PostgreSQL (schema migrations applied at start; default: SQLite "
+                                                  "in --state-dir)")
     p.add_argument("--host", help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8080)")
     p.add_argument("--broker", help="'embedded' (default) or mqtt://HOST:PORT of an external broker")
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from edge.config import load_config
     from server.service import ServeConfig, Service
 
-    flags = {"state_dir": args.state_dir, "host": args.host, "port": args.port, "broker": args.broker,
+    flags = {"state_dir": args.state_dir, "store": args.store, "host": args.host, "port": args.port, "broker": args.broker,
              "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "llm": args.llm, "llm_draft": args.draft,
              "llm_draft_k": args.draft_k, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,

@@ -31,7 +31,7 @@ from edge.errors import ConfigError, LinkError
 from edge.files import write_secret
 from server.app import ServerState, create_app, ota_command
 from server.bridge import Bridge, BrokerAddress, Metrics
-from server.store import Store
+from server.store import open_store
 
 log = logging.getLogger("trickle.server")
 
@@ -41,6 +41,9 @@ class ServeConfig(Config):
 
     state_dir: Path = Path("runs/server")
     """SQLite database, uploaded bundles and the tokens live here."""
+    store: str | None = Field(None, min_length=1, repr=False)
+    """``postgresql://USER[:PASSWORD]@HOST:PORT/DB``: keep devices, messages, bundles and assignments
+    in PostgreSQL (migrations applied at start); default: SQLite in state_dir."""
     host: str = Field("127.0.0.1", min_length=1)
     """HTTP address."""
     port: int = Field(8080, ge=1, le=65535)
@@ -137,7 +140,7 @@ class Service:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         state_dir = config.state_dir
-        self.store = Store(state_dir / "trickle.sqlite")
+        self.store = open_store(config.store or state_dir / "trickle.sqlite")
         self.admin_token = config.admin_token or read_or_create_token(state_dir / "admin.token")
         self.server_token = read_or_create_token(state_dir / "server.token")
         metrics = Metrics()

@@ -1,8 +1,11 @@
 """The server's storage behind one small repository: devices, messages, bundles, assignments.
 
-SQLite in WAL mode by default (one file, readers never block the writer). Everything the rest
-of the server needs goes through ``Store``'s methods, so a real database can replace it by
-implementing the same methods. Each thread gets its own connection.
+SQLite in WAL mode by default (one file, readers never block the writer); PostgreSQL (psycopg 3)
+when the server is given a ``postgresql://`` URL (``open_store``). Both run the same SQL (standard
+``ON CONFLICT`` upserts; ``?`` placeholders become ``%s`` for psycopg) and the same versioned
+migrations (``MIGRATIONS``, recorded in ``schema_migrations``, applied at start in one
+transaction each). Everything the rest of the server needs goes through ``Store``'s methods. Each
+thread gets its own connection.
 """
 
 from __future__ import annotations
@@ -13,26 +16,35 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edge.errors import TrickleError
 
-SCHEMA = """
+# Versioned schema: (version, SQL). Never edit an applied one; add the next.
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (1, """
 CREATE TABLE IF NOT EXISTS devices (
     device TEXT PRIMARY KEY, fleet TEXT NOT NULL, token TEXT NOT NULL, token_sha256 TEXT NOT NULL,
-    created_s REAL NOT NULL);
+    created_s DOUBLE PRECISION NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
-    key TEXT PRIMARY KEY, device TEXT NOT NULL, kind TEXT NOT NULL, ts_s REAL NOT NULL,
-    received_s REAL NOT NULL, stored_s REAL NOT NULL, body TEXT NOT NULL);
+    key TEXT PRIMARY KEY, device TEXT NOT NULL, kind TEXT NOT NULL, ts_s DOUBLE PRECISION NOT NULL,
+    received_s DOUBLE PRECISION NOT NULL, stored_s DOUBLE PRECISION NOT NULL, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS messages_by_device ON messages (device, kind, ts_s);
 CREATE TABLE IF NOT EXISTS bundles (
-    version INTEGER PRIMARY KEY, model TEXT NOT NULL, sha256 TEXT NOT NULL, path TEXT NOT NULL,
-    uploaded_s REAL NOT NULL);
+    version BIGINT PRIMARY KEY, model TEXT NOT NULL, sha256 TEXT NOT NULL, path TEXT NOT NULL,
+    uploaded_s DOUBLE PRECISION NOT NULL);
 CREATE TABLE IF NOT EXISTS assignments (
-    target TEXT PRIMARY KEY, version INTEGER NOT NULL REFERENCES bundles (version), assigned_s REAL NOT NULL);
-"""
+    target TEXT PRIMARY KEY, version BIGINT NOT NULL REFERENCES bundles (version),
+    assigned_s DOUBLE PRECISION NOT NULL);
+"""),
+    (2, """
+CREATE INDEX IF NOT EXISTS messages_by_kind_time ON messages (kind, ts_s);
+"""),
+)
 
 
 class StoreError(TrickleError):
@@ -63,21 +75,31 @@ def token_sha256(token: str) -> str:
 
 
 class Store:
+    """SQLite (a file path). ``PostgresStore`` runs the same statements on PostgreSQL."""
+
+    placeholder = "?"
+    integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        with self._db() as db:
-            db.executescript(SCHEMA)
+        self.migrate()
 
-    def _db(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path})"
+
+    def _connect(self) -> Any:
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # durable at every checkpoint, safe against corruption
+        db.execute("PRAGMA foreign_keys=ON")
+        return db
+
+    def _db(self) -> Any:
+        db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")  # durable at every checkpoint, safe against corruption
-            db.execute("PRAGMA foreign_keys=ON")
-            self._local.db = db
+            db = self._local.db = self._connect()
         return db
 
     def close(self) -> None:
@@ -86,46 +108,89 @@ class Store:
             db.close()
             self._local.db = None
 
+    def _sql(self, query: str) -> str:
+        return query if self.placeholder == "?" else query.replace("?", self.placeholder)
+
+    def _run(self, query: str, args: Sequence[Any] = ()) -> Any:
+        return self._db().execute(self._sql(query), tuple(args))
+
+    def _all(self, query: str, args: Sequence[Any] = ()) -> list[Any]:
+        return list(self._run(query, args).fetchall())
+
+    def _one(self, query: str, args: Sequence[Any] = ()) -> Any:
+        return self._run(query, args).fetchone()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        db = self._db()
+        db.execute("BEGIN")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _script(self, db: Any, sql: str) -> None:
+        for statement in (part.strip() for part in sql.split(";")):
+            if statement:
+                db.execute(statement)
+
+    def migrate(self) -> list[int]:
+        """Apply the migrations not yet recorded, each in its own transaction; returns those applied."""
+        self._run("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, "
+                  "applied_s DOUBLE PRECISION NOT NULL)")
+        done = {int(v) for (v,) in self._all("SELECT version FROM schema_migrations")}
+        applied = []
+        for version, sql in MIGRATIONS:
+            if version in done:
+                continue
+            with self._transaction() as db:
+                self._script(db, sql)
+                db.execute(self._sql("INSERT INTO schema_migrations VALUES (?, ?) ON CONFLICT DO NOTHING"),
+                           (version, time.time()))
+            applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        row = self._one("SELECT MAX(version) FROM schema_migrations")
+        return int(row[0]) if row and row[0] is not None else 0
+
     # ---- devices ----
 
     def add_device(self, device: str, fleet: str) -> Device:
         token = secrets.token_urlsafe(32)
         try:
-            self._db().execute("INSERT INTO devices VALUES (?, ?, ?, ?, ?)",
-                               (device, fleet, token, token_sha256(token), time.time()))
-        except sqlite3.IntegrityError:
+            self._run("INSERT INTO devices VALUES (?, ?, ?, ?, ?)", (device, fleet, token, token_sha256(token), time.time()))
+        except self.integrity_errors:
             raise StoreError(f"device {device!r} is already registered") from None
         return Device(device, fleet, token)
 
     def device(self, device: str) -> Device | None:
-        row = self._db().execute("SELECT device, fleet, token FROM devices WHERE device = ?", (device,)).fetchone()
+        row = self._one("SELECT device, fleet, token FROM devices WHERE device = ?", (device,))
         return Device(*row) if row else None
 
     def device_by_token(self, token: str) -> Device | None:
-        row = self._db().execute("SELECT device, fleet, token FROM devices WHERE token_sha256 = ?",
-                                 (token_sha256(token),)).fetchone()
+        row = self._one("SELECT device, fleet, token FROM devices WHERE token_sha256 = ?", (token_sha256(token),))
         return Device(*row) if row else None
 
     def devices(self) -> list[dict[str, Any]]:
-        rows = self._db().execute("SELECT device, fleet, created_s FROM devices ORDER BY device").fetchall()
+        rows = self._all("SELECT device, fleet, created_s FROM devices ORDER BY device")
         return [{"device": d, "fleet": f, "created_s": c} for d, f, c in rows]
 
     # ---- messages ----
 
+    def _insert_new(self, db: Any, rows: list[tuple[Any, ...]]) -> int:
+        before = db.total_changes
+        db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)
+        return int(db.total_changes - before)
+
     def add_messages(self, batch: list[Incoming]) -> int:
         """Store a batch in one transaction; a key already stored is skipped. Returns how many were new."""
-        db = self._db()
         now = time.time()
-        before = db.total_changes
-        db.execute("BEGIN")
-        try:
-            db.executemany("INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           [(m.key, m.device, m.kind, m.ts_s, m.received_s, now, m.body) for m in batch])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return db.total_changes - before
+        rows = [(m.key, m.device, m.kind, m.ts_s, m.received_s, now, m.body) for m in batch]
+        with self._transaction() as db:
+            return self._insert_new(db, rows)
 
     def messages(self, device: str, kind: str, since_s: float | None = None, until_s: float | None = None,
                  limit: int = 1000) -> list[dict[str, Any]]:
@@ -137,43 +202,107 @@ class Store:
         if until_s is not None:
             query += " AND ts_s < ?"
             args.append(until_s)
-        rows = self._db().execute(query + " ORDER BY ts_s, key LIMIT ?", (*args, limit)).fetchall()
+        rows = self._all(query + " ORDER BY ts_s, key LIMIT ?", (*args, limit))
         return [json.loads(body) for (body,) in rows]
 
     def message_counts(self) -> dict[str, int]:
-        rows = self._db().execute("SELECT kind, COUNT(*) FROM messages GROUP BY kind").fetchall()
-        return dict(rows)
+        return {kind: int(n) for kind, n in self._all("SELECT kind, COUNT(*) FROM messages GROUP BY kind")}
 
     def latencies_s(self) -> list[float]:
         """stored - received per message (the bridge's share of the publish-to-stored latency)."""
-        return [r for (r,) in self._db().execute("SELECT stored_s - received_s FROM messages")]
+        return [float(r) for (r,) in self._all("SELECT stored_s - received_s FROM messages")]
 
     # ---- bundles and assignments ----
 
     def add_bundle(self, version: int, model: str, sha256: str, path: Path) -> None:
         try:
-            self._db().execute("INSERT INTO bundles VALUES (?, ?, ?, ?, ?)", (version, model, sha256, str(path), time.time()))
-        except sqlite3.IntegrityError:
+            self._run("INSERT INTO bundles VALUES (?, ?, ?, ?, ?)", (version, model, sha256, str(path), time.time()))
+        except self.integrity_errors:
             raise StoreError(f"bundle_version {version} is already uploaded; a new bundle needs a new version") from None
 
     def bundle(self, version: int) -> dict[str, Any] | None:
-        row = self._db().execute("SELECT version, model, sha256, path FROM bundles WHERE version = ?", (version,)).fetchone()
+        row = self._one("SELECT version, model, sha256, path FROM bundles WHERE version = ?", (version,))
         return dict(zip(("version", "model", "sha256", "path"), row)) if row else None
 
     def bundles(self) -> list[dict[str, Any]]:
-        rows = self._db().execute("SELECT version, model, sha256 FROM bundles ORDER BY version").fetchall()
+        rows = self._all("SELECT version, model, sha256 FROM bundles ORDER BY version")
         return [dict(zip(("version", "model", "sha256"), r)) for r in rows]
 
     def assign(self, target: str, version: int) -> None:
         """``target`` is ``device:ID`` or ``fleet:NAME``."""
         if self.bundle(version) is None:
             raise StoreError(f"bundle_version {version} is not uploaded")
-        self._db().execute("INSERT OR REPLACE INTO assignments VALUES (?, ?, ?)", (target, version, time.time()))
+        self._run("INSERT INTO assignments VALUES (?, ?, ?) ON CONFLICT (target) DO UPDATE SET "
+                  "version = excluded.version, assigned_s = excluded.assigned_s", (target, version, time.time()))
 
     def assignment(self, device: Device) -> int | None:
         """The version a device should run: its own assignment, else its fleet's."""
         for target in (f"device:{device.device}", f"fleet:{device.fleet}"):
-            row = self._db().execute("SELECT version FROM assignments WHERE target = ?", (target,)).fetchone()
+            row = self._one("SELECT version FROM assignments WHERE target = ?", (target,))
             if row:
                 return int(row[0])
         return None
+
+    def assignments(self) -> dict[str, int]:
+        """Every assignment: target -> bundle version."""
+        return {t: int(v) for t, v in self._all("SELECT target, version FROM assignments ORDER BY target")}
+
+
+class PostgresStore(Store):
+    """The same store on PostgreSQL (``postgresql://USER@HOST:PORT/DB``), through psycopg 3."""
+
+    placeholder = "%s"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.url = url
+        self.integrity_errors = (psycopg.IntegrityError,)
+        self._local = threading.local()
+        try:
+            self._db()
+        except psycopg.OperationalError as e:
+            raise StoreError(f"--store {redact(url)}: cannot connect ({str(e).strip().splitlines()[0]})") from None
+        self.migrate()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact(self.url)})"
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        db = self._db()
+        with db.transaction():
+            yield db
+
+    def _script(self, db: Any, sql: str) -> None:
+        db.execute(sql)
+
+    def _insert_new(self, db: Any, rows: list[tuple[Any, ...]]) -> int:
+        with db.cursor() as cur:
+            cur.executemany("INSERT INTO messages VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)
+            return max(int(cur.rowcount), 0)
+
+
+def redact(url: str) -> str:
+    """A database URL without its password."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def open_store(spec: str | Path) -> Store:
+    """``postgresql://...`` (or ``postgres://``): PostgreSQL; anything else: an SQLite file path."""
+    text = str(spec)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(text)
+    return Store(Path(text))

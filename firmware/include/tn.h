@@ -130,9 +130,11 @@ uint32_t tn_choose_variant(const tn_model *const *variants, uint32_t n, uint32_t
  * c and L in Q(frac_bits), everything in int64), and at t = horizon at the latest. The same
  * integers as edge.early's integer rule, so the decisions agree bit for bit.
  *
- * Intermittency: the samples sit in a ring and A in two slots in non-volatile memory; a step
- * writes sample t's slot and A_t's slot, then commits t with one word store, so a step redone
- * after a power cut rewrites the same bytes. */
+ * Intermittency: the samples sit in a ring and A in two slots in non-volatile memory. A step
+ * writes sample t into the ring and commits `sampled` = t (one word store): from then on sample t
+ * is the ring's, and a step redone after a power cut ignores the sample it is given (a sensor read
+ * again gives another value). It then runs the frame model (tn_start/tn_resume), writes A_t's
+ * slot and commits t with one word store; redone after a cut, it rewrites the same bytes. */
 typedef struct {
     const tn_model *frame;        /* int8 channels x context in, its int8 logits out */
     uint16_t channels, context, horizon, n_classes, n_pieces;
@@ -152,7 +154,8 @@ typedef struct {
 typedef struct {
     uint32_t magic;               /* TN_EARLY_MAGIC once series `series` began */
     uint32_t series;
-    uint32_t t;                   /* samples taken: the only word a step's commit writes */
+    uint32_t sampled;             /* sample `sampled` is in the ring (committed before the frame runs) */
+    uint32_t t;                   /* samples whose logits are summed: a step's last commit */
     int32_t acc[2][TN_MAX_CLASSES]; /* A_t in acc[t & 1] */
     int8_t ring[TN_EARLY_WINDOW]; /* sample u (from 1) at row (u - 1) % context */
 } tn_early_nv;
@@ -168,11 +171,10 @@ typedef struct {
 tn_status tn_early_begin(tn_early_nv *s, const tn_early *e, uint32_t series);
 /* Take sample t (from 1; `channels` int8 values) and decide. t = s->t repeats the last decision
  * (what a caller resuming after a power failure asks first); anything but s->t or s->t + 1 is
- * TN_ERR_STATE. Uses nv and scratch for the frame model. */
+ * TN_ERR_STATE. A resumed step whose sample is already in the ring (s->sampled == t) ignores
+ * `sample`. Uses nv and scratch for the frame model. */
 tn_status tn_early_update(const tn_early *e, tn_early_nv *s, tn_nv *nv, tn_scratch *scratch, uint32_t t,
                           const int8_t *sample, tn_decision *d);
-/* The rule on the sums `acc` after t samples. */
-void tn_early_decide(const tn_early *e, const int32_t *acc, uint32_t t, tn_decision *d);
 
 /* Kernels (exposed for tests and benchmarks). */
 /* One conv tile: output positions tile * TN_TILE_POSITIONS ... (row-major over hout x wout, the

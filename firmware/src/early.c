@@ -3,7 +3,8 @@
 
 static tn_status check_early(const tn_early *e) {
     if (e->frame == 0 || e->channels == 0 || e->context == 0 || e->horizon < 2 || e->n_pieces == 0 ||
-        e->n_classes == 0 || e->n_classes > TN_MAX_CLASSES || e->exp_len == 0 || e->frac_bits > 30 ||
+        e->n_classes == 0 || e->n_classes > TN_MAX_CLASSES || e->exp_len == 0 || e->exp_q16[0] == 0u ||
+        e->frac_bits > 30 ||
         e->frame->input_bytes != (uint32_t)e->channels * e->context || e->frame->n_classes != e->n_classes) {
         return TN_ERR_MODEL;
     }
@@ -31,13 +32,15 @@ tn_status tn_early_begin(tn_early_nv *s, const tn_early *e, uint32_t series) {
         s->acc[0][k] = 0;
     }
     s->t = 0u;
+    s->sampled = 0u;
     s->series = series;
     __asm__ volatile("" ::: "memory");
     *(volatile uint32_t *)&s->magic = TN_EARLY_MAGIC;
     return TN_OK;
 }
 
-void tn_early_decide(const tn_early *e, const int32_t *acc, uint32_t t, tn_decision *d) {
+/* The rule on the sums `acc` after t samples (1 <= t <= horizon). */
+static void decide(const tn_early *e, const int32_t *acc, uint32_t t, tn_decision *d) {
     const uint32_t k_n = e->n_classes;
     uint32_t label = 0;
     for (uint32_t k = 1; k < k_n; k++) {
@@ -90,9 +93,17 @@ tn_status tn_early_update(const tn_early *e, tn_early_nv *s, tn_nv *nv, tn_scrat
     }
     if (t == done + 1u) {
         const uint32_t c_n = e->channels, ctx = e->context;
-        int8_t *row = &s->ring[((t - 1u) % ctx) * c_n];
-        for (uint32_t c = 0; c < c_n; c++) {
-            row[c] = sample[c];
+        if (*(volatile uint32_t *)&s->sampled != t) { /* else: sample t is the ring's already */
+            int8_t *row = &s->ring[((t - 1u) % ctx) * c_n];
+            for (uint32_t c = 0; c < c_n; c++) {
+                row[c] = sample[c];
+            }
+            __asm__ volatile("" ::: "memory");
+            *(volatile uint32_t *)&s->sampled = t;
+            __asm__ volatile("" ::: "memory");
+#ifdef TN_PROGRESS_HOOK
+            TN_PROGRESS_HOOK(0u);
+#endif
         }
         int8_t *frame = (int8_t *)scratch->column; /* volatile: rebuilt from the ring after a cut */
         for (uint32_t j = 0; j < ctx; j++) {
@@ -123,6 +134,6 @@ tn_status tn_early_update(const tn_early *e, tn_early_nv *s, tn_nv *nv, tn_scrat
         TN_PROGRESS_HOOK(0u);
 #endif
     }
-    tn_early_decide(e, s->acc[t & 1u], t, d);
+    decide(e, s->acc[t & 1u], t, d);
     return TN_OK;
 }

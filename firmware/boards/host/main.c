@@ -40,16 +40,22 @@ static tn_early_nv early_nv; /* non-volatile, with nv */
 /* One series to its decision; a power cut longjmps back here and the series resumes at the
  * step non-volatile memory holds. */
 static int run_series(uint32_t series, tn_decision *d) {
+    static int8_t garbage[TN_EARLY_CHANNELS];
+    volatile int resumed = 0;
     if (setjmp(power_fail) != 0) {
         reboots++;
+        resumed = 1;
     }
+    memset(garbage, 0x55, sizeof garbage);
     if (tn_early_begin(&early_nv, &tn_early_rule, series + 1u) != TN_OK) {
         return -1;
     }
     const int8_t *samples = &tn_early_series_flat[(size_t)series * TN_EARLY_LENGTH * TN_EARLY_CHANNELS];
     for (uint32_t t = early_nv.t > 0u ? early_nv.t : 1u; t <= TN_EARLY_LENGTH; t++) {
-        if (tn_early_update(&tn_early_rule, &early_nv, &nv, &scratch, t, &samples[(t - 1u) * TN_EARLY_CHANNELS], d) !=
-            TN_OK) {
+        /* after a cut, a step whose sample the ring holds gets another (a sensor read again): ignored */
+        const int8_t *sample = resumed && early_nv.sampled == t && early_nv.t < t ? garbage
+                                                                                 : &samples[(t - 1u) * TN_EARLY_CHANNELS];
+        if (tn_early_update(&tn_early_rule, &early_nv, &nv, &scratch, t, sample, d) != TN_OK) {
             return -1;
         }
         if (d->stop) {
