@@ -63,7 +63,14 @@ from server.store import Incoming, Store
 
 log = logging.getLogger("trickle.server.bridge")
 SERVER_USER = "trickle-server"
-STORE_ERRORS = (sqlite3.OperationalError, OSError)  # a locked, full or failing disk: worth another try
+# a locked, full or failing disk, or a database connection lost: worth another try
+STORE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.OperationalError, OSError)
+try:
+    import psycopg
+
+    STORE_ERRORS += (psycopg.OperationalError,)
+except ImportError:  # PostgreSQL support not installed: SQLite only
+    pass
 STORE_RETRY_S = 30.0
 
 

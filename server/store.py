@@ -273,6 +273,12 @@ class PostgresStore(Store):
 
         return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
 
+    def _db(self) -> Any:
+        db = getattr(self._local, "db", None)
+        if db is not None and (db.closed or db.broken):  # the server restarted: the next try reconnects
+            self._local.db = None
+        return super()._db()
+
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
         db = self._db()

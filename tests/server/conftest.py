@@ -88,6 +88,7 @@ class ServerProc:
     broker: str  # "embedded" or mqtt://
     mqtt_port: int
     trust: Path | None = None
+    store: str | None = None  # --store URL (PostgreSQL); default SQLite in data
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
 
@@ -111,6 +112,7 @@ class ServerProc:
         cmd = [sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(self.data), "--port", str(self.port),
                "--broker", self.broker] + (["--mqtt-port", str(self.mqtt_port)] if self.broker == "embedded" else [])
         cmd += ["--trust", str(self.trust)] if self.trust else []
+        cmd += ["--store", self.store] if self.store else []
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -143,6 +145,27 @@ class ServerProc:
 
     def metrics(self) -> str:
         return httpx.get(self.url + "/metrics").text
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster for the session (server.pgtemp)."""
+    from server.pgtemp import available, temporary_postgres
+
+    if not available():
+        pytest.skip("apt-get install postgresql")
+    with temporary_postgres() as url:
+        yield url
+
+
+def fresh_database(url: str, name: str) -> str:
+    """The URL of a new, empty database ``name`` on the cluster at ``url``."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    return url.rsplit("/", 1)[0] + "/" + name
 
 
 @pytest.fixture

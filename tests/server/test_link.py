@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from server.service import free_port
 from tests.server.conftest import (
@@ -16,6 +17,7 @@ from tests.server.conftest import (
     Mosquitto,
     ServerProc,
     agent_cmd,
+    fresh_database,
     needs_mosquitto,
     start_agent,
     wait_for,
@@ -64,9 +66,12 @@ def test_kill_9_of_the_agent_mid_stream_loses_and_repeats_nothing(embedded_serve
 
 
 @needs_mosquitto
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_broker_restart_and_server_kill_9_mid_stream_lose_nothing(mosquitto: Mosquitto, bundles: Bundles,
-                                                                  tmp_path: Path) -> None:
-    server = ServerProc(tmp_path / "server", free_port(), mosquitto.url, 0, trust=bundles.pub)
+                                                                  tmp_path: Path, store: str,
+                                                                  request: pytest.FixtureRequest) -> None:
+    url = fresh_database(request.getfixturevalue("postgres_url"), "kill9") if store == "postgresql" else None
+    server = ServerProc(tmp_path / "server", free_port(), mosquitto.url, 0, trust=bundles.pub, store=url)
     server.start()
     try:
         n = _n_samples(bundles)

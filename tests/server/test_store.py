@@ -1,0 +1,137 @@
+"""The store's contract, the same tests on SQLite and on a real PostgreSQL (a throwaway cluster from
+Debian's postgresql package, started on a free loopback port)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.pgtemp import available
+from server.store import MIGRATIONS, Incoming, PostgresStore, Store, StoreError, open_store, redact
+from tests.server.conftest import fresh_database
+
+needs_postgres = pytest.mark.skipif(not available(), reason="apt-get install postgresql")
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        s = open_store(tmp_path / "db.sqlite")
+    else:
+        s = open_store(fresh_database(request.getfixturevalue("postgres_url"), f"store{next(_databases)}"))
+        assert isinstance(s, PostgresStore)
+    yield s
+    s.close()
+
+
+def _messages(device: str, keys: range, kind: str = "telemetry") -> list[Incoming]:
+    return [Incoming(f"{device}:{kind}:{i}", device, kind, float(i), 100.0 + i, f'{{"i": {i}}}') for i in keys]
+
+
+def test_devices_tokens_and_duplicates(store: Store) -> None:
+    a = store.add_device("a", "north")
+    store.add_device("b", "south")
+    assert store.device("a") == a and store.device("zz") is None
+    assert store.device_by_token(a.token) == a and store.device_by_token("not-a-token") is None
+    assert [d["device"] for d in store.devices()] == ["a", "b"]
+    with pytest.raises(StoreError, match="'a' is already registered"):
+        store.add_device("a", "north")
+
+
+def test_messages_are_stored_once_and_read_back_in_order(store: Store) -> None:
+    assert store.add_messages(_messages("a", range(0, 50))) == 50
+    assert store.add_messages(_messages("a", range(40, 60))) == 10  # ten repeats are skipped
+    assert store.add_messages(_messages("a", range(0, 3), "result")) == 3
+    got = store.messages("a", "telemetry")
+    assert [m["i"] for m in got] == list(range(60))
+    assert [m["i"] for m in store.messages("a", "telemetry", since_s=10, until_s=20)] == list(range(10, 20))
+    assert len(store.messages("a", "telemetry", limit=7)) == 7
+    assert store.message_counts() == {"telemetry": 60, "result": 3}
+    assert len(store.latencies_s()) == 63
+
+
+def test_a_failed_batch_stores_nothing(store: Store) -> None:
+    bad = [*_messages("a", range(5)), Incoming("a:x", "a", "telemetry", 1.0, 1.0, None)]  # type: ignore[arg-type]
+    with pytest.raises(store.integrity_errors):
+        store.add_messages(bad)
+    assert store.message_counts() == {}
+
+
+def test_bundles_and_assignments(store: Store, tmp_path: Path) -> None:
+    big = 2**40  # versions are 64-bit
+    store.add_bundle(big, "digits", "ab" * 32, tmp_path / "b.tar")
+    store.add_bundle(2, "digits", "cd" * 32, tmp_path / "c.tar")
+    with pytest.raises(StoreError, match="already uploaded"):
+        store.add_bundle(2, "digits", "cd" * 32, tmp_path / "c.tar")
+    assert [b["version"] for b in store.bundles()] == [2, big] and store.bundle(big)["model"] == "digits"
+    with pytest.raises(StoreError, match="not uploaded"):
+        store.assign("fleet:north", 99)
+    device = store.add_device("a", "north")
+    assert store.assignment(device) is None
+    store.assign("fleet:north", 2)
+    assert store.assignment(device) == 2
+    store.assign("fleet:north", big)  # an assignment is replaced, not added
+    store.assign("device:a", 2)  # the device's own wins over its fleet's
+    assert store.assignment(device) == 2 and store.assignments() == {"device:a": 2, "fleet:north": big}
+
+
+def test_threads_write_concurrently_and_nothing_is_lost(store: Store) -> None:
+    def write(k: int) -> None:
+        for start in range(0, 200, 20):
+            store.add_messages(_messages(f"d{k}", range(start, start + 20)))
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.message_counts() == {"telemetry": 800}
+
+
+def test_migrations_are_applied_once(store: Store) -> None:
+    assert store.schema_version() == MIGRATIONS[-1][0]
+    assert store.migrate() == []  # a restart applies nothing again
+
+
+def test_an_old_sqlite_database_is_migrated_in_place(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:  # the schema before migrations were recorded
+        db.executescript("CREATE TABLE devices (device TEXT PRIMARY KEY, fleet TEXT NOT NULL, token TEXT NOT NULL, "
+                         "token_sha256 TEXT NOT NULL, created_s REAL NOT NULL);"
+                         "INSERT INTO devices VALUES ('old', 'f', 't', 'h', 1.0);")
+    store = open_store(path)
+    assert store.schema_version() == MIGRATIONS[-1][0] and store.device("old") is not None
+
+
+@needs_postgres
+def test_an_unreachable_database_is_one_line_without_the_password(tmp_path: Path) -> None:
+    from server.service import free_port
+
+    url = f"postgresql://trickle:s3cret@127.0.0.1:{free_port()}/postgres"
+    with pytest.raises(StoreError, match="cannot connect") as err:
+        open_store(url)
+    assert "s3cret" not in str(err.value) and "***" in str(err.value)
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+@needs_postgres
+def test_a_lost_connection_fails_one_call_and_the_next_reconnects(postgres_url: str) -> None:
+    """The bridge retries a failed commit (server.bridge.STORE_ERRORS); the retry must find a live connection."""
+    import psycopg
+
+    store = open_store(fresh_database(postgres_url, "reconnect"))
+    store.add_device("a", "f")
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'reconnect'")
+    with pytest.raises(psycopg.OperationalError):
+        store.devices()
+    assert [d["device"] for d in store.devices()] == ["a"]
