@@ -150,15 +150,19 @@ def stopping_risk(pi: np.ndarray, loss: float = LOSS_L) -> np.ndarray:
 @dataclass
 class MaxAffine:
     """Convex max-affine regression f(s) = max_i (a_i·s + b_i), by Magnani and Boyd's heuristic:
-    partition the points by their active piece, refit each piece by least squares, repeat. The
-    least squares carry a small ridge on the slopes (``ridge`` × the piece's points): posteriors
-    crowd at the simplex's corners, where a piece's points barely vary in some direction, and an
-    unpenalized fit there puts slopes of 1e11 in it that no fixed-point device could hold."""
+    partition the points by their active piece, refit each piece by least squares, repeat. A piece
+    whose least-squares slopes exceed ``max_slope`` is refitted with a small ridge on the slopes
+    (``ridge`` × its points): posteriors crowd at the simplex's corners, where a piece's points
+    barely vary in some direction, and the plain fit there puts slopes of 1e11 in it that no
+    fixed-point device could hold (and that predict nothing off the data). Well-posed pieces keep
+    the plain fit: even a tiny ridge everywhere moves the partition, and the synthetic task's
+    Bayes risk with it (1.039 → 1.081 of the optimum at 1e-6)."""
 
     pieces: int = 12
     iterations: int = 30
     seed: int = 0
     ridge: float = 1e-6
+    max_slope: float = 1e3
     slopes: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     intercepts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
@@ -173,9 +177,11 @@ class MaxAffine:
             for i in range(len(centers)):
                 rows = part == i
                 if rows.sum() > d:
-                    penalty = np.sqrt(self.ridge * rows.sum()) * np.eye(d, d + 1)  # slopes only, not the intercept
-                    coef[i] = np.linalg.lstsq(np.vstack([design[rows], penalty]),
-                                              np.r_[target[rows], np.zeros(d)], rcond=None)[0]
+                    coef[i] = np.linalg.lstsq(design[rows], target[rows], rcond=None)[0]
+                    if np.abs(coef[i, :d]).max() > self.max_slope:
+                        penalty = np.sqrt(self.ridge * rows.sum()) * np.eye(d, d + 1)  # slopes only
+                        coef[i] = np.linalg.lstsq(np.vstack([design[rows], penalty]),
+                                                  np.r_[target[rows], np.zeros(d)], rcond=None)[0]
                 elif rows.any():
                     coef[i] = np.r_[np.zeros(d), target[rows].mean()]
                 else:
