@@ -1,7 +1,7 @@
 """The HTTP API (FastAPI): devices, bundles and OTA, queries, health and metrics.
 
-Every route but /healthz, /metrics and /v1/completions (there only with ``trickle serve --llm``,
-see ``server.llm``) takes a bearer token: the admin token, or a device's
+Every route but /healthz, /metrics, the dashboard's page at / (``server.dashboard``) and
+/v1/completions (there only with ``trickle serve --llm``, see ``server.llm``) takes a bearer token: the admin token, or a device's
 own token (a device reads only its own messages and downloads bundles). The OpenAPI spec is at
 /openapi.json. Routes are ``edge.protocol.ROUTES``.
 """
@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from edge.bundle import BundleError, read_trusted
 from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand, VerifyRequest, VerifyResponse
 from server.bridge import Bridge, Metrics
+from server.dashboard import dashboard_router
 from server.llm import LlmService, llm_router
 from server.store import Device, Store, StoreError
 
@@ -214,6 +215,12 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
             raise HTTPException(403, "a device reads only its own messages")
         return state.store.messages(device, kind, since_s, until_s, limit)
 
+    @app.get(ROUTES["assignments"])
+    def assignments(_: Annotated[Principal, Depends(admin)]) -> dict[str, int]:
+        """Every assignment: target (device:ID or fleet:NAME) -> bundle version."""
+        return state.store.assignments()
+
+    app.include_router(dashboard_router(state, principal))
     if state.llm is not None:
         app.include_router(llm_router(state.llm, state.metrics.registry))
 

@@ -44,7 +44,16 @@ CREATE TABLE IF NOT EXISTS assignments (
     (2, """
 CREATE INDEX IF NOT EXISTS messages_by_kind_time ON messages (kind, ts_s);
 """),
+    # what the dashboard aggregates, out of the JSON bodies: a result's verdict, the bundle version a
+    # message reports, a status's online/offline or an event's name
+    (3, """
+ALTER TABLE messages ADD COLUMN correct INTEGER;
+ALTER TABLE messages ADD COLUMN bundle_version BIGINT;
+ALTER TABLE messages ADD COLUMN state TEXT;
+CREATE INDEX IF NOT EXISTS messages_by_received ON messages (kind, received_s);
+"""),
 )
+MESSAGE_COLUMNS = "key, device, kind, ts_s, received_s, stored_s, body, correct, bundle_version, state"
 
 
 class StoreError(TrickleError):
@@ -68,6 +77,9 @@ class Incoming:
     ts_s: float
     received_s: float
     body: str
+    correct: bool | None = None  # a result's verdict, when the truth is known
+    bundle_version: int | None = None  # the bundle a result, status or event reports
+    state: str | None = None  # a status's online/offline, an event's name
 
 
 def token_sha256(token: str) -> str:
@@ -180,15 +192,18 @@ class Store:
 
     # ---- messages ----
 
+    INSERT_MESSAGES = f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+
     def _insert_new(self, db: Any, rows: list[tuple[Any, ...]]) -> int:
         before = db.total_changes
-        db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)
+        db.executemany(self.INSERT_MESSAGES, rows)
         return int(db.total_changes - before)
 
     def add_messages(self, batch: list[Incoming]) -> int:
         """Store a batch in one transaction; a key already stored is skipped. Returns how many were new."""
         now = time.time()
-        rows = [(m.key, m.device, m.kind, m.ts_s, m.received_s, now, m.body) for m in batch]
+        rows = [(m.key, m.device, m.kind, m.ts_s, m.received_s, now, m.body,
+                 None if m.correct is None else int(m.correct), m.bundle_version, m.state) for m in batch]
         with self._transaction() as db:
             return self._insert_new(db, rows)
 
@@ -211,6 +226,63 @@ class Store:
     def latencies_s(self) -> list[float]:
         """stored - received per message (the bridge's share of the publish-to-stored latency)."""
         return [float(r) for (r,) in self._all("SELECT stored_s - received_s FROM messages")]
+
+    # ---- the dashboard's aggregates ----
+
+    def device_count(self) -> int:
+        return int(self._one("SELECT COUNT(*) FROM devices")[0])
+
+    def fleet_totals(self, now_s: float, online_s: float) -> dict[str, Any]:
+        """Devices (and how many are online: a message within ``online_s`` and no later offline
+        status), results, results within the last hour, verdicts known and right, per kind."""
+        devices, online = self._one(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN (SELECT MAX(received_s) FROM messages m WHERE m.device = d.device) >= ? "
+            "AND COALESCE((SELECT state FROM messages s WHERE s.device = d.device AND s.kind = 'status' "
+            "ORDER BY s.ts_s DESC, s.key DESC LIMIT 1), '') <> 'offline' THEN 1 ELSE 0 END), 0) FROM devices d",
+            (now_s - online_s,))
+        results, hour, labelled, right = self._one(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN received_s >= ? THEN 1 ELSE 0 END), 0), COUNT(correct), "
+            "COALESCE(SUM(correct), 0) FROM messages WHERE kind = 'result'", (now_s - 3600.0,))
+        return {"devices": int(devices), "online": int(online), "results": int(results), "results_last_hour": int(hour),
+                "labelled": int(labelled), "correct": int(right), "messages": self.message_counts()}
+
+    def results_per_hour(self, now_s: float, hours: int = 24) -> list[int]:
+        """Results received in each of the last ``hours`` hours, oldest first."""
+        start = now_s - 3600.0 * hours
+        cases = ", ".join(f"COALESCE(SUM(CASE WHEN received_s >= {start + 3600.0 * k!r} AND received_s < "
+                          f"{start + 3600.0 * (k + 1)!r} THEN 1 ELSE 0 END), 0)" for k in range(hours))
+        row = self._one(f"SELECT {cases} FROM messages WHERE kind = 'result' AND received_s >= ?", (start,))
+        return [int(v) for v in row]
+
+    def fleet_page(self, now_s: float, online_s: float, offset: int = 0, limit: int = 50, search: str = "",
+                   only: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """(devices matching, one page of them): per device its fleet, last seen, online, the bundle
+        it reports running, results (all and last hour), verdicts known and right, its last event."""
+        where, args = "WHERE (d.device LIKE ? OR d.fleet LIKE ?)", [f"%{search}%", f"%{search}%"]
+        if only is not None:
+            where, args = where + " AND d.device = ?", [*args, only]
+        (matching,) = self._one(f"SELECT COUNT(*) FROM devices d {where}", args)
+        rows = self._all(
+            "SELECT d.device, d.fleet, MAX(m.received_s), "
+            "COALESCE(SUM(CASE WHEN m.kind = 'result' THEN 1 ELSE 0 END), 0), "
+            "COALESCE(SUM(CASE WHEN m.kind = 'result' AND m.received_s >= ? THEN 1 ELSE 0 END), 0), "
+            "COUNT(m.correct), COALESCE(SUM(m.correct), 0), "
+            "(SELECT b.bundle_version FROM messages b WHERE b.device = d.device AND b.bundle_version IS NOT NULL "
+            " ORDER BY b.ts_s DESC, b.key DESC LIMIT 1), "
+            "(SELECT s.state FROM messages s WHERE s.device = d.device AND s.kind = 'status' "
+            " ORDER BY s.ts_s DESC, s.key DESC LIMIT 1), "
+            "(SELECT e.state FROM messages e WHERE e.device = d.device AND e.kind = 'event' "
+            " ORDER BY e.ts_s DESC, e.key DESC LIMIT 1) "
+            f"FROM devices d LEFT JOIN messages m ON m.device = d.device {where} "
+            "GROUP BY d.device, d.fleet ORDER BY d.device LIMIT ? OFFSET ?",
+            (now_s - 3600.0, *args, limit, offset))
+        page = []
+        for device, fleet, seen, results, hour, labelled, right, running, status, event in rows:
+            online = seen is not None and seen >= now_s - online_s and status != "offline"
+            page.append({"device": device, "fleet": fleet, "last_seen_s": seen, "online": bool(online),
+                         "running_version": running, "results": int(results), "results_last_hour": int(hour),
+                         "labelled": int(labelled), "correct": int(right), "last_event": event})
+        return int(matching), page
 
     # ---- bundles and assignments ----
 
@@ -290,7 +362,7 @@ class PostgresStore(Store):
 
     def _insert_new(self, db: Any, rows: list[tuple[Any, ...]]) -> int:
         with db.cursor() as cur:
-            cur.executemany("INSERT INTO messages VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)
+            cur.executemany(self._sql(self.INSERT_MESSAGES), rows)
             return max(int(cur.rowcount), 0)
 
 

@@ -1,0 +1,143 @@
+"""The fleet dashboard, served by ``trickle serve`` at ``/``: a static page (``server/static``, no
+build step, no third-party script: its charts are SVG drawn by ``dashboard.js``) over three routes.
+
+- ``GET /v1/dashboard/fleet?page=&per_page=&q=``: one snapshot: totals (devices, online, results
+  in the last hour, accuracy where verdicts are known, messages rejected by reason), results per
+  hour over a day, one page of devices (last seen, the bundle each reports running, its assignment
+  and OTA state, results, accuracy), the bundle registry and the assignments.
+- ``GET /v1/dashboard/stream?...``: the same snapshot as server-sent events, pushed when the store
+  changed (checked every ``interval`` seconds, one query for all viewers' worth of state) and at
+  least every 30 s; the page reads it with fetch, so the bearer token stays in a header.
+- ``GET /v1/dashboard/devices/{device}``: one device's telemetry (voltage, harvest, power
+  failures), results timeline, variant choices and events.
+
+A device token sees only its own device; the registry, assignments and the OTA form need the
+admin token. A device counts as online when it sent anything within ``ONLINE_S`` and its last
+status was not offline.
+"""
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, StreamingResponse
+
+from edge.protocol import Name
+
+if TYPE_CHECKING:
+    from server.app import Principal, ServerState
+
+STATIC = Path(__file__).parent / "static"
+ONLINE_S = 300.0
+RESEND_S = 30.0
+
+
+def _rejected(state: "ServerState") -> dict[str, int]:
+    out: dict[str, int] = {}
+    for metric in state.metrics.rejected.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels["reason"]] = int(sample.value)
+    return out
+
+
+def _ota_state(assigned: int | None, running: int | None, last_event: str | None) -> str:
+    if assigned is None:
+        return "none"
+    if running == assigned:
+        return "up to date"
+    if last_event in ("ota_rejected", "ota_rolled_back"):
+        return "rejected" if last_event == "ota_rejected" else "rolled back"
+    return "pending"
+
+
+def fleet_snapshot(state: "ServerState", who: "Principal", page: int = 0, per_page: int = 50, search: str = "") -> dict[str, Any]:
+    """What the dashboard shows, for an admin (the fleet) or a device (itself)."""
+    store, now = state.store, time.time()
+    only = None if who.admin else who.device.device if who.device else ""
+    matching, rows = store.fleet_page(now, ONLINE_S, page * per_page, per_page, search, only)
+    assignments = store.assignments()
+    for row in rows:
+        assigned = assignments.get(f"device:{row['device']}", assignments.get(f"fleet:{row['fleet']}"))
+        row["assigned_version"] = assigned
+        row["ota"] = _ota_state(assigned, row["running_version"], row["last_event"])
+    if who.admin:
+        totals = store.fleet_totals(now, ONLINE_S)
+        hours = store.results_per_hour(now)
+        bundles = store.bundles()
+    else:
+        totals = {"devices": len(rows), "online": sum(r["online"] for r in rows),
+                  "results": sum(r["results"] for r in rows), "results_last_hour": sum(r["results_last_hour"] for r in rows),
+                  "labelled": sum(r["labelled"] for r in rows), "correct": sum(r["correct"] for r in rows)}
+        hours, bundles, assignments = [], [], {}
+    return {"now_s": now, "admin": who.admin, "totals": totals, "rejected": _rejected(state) if who.admin else {},
+            "results_per_hour": hours, "page": page, "per_page": per_page, "matching": matching, "devices": rows,
+            "bundles": bundles, "assignments": assignments}
+
+
+def device_detail(state: "ServerState", device: str, limit: int = 5000) -> dict[str, Any]:
+    record = state.store.device(device)
+    if record is None:
+        raise HTTPException(404, f"no registered device {device!r}")
+    telemetry = [{k: m.get(k) for k in ("ts_s", "voltage_v", "harvested_j", "consumed_j", "power_cycles")}
+                 for m in state.store.messages(device, "telemetry", limit=limit)]
+    results = [{k: m.get(k) for k in ("ts_s", "label", "correct", "variant", "latency_s", "bundle_version")}
+               for m in state.store.messages(device, "result", limit=limit)]
+    events = [{k: m.get(k) for k in ("ts_s", "event", "bundle_version", "detail")}
+              for m in state.store.messages(device, "event", limit=limit)]
+    return {"device": record.device, "fleet": record.fleet, "telemetry": telemetry, "results": results,
+            "events": events, "variants": dict(Counter(r["variant"] for r in results))}
+
+
+def dashboard_router(state: "ServerState", principal: Callable[..., "Principal"], interval_s: float = 1.0) -> APIRouter:
+    router = APIRouter()
+    Who = Annotated[Any, Depends(principal)]  # a Principal
+    Page = Annotated[int, Query(ge=0, le=100_000)]
+    PerPage = Annotated[int, Query(ge=1, le=500)]
+    Search = Annotated[str, Query(max_length=64)]
+
+    @router.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @router.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> FileResponse:
+        files = {p.name: p for p in STATIC.iterdir()}
+        if name not in files:
+            raise HTTPException(404, f"no static file {name!r}")
+        return FileResponse(files[name])
+
+    @router.get("/v1/dashboard/fleet")
+    def fleet(who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = "") -> dict[str, Any]:
+        return fleet_snapshot(state, who, page, per_page, q)
+
+    @router.get("/v1/dashboard/stream")
+    async def stream(request: Request, who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = ""
+                     ) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            last: tuple[int, int] | None = None
+            sent = 0.0
+            while not await request.is_disconnected():
+                version = (state.metrics.stored_count, await run_in_threadpool(state.store.device_count))
+                if version != last or time.monotonic() - sent >= RESEND_S:
+                    snapshot = await run_in_threadpool(fleet_snapshot, state, who, page, per_page, q)
+                    yield f"event: fleet\ndata: {json.dumps(snapshot)}\n\n"
+                    last, sent = version, time.monotonic()
+                await asyncio.sleep(interval_s)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @router.get("/v1/dashboard/devices/{device}")
+    def device(device: Name, who: Who) -> dict[str, Any]:
+        if not who.admin and (who.device is None or who.device.device != device):
+            raise HTTPException(403, "a device sees only itself")
+        return device_detail(state, device)
+
+    return router
