@@ -7,7 +7,7 @@
     trickle serve --llm runs/lm/base --draft runs/lm/draft     # + POST /v1/completions (OpenAI-compatible)
 
 Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
-state_dir, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
+state_dir, store, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
 tls_key, llm, llm_draft, llm_draft_k, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue)
 < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
 
@@ -17,9 +17,10 @@ signed bundles (POST /v1/bundles, the tar as the body) and assign them (POST /v1
 the OpenAPI spec is at /openapi.json, metrics at /metrics.
 
 Security: devices authenticate to the embedded broker with their id and token and may only
-publish and subscribe under their own topics; behind an external broker, configure its ACL the
-same way (see edge.protocol.device_topics) — the bridge checks every message's HMAC signature
-regardless. TLS: --tls-cert/--tls-key serve HTTPS (uvicorn); for MQTT over TLS use an external
+publish and subscribe under their own topics; behind Mosquitto, `trickle serve
+--write-mosquitto-config DIR` writes its password file and ACL from the registry (each device
+confined to its own topics, the bridge to all) — the bridge checks every message's HMAC
+signature regardless. Data: SQLite in --state-dir, or --store postgresql://... . TLS: --tls-cert/--tls-key serve HTTPS (uvicorn); for MQTT over TLS use an external
 broker with a TLS listener (Mosquitto: listener 8883 + cafile/certfile/keyfile).
 """
 
@@ -63,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-concurrency", type=int, metavar="N", help="generations run at once (default 1)")
     p.add_argument("--llm-queue", type=int, metavar="N",
                    help="requests waiting for a generation slot; beyond, 503 (default 16)")
+    p.add_argument("--write-mosquitto-config", type=Path, metavar="DIR",
+                   help="write a Mosquitto password file, ACL (each device confined to its own topics) and the "
+                        "configuration lines using them into DIR from the device registry, then exit (include "
+                        "DIR/mosquitto.conf in the broker's config; write again and SIGHUP it after registering)")
     p.add_argument("--json", action="store_true", help="print the start-up line as one JSON object")
 
 
@@ -76,6 +81,20 @@ def run(args: argparse.Namespace) -> int:
              "llm_draft_k": args.draft_k, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,
              "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue}
     config = load_config(ServeConfig, args.config, args.set, flags)
+    if args.write_mosquitto_config is not None:
+        from server.mosquitto import write_mosquitto_config
+        from server.service import read_or_create_token
+        from server.store import open_store
+
+        store = open_store(config.store or config.state_dir / "trickle.sqlite")
+        paths = write_mosquitto_config(store, read_or_create_token(config.state_dir / "server.token"),
+                                       args.write_mosquitto_config)
+        devices = len(store.devices())
+        if args.json:
+            print(json.dumps({"written": [str(p) for p in paths], "devices": devices}))
+        else:
+            print(f"wrote {', '.join(str(p) for p in paths)} ({devices} devices and the server's bridge)")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("amqtt").setLevel(logging.WARNING)
     logging.getLogger("transitions").setLevel(logging.WARNING)
