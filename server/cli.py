@@ -20,7 +20,8 @@ Security: devices authenticate to the embedded broker with their id and token an
 publish and subscribe under their own topics; behind Mosquitto, `trickle serve
 --write-mosquitto-config DIR` writes its password file and ACL from the registry (each device
 confined to its own topics, the bridge to all) — the bridge checks every message's HMAC
-signature regardless. Data: SQLite in --state-dir, or --store postgresql://... . TLS: --tls-cert/--tls-key serve HTTPS (uvicorn); for MQTT over TLS use an external
+signature regardless. Data: SQLite in --state-dir, or --store postgresql://... .
+TLS: --tls-cert/--tls-key serve HTTPS (uvicorn); for MQTT over TLS use an external
 broker with a TLS listener (Mosquitto: listener 8883 + cafile/certfile/keyfile).
 """
 
