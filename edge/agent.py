@@ -36,7 +36,7 @@ from edge.errors import ConfigError
 from edge.link import Link
 from edge.ota import Ota
 from edge.outbox import Outbox
-from edge.protocol import Event, Message, Name, Result, Telemetry, mqtt_address
+from edge.protocol import Event, Message, Name, Result, Telemetry, TlsFiles, mqtt_address
 from edge.runtime import Runtime
 from edge.source import keep_selftest_samples, load_source
 
@@ -55,7 +55,13 @@ class AgentConfig(Config):
     server: str
     """Server URL, http(s)://HOST[:PORT]: where bundles are downloaded from."""
     broker: str
-    """MQTT broker URL, mqtt://HOST:PORT."""
+    """MQTT broker URL, mqtt://HOST:PORT, or mqtts://HOST:PORT for MQTT over TLS."""
+    ca_file: Path | None = None
+    """PEM CA certificates to trust for an https:// server and an mqtts:// broker (default: the system's)."""
+    client_cert: Path | None = None
+    """PEM certificate this device shows to an mqtts:// broker or https:// server that asks (mutual TLS)."""
+    client_key: Path | None = None
+    """The private key of client_cert (when not in the same file)."""
     state_dir: Path = Path("runs/edge/DEVICE")
     """Bundles, current.json, the outbox and the self-test samples (default runs/edge/DEVICE)."""
     fleet: Name = "default"
@@ -140,11 +146,13 @@ class Agent:
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.outbox = Outbox(self.state_dir / "outbox.sqlite")
+        tls = TlsFiles(config.ca_file, config.client_cert, config.client_key)
         try:
+            verify = tls.context() if config.server.startswith("https:") else True
             self.ota = Ota(self.state_dir, config.trusted_keys, config.backend, config.server, config.token, self.outbox,
-                           first_bundle=config.bundle, report=self._event, applied=self._applied)
+                           first_bundle=config.bundle, report=self._event, applied=self._applied, verify=verify)
             self.link = Link(self.outbox, config.device, config.token, config.broker, config.fleet, on_ota=self.ota.handle,
-                             max_in_flight=config.max_in_flight, resend_s=config.resend_s)
+                             max_in_flight=config.max_in_flight, resend_s=config.resend_s, tls=tls)
         except BaseException:
             self.outbox.close()
             raise

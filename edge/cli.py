@@ -135,7 +135,13 @@ def add_edge_arguments(p: argparse.ArgumentParser) -> None:
                        help="file holding the device's token, from registration (required here or in --config)")
     agent.add_argument("--fleet", help="the device's fleet (default 'default')")
     agent.add_argument("--server", help="server URL, http(s)://HOST:PORT, for bundle downloads (required here or in --config)")
-    agent.add_argument("--broker", help="MQTT broker URL, mqtt://HOST:PORT (required here or in --config)")
+    agent.add_argument("--broker", help="MQTT broker URL, mqtt://HOST:PORT or mqtts://HOST:PORT over TLS (required "
+                                        "here or in --config)")
+    agent.add_argument("--ca-file", type=Path, metavar="PEM",
+                       help="CA certificates to trust for an https:// server and an mqtts:// broker (default: the system's)")
+    agent.add_argument("--client-cert", type=Path, metavar="PEM",
+                       help="this device's certificate, for a broker or server that asks for one (mutual TLS)")
+    agent.add_argument("--client-key", type=Path, metavar="PEM", help="the private key of --client-cert")
     agent.add_argument("--bundle", type=Path, help="the bundle to start with (needed on first run)")
     agent.add_argument("--source", type=Path, help=".npz of raw samples ('x', optional 'y') or a folder of input files")
     agent.add_argument("--state-dir", type=Path, help="state folder (default runs/edge/DEVICE)")
@@ -227,7 +233,8 @@ def run_agent(args: argparse.Namespace) -> int:
     flags = {"device": args.device_id, "token_file": args.token_file, "fleet": args.fleet, "server": args.server,
              "broker": args.broker, "bundle": args.bundle, "source": args.source, "state_dir": args.state_dir,
              "period_s": args.period_s, "count": args.count, "trusted_keys": args.trust, "backend": args.backend,
-             "exit_when_done": args.exit_when_done}
+             "exit_when_done": args.exit_when_done, "ca_file": args.ca_file, "client_cert": args.client_cert,
+             "client_key": args.client_key}
     config = load_config(AgentConfig, args.config, args.set, flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     agent = Agent(config)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import paho.mqtt.client as mqtt
 
 from edge.outbox import Outbox
-from edge.protocol import SERVER_KINDS, Ack, Message, Status, encode, mqtt_address, topic
+from edge.protocol import SERVER_KINDS, Ack, Message, Status, TlsFiles, encode, mqtt_address, mqtt_tls, topic
 
 log = logging.getLogger("trickle.edge.link")
 
@@ -37,13 +37,16 @@ class Link:
     come within ``resend_s`` while the server acknowledges nothing at all."""
 
     def __init__(self, outbox: Outbox, device: str, token: str, broker: str, fleet: str = "default",
-                 on_ota: Callable[[bytes], None] | None = None, max_in_flight: int = 256, resend_s: float = 30.0) -> None:
+                 on_ota: Callable[[bytes], None] | None = None, max_in_flight: int = 256, resend_s: float = 30.0,
+                 tls: TlsFiles | None = None) -> None:
         self.host, self.port = mqtt_address(broker)
         self.outbox, self.on_ota = outbox, on_ota
         self.device, self.token, self.broker, self.fleet = device, token, broker, fleet
         self.max_in_flight, self.resend_s = max_in_flight, resend_s
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"trickle-{device}")
         self.client.username_pw_set(device, token)
+        if mqtt_tls(broker):
+            self.client.tls_set_context((tls or TlsFiles()).context())
         self.client.reconnect_delay_set(1, 30)
         self.client.max_inflight_messages_set(max_in_flight)
         self.client.max_queued_messages_set(0)

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import shutil
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -84,10 +85,10 @@ def self_test(runtime: Runtime, state_dir: Path) -> str | None:
 
 @retry(retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_attempt(3), wait=wait_fixed(2.0),
        before_sleep=before_sleep_log(log, logging.WARNING), reraise=True)
-def download(url: str, token: str) -> bytes:
+def download(url: str, token: str, verify: ssl.SSLContext | bool = True) -> bytes:
     """The body of ``url`` (the device's bearer token); a dropped or refused connection is tried
-    three times, an HTTP error status is not retried."""
-    response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=60.0)
+    three times, an HTTP error status is not retried. ``verify``: how an https:// server is checked."""
+    response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=60.0, verify=verify)
     response.raise_for_status()
     return response.content
 
@@ -98,8 +99,9 @@ class Ota:
     def __init__(self, state_dir: Path, trust: Sequence[Path], backend: str, server: str, token: str,
                  outbox: Outbox, first_bundle: Path | None = None,
                  report: Callable[[str, int | None, str], None] | None = None,
-                 applied: Callable[[int], None] | None = None) -> None:
+                 applied: Callable[[int], None] | None = None, verify: ssl.SSLContext | bool = True) -> None:
         self.state_dir, self.trust, self.backend = Path(state_dir), list(trust), backend
+        self.verify = verify  # how an https:// server is checked
         self.server, self.token, self.outbox = server, token, outbox
         self.report = report or (lambda event, version, detail: None)
         self.applied = applied or (lambda version: None)
@@ -165,7 +167,7 @@ class Ota:
         old_version = self.version
         if command.bundle_version < old_version:
             raise BundleError(f"bundle_version {command.bundle_version} is older than the running {old_version}")
-        content = download(self.server.rstrip("/") + command.path, self.token)
+        content = download(self.server.rstrip("/") + command.path, self.token, self.verify)
         if hashlib.sha256(content).hexdigest() != command.sha256:
             raise BundleError(f"downloaded bundle v{command.bundle_version} does not match the sha256 the server announced")
         name = f"bundles/v{command.bundle_version}.tar"

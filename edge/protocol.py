@@ -35,7 +35,10 @@ import hashlib
 import hmac
 import json
 import re
+import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
 from urllib.parse import urlsplit
 
@@ -301,13 +304,37 @@ def decode(name: str, payload: bytes, token_of: Callable[[str, str], str | None]
 
 
 def mqtt_address(url: str, field: str = "broker") -> tuple[str, int]:
-    """(host, port) of ``mqtt://HOST:PORT`` (port 1883 when not given); anything else is a
-    ConfigError naming ``field``."""
+    """(host, port) of ``mqtt://HOST:PORT`` (port 1883 when not given) or ``mqtts://HOST:PORT``
+    (MQTT over TLS, port 8883 when not given); anything else is a ConfigError naming ``field``."""
     parts = urlsplit(url)
     try:
-        port = 1883 if parts.port is None else parts.port
+        port = (8883 if parts.scheme == "mqtts" else 1883) if parts.port is None else parts.port
     except ValueError:  # a port that is not a number, or out of range
         port = 0
-    if parts.scheme != "mqtt" or not parts.hostname or not 1 <= port <= 65535:
-        raise ConfigError(field, url, "must be mqtt://HOST:PORT (PORT in 1..65535)")
+    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname or not 1 <= port <= 65535:
+        raise ConfigError(field, url, "must be mqtt://HOST:PORT or mqtts://HOST:PORT (PORT in 1..65535)")
     return parts.hostname, port
+
+
+def mqtt_tls(url: str) -> bool:
+    """Whether a broker URL asks for TLS (``mqtts://``)."""
+    return urlsplit(url).scheme == "mqtts"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """What a TLS client trusts and shows: ``ca_file`` (PEM; default the system's CAs), and for
+    mutual TLS its own ``cert_file`` and ``key_file``. Used for mqtts:// brokers and https:// servers."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def context(self) -> ssl.SSLContext:
+        try:
+            ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+            if self.cert_file is not None:
+                ctx.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError("tls", str(self.ca_file or self.cert_file), f"cannot be loaded ({e})") from None
+        return ctx

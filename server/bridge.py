@@ -53,12 +53,14 @@ from edge.protocol import (
     ProtocolError,
     Result,
     Status,
+    TlsFiles,
     VerifyCall,
     VerifyReply,
     VerifyRequest,
     VerifyResponse,
     decode,
     mqtt_address,
+    mqtt_tls,
     parse_topic,
     topic,
 )
@@ -115,7 +117,7 @@ def _reason(err: ProtocolError) -> str:
 
 class Bridge:
     def __init__(self, store: Store, broker: str, server_token: str, metrics: Metrics | None = None,
-                 max_batch: int = 2000, ack_every_s: float = 0.05) -> None:
+                 max_batch: int = 2000, ack_every_s: float = 0.05, tls: TlsFiles | None = None) -> None:
         self.store, self.address = store, BrokerAddress.parse(broker)
         self.metrics = metrics or Metrics()
         self.max_batch, self.ack_every_s = max_batch, ack_every_s
@@ -126,6 +128,8 @@ class Bridge:
         self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=SERVER_USER, clean_session=False,
                                    manual_ack=True)
         self._client.username_pw_set(SERVER_USER, server_token)
+        if mqtt_tls(broker):
+            self._client.tls_set_context((tls or TlsFiles()).context())
         self._client.reconnect_delay_set(1, 5)
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message

@@ -45,7 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                   "in --state-dir)")
     p.add_argument("--host", help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8080)")
-    p.add_argument("--broker", help="'embedded' (default) or mqtt://HOST:PORT of an external broker")
+    p.add_argument("--broker", help="'embedded' (default), or mqtt://HOST:PORT or mqtts://HOST:PORT (TLS) of an "
+                                    "external broker")
+    p.add_argument("--broker-ca-file", type=Path, metavar="PEM",
+                   help="CA certificates the bridge trusts for an mqtts:// --broker (default: the system's)")
+    p.add_argument("--broker-cert", type=Path, metavar="PEM",
+                   help="certificate the bridge shows an mqtts:// broker that asks for one (mutual TLS)")
+    p.add_argument("--broker-key", type=Path, metavar="PEM", help="the private key of --broker-cert")
     p.add_argument("--mqtt-host", help="embedded broker address (default 127.0.0.1)")
     p.add_argument("--mqtt-port", type=int, help="embedded broker port (default 1883)")
     p.add_argument("--trust", type=Path, action="append", metavar="PUBKEY",
@@ -76,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from edge.config import load_config
     from server.service import ServeConfig, Service
 
-    flags = {"state_dir": args.state_dir, "store": args.store, "host": args.host, "port": args.port, "broker": args.broker,
+    flags = {"state_dir": args.state_dir, "store": args.store, "broker_ca_file": args.broker_ca_file,
+             "broker_cert": args.broker_cert, "broker_key": args.broker_key, "host": args.host, "port": args.port,
+             "broker": args.broker,
              "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "llm": args.llm, "llm_draft": args.draft,
              "llm_draft_k": args.draft_k, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,

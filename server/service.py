@@ -29,6 +29,7 @@ from edge.bundle import load_public_key
 from edge.config import Config
 from edge.errors import ConfigError, LinkError
 from edge.files import write_secret
+from edge.protocol import TlsFiles
 from server.app import ServerState, create_app, ota_command
 from server.bridge import Bridge, BrokerAddress, Metrics
 from server.store import open_store
@@ -49,7 +50,14 @@ class ServeConfig(Config):
     port: int = Field(8080, ge=1, le=65535)
     """HTTP port."""
     broker: str = "embedded"
-    """``embedded`` (amqtt in this process) or ``mqtt://HOST:PORT`` of an external broker."""
+    """``embedded`` (amqtt in this process) or ``mqtt://HOST:PORT`` of an external broker
+    (``mqtts://HOST:PORT`` over TLS)."""
+    broker_ca_file: Path | None = None
+    """PEM CA certificates the bridge trusts for an mqtts:// broker (default: the system's)."""
+    broker_cert: Path | None = None
+    """PEM certificate the bridge shows an mqtts:// broker that asks for one (mutual TLS)."""
+    broker_key: Path | None = None
+    """The private key of broker_cert."""
     mqtt_host: str = Field("127.0.0.1", min_length=1)
     """Where the embedded broker listens."""
     mqtt_port: int = Field(1883, ge=1, le=65535)
@@ -85,7 +93,8 @@ class ServeConfig(Config):
             try:
                 BrokerAddress.parse(value)
             except ConfigError:
-                raise ConfigError("broker", value, "must be 'embedded' or mqtt://HOST:PORT (PORT in 1..65535)") from None
+                raise ConfigError("broker", value, "must be 'embedded', mqtt://HOST:PORT or mqtts://HOST:PORT "
+                                  "(PORT in 1..65535)") from None
         return value
 
     @model_validator(mode="after")
@@ -144,7 +153,8 @@ class Service:
         self.admin_token = config.admin_token or read_or_create_token(state_dir / "admin.token")
         self.server_token = read_or_create_token(state_dir / "server.token")
         metrics = Metrics()
-        self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics)
+        self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics,
+                             tls=TlsFiles(config.broker_ca_file, config.broker_cert, config.broker_key))
         self.bridge.on_connected.append(self._announce_assignments)
         llm = None
         if config.llm is not None:

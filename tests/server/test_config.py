@@ -26,7 +26,7 @@ def test_the_serve_config_keeps_its_defaults_and_takes_keywords() -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     ({"port": 0}, "port = 0: should be greater than or equal to 1"),
     ({"mqtt_port": 65536}, "mqtt_port = 65536"),
-    ({"broker": "tcp://h:1"}, "broker = 'tcp://h:1': must be 'embedded' or mqtt://HOST:PORT"),
+    ({"broker": "tcp://h:1"}, "broker = 'tcp://h:1': must be 'embedded', mqtt://HOST:PORT or mqtts://HOST:PORT"),
     ({"tls_cert": "c.pem"}, "tls_cert = 'c.pem': needs tls_key too"),
     ({"data_dir": "x"}, "data_dir = 'x': Extra inputs are not permitted"),
     ({"llm_tree": "5x2"}, "llm_tree = '5x2': String should match pattern"),
