@@ -8,14 +8,19 @@ beforehand) at QoS 1 from its own ``mosquitto_pub -l``; a message's publish time
 interpolated over its publisher's run, and publish-to-stored latency is the store's
 ``stored_s`` minus it. Through the embedded broker the devices use the agent's link instead
 (outbox, end-to-end acks): amqtt acknowledges a message before it is safely queued and drops
-it if the publisher leaves at once, which a raw publisher would do. Two brokers:
-Mosquitto (Debian's, started here) and the server's embedded amqtt broker. The raw Mosquitto
-rate — the same publishers, one plain QoS-1 subscriber, no server — is the ratio's baseline.
-Keys of bench/results/link.json (goals in GOALS), for Mosquitto:
+it if the publisher leaves at once, which a raw publisher would do; the link batches a
+backlog, many messages per publish. Configurations: Mosquitto (Debian's, started here) with
+SQLite, the same at half the measured rate (publishers paced, each message timed as it is
+handed over), Mosquitto with a throwaway PostgreSQL (fsync on; skipped without the
+postgresql package), and the server's embedded amqtt broker. The raw Mosquitto rate — the
+same publishers, one plain QoS-1 subscriber, no server — is the ratio's baseline. Keys of
+bench/results/link.json (goals in GOALS):
 
-- messages_per_second_stored: messages / (last stored - first published).
-- p50_latency_s, p99_latency_s: publish to committed in SQLite.
-- lost: published - distinct keys stored; duplicated: keys stored more than once (both must be 0).
+- messages_per_second_stored (Mosquitto, SQLite): messages / (last stored - first published);
+  embedded_messages_per_second_stored, postgres_messages_per_second_stored: the same for those.
+- p50_latency_s, p99_latency_s: publish to committed, at full speed (a backlog);
+  p99_latency_s_at_half_load: the same with publishers at half the measured capacity.
+- lost: published - distinct keys stored; duplicated: keys stored more than once (every run; both must be 0).
 - ratio_vs_raw_mosquitto: messages_per_second_stored / the raw Mosquitto rate.
 """
 
@@ -25,7 +30,6 @@ import json
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -44,7 +48,9 @@ from edge.tables import console_table
 from server.service import free_port
 
 RESULTS = Path(__file__).parent / "results"
-GOALS = {"messages_per_second_stored": (">=", 5000.0), "lost": ("<=", 0), "duplicated": ("<=", 0)}
+GOALS = {"messages_per_second_stored": (">=", 5000.0), "embedded_messages_per_second_stored": (">=", 2000.0),
+         "postgres_messages_per_second_stored": (">=", 5000.0), "p99_latency_s_at_half_load": ("<=", 0.2),
+         "lost": ("<=", 0), "duplicated": ("<=", 0)}
 
 
 def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -66,9 +72,10 @@ def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
     return proc, port
 
 
-def _server(folder: Path, broker: str, mqtt_port: int) -> tuple[subprocess.Popen[bytes], str]:
+def _server(folder: Path, broker: str, mqtt_port: int, store: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(folder), "--port", str(port), "--broker", broker]
+    cmd += ["--store", store] if store else []
     if broker == "embedded":
         cmd += ["--mqtt-port", str(mqtt_port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -124,6 +131,37 @@ def _publish(broker_port: int, devices: list[tuple[str, str]], messages: int, fo
     return start, sent
 
 
+def _publish_paced(broker_port: int, devices: list[tuple[str, str]], messages: int, folder: Path, rate_per_s: float
+                   ) -> tuple[float, dict[str, float]]:
+    """The same publishers fed one line at a time at ``rate_per_s`` messages/s in all (a steady
+    load); a message's publish time is when its line was handed to its publisher."""
+    files = _payload_files(folder, devices, messages)
+    procs = []
+    for device, token in devices:
+        cmd = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1", "-i", f"bench-{device}",
+               "-u", device, "-P", token, "-t", topic("bench", device, "telemetry"), "-l"]
+        procs.append((device, files[device].read_bytes().splitlines(keepends=True),
+                      subprocess.Popen(cmd, stdin=subprocess.PIPE)))
+    time.sleep(0.5)  # connected
+    sent: dict[str, float] = {}
+    start = time.time()
+    tick = len(devices) / rate_per_s
+    for i in range(messages):
+        wake = start + i * tick
+        time.sleep(max(0.0, wake - time.time()))
+        for device, lines, proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(lines[i])
+            proc.stdin.flush()
+            sent[f"{device}:{i}"] = time.time()
+    for device, _, proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        if proc.wait(600) != 0:
+            raise RuntimeError(f"mosquitto_pub for {device} exited {proc.returncode}")
+    return start, sent
+
+
 def _raw_rate(broker_port: int, n_devices: int, messages: int, folder: Path) -> float:
     """Messages/s from the same publishers to one ``mosquitto_sub`` (QoS 1), no server."""
     total = n_devices * messages
@@ -160,27 +198,34 @@ def _register(url: str, data: Path, n: int) -> list[tuple[str, str]]:
     return out
 
 
-def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int) -> dict[str, Any]:
+def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int, store: str | None = None,
+         rate_per_s: float | None = None) -> dict[str, Any]:
+    """One configuration: the server on ``broker`` (and ``store``, default SQLite), n devices x m
+    messages, published as fast as the publishers go (or paced at ``rate_per_s``)."""
+    from server.store import open_store
+
     data = folder / name
-    proc, url = _server(data, broker, broker_port)
+    proc, url = _server(data, broker, broker_port, store)
     try:
         devices = _register(url, data, n)
         work = folder / f"{name}-publishers"
         work.mkdir()
-        if name == "embedded":
+        if broker == "embedded":
             start, sent = _publish_agents(url, broker_port, devices, m, work)
+        elif rate_per_s is not None:
+            start, sent = _publish_paced(broker_port, devices, m, work, rate_per_s)
         else:
             start, sent = _publish(broker_port, devices, m, work)
         total = n * m
-        db = sqlite3.connect(data / "trickle.sqlite")
+        db = open_store(store or data / "trickle.sqlite")
 
         @retry(retry=retry_if_result(lambda done: not done), stop=stop_after_delay(600), wait=wait_fixed(0.2),
                retry_error_callback=lambda state: False)
         def all_stored() -> bool:  # what is missing after the wait counts as lost
-            return int(db.execute("SELECT COUNT(*) FROM messages WHERE kind = 'telemetry'").fetchone()[0]) >= total
+            return db.message_counts().get("telemetry", 0) >= total
 
         all_stored()
-        rows = db.execute("SELECT key, stored_s FROM messages WHERE kind = 'telemetry'").fetchall()
+        rows = db.stored_times("telemetry")
         keys = [k for k, _ in rows]
         latency = np.array([stored_s - sent[k] for k, stored_s in rows])
         last = max(stored_s for _, stored_s in rows) if rows else start
@@ -188,7 +233,8 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    return {"broker": name, "devices": n, "messages_per_device": m, "published": total,
+    return {"broker": name, "store": "postgresql" if store else "sqlite", "devices": n, "messages_per_device": m,
+            "published": total, "rate_per_s": rate_per_s,
             "stored": len(set(keys)), "lost": total - len(set(keys)), "duplicated": len(keys) - len(set(keys)),
             "messages_per_second_stored": len(set(keys)) / (last - start),
             "p50_latency_s": float(np.percentile(latency, 50)) if len(latency) else None,
@@ -209,14 +255,28 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
             raw = _raw_rate(port, n, m, folder / "raw")
             print(f"server behind Mosquitto: {n} devices x {m} messages ...", flush=True)
             runs.append(_run("mosquitto", f"mqtt://127.0.0.1:{port}", port, folder, n, m))
+            half = runs[0]["messages_per_second_stored"] / 2
+            print(f"server behind Mosquitto at half that load ({half:.0f} msg/s) ...", flush=True)
+            runs.append(_run("mosquitto-half-load", f"mqtt://127.0.0.1:{port}", port, folder, n, m, rate_per_s=half))
+            from server.pgtemp import available, temporary_postgres
+
+            if available():
+                print(f"server behind Mosquitto, PostgreSQL store: {n} devices x {m} messages ...", flush=True)
+                with temporary_postgres(fsync=True) as pg:
+                    runs.append(_run("mosquitto-postgresql", f"mqtt://127.0.0.1:{port}", port, folder, n, m, store=pg))
         finally:
             broker.terminate()
             broker.wait(10)
         print(f"server with its embedded broker: {n} devices x {m} messages ...", flush=True)
         runs.append(_run("embedded", "embedded", free_port(), folder, n, m))
-    main_run = runs[0]
+    by = {r["broker"]: r for r in runs}
+    main_run = by["mosquitto"]
     out: dict[str, Any] = {
         "messages_per_second_stored": main_run["messages_per_second_stored"],
+        "embedded_messages_per_second_stored": by["embedded"]["messages_per_second_stored"],
+        "postgres_messages_per_second_stored": by["mosquitto-postgresql"]["messages_per_second_stored"]
+        if "mosquitto-postgresql" in by else None,
+        "p99_latency_s_at_half_load": by["mosquitto-half-load"]["p99_latency_s"],
         "p50_latency_s": main_run["p50_latency_s"], "p99_latency_s": main_run["p99_latency_s"],
         "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
         "raw_mosquitto_messages_per_second": raw,
@@ -228,6 +288,9 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     print("\n" + console_table(rows, headers=["broker", "stored/s", "p50 s", "p99 s", "lost", "dup"], align="lrrrrr"))
     print(f"raw Mosquitto (no server): {raw:.0f} msg/s; stored / raw = {out['ratio_vs_raw_mosquitto']:.3f}")
     for key, (op, goal) in GOALS.items():
+        if out[key] is None:
+            print(f"{key:32s} not measured (no PostgreSQL here)")
+            continue
         ok = out[key] <= goal if op == "<=" else out[key] >= goal
         print(f"{key:32s} {out[key]:10.4g}  {'✔' if ok else '✘'} (goal {op} {goal:g})")
     path = results_dir / ("link-quick.json" if quick else "link.json")

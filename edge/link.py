@@ -25,7 +25,23 @@ from collections.abc import Callable
 import paho.mqtt.client as mqtt
 
 from edge.outbox import Outbox
-from edge.protocol import SERVER_KINDS, Ack, Message, Status, TlsFiles, encode, mqtt_address, mqtt_tls, topic
+from edge.protocol import (
+    BATCH_KIND,
+    DEVICE_KINDS,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ITEMS,
+    SERVER_KINDS,
+    Ack,
+    Message,
+    Status,
+    TlsFiles,
+    encode,
+    encode_batch,
+    mqtt_address,
+    mqtt_tls,
+    parse_topic,
+    topic,
+)
 
 log = logging.getLogger("trickle.edge.link")
 
@@ -38,11 +54,12 @@ class Link:
 
     def __init__(self, outbox: Outbox, device: str, token: str, broker: str, fleet: str = "default",
                  on_ota: Callable[[bytes], None] | None = None, max_in_flight: int = 256, resend_s: float = 30.0,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, batch: int = 64) -> None:
         self.host, self.port = mqtt_address(broker)
         self.outbox, self.on_ota = outbox, on_ota
         self.device, self.token, self.broker, self.fleet = device, token, broker, fleet
         self.max_in_flight, self.resend_s = max_in_flight, resend_s
+        self.batch = max(1, min(batch, MAX_BATCH_ITEMS))  # messages per publish when a backlog waits
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"trickle-{device}")
         self.client.username_pw_set(device, token)
         if mqtt_tls(broker):
@@ -55,7 +72,7 @@ class Link:
         self.client.on_publish = self._on_publish
         self.client.on_message = self._on_message
         self._cond = threading.Condition()
-        self._in_flight: dict[int, int] = {}  # mid -> outbox seq
+        self._in_flight: dict[int, list[int]] = {}  # mid -> the outbox seqs it carries (a batch: several)
         self._early: dict[int, float] = {}  # mid -> when its PUBACK came before the sender recorded it
         self._awaiting: dict[int, float] = {}  # seq -> when the broker acknowledged it (server ack pending)
         self._last_ack = time.monotonic()  # when the server last acknowledged anything
@@ -130,12 +147,17 @@ class Link:
     def _on_publish(self, client: mqtt.Client, userdata: object, mid: int, reason: mqtt.ReasonCode,
                     properties: object) -> None:
         with self._cond:
-            seq = self._in_flight.pop(mid, None)
-            if seq is None:  # acknowledged before the sender recorded it (or a previous session's)
+            seqs = self._in_flight.pop(mid, None)
+            if seqs is None:  # acknowledged before the sender recorded it (or a previous session's)
                 self._early[mid] = time.monotonic()
             else:
-                self._awaiting[seq] = time.monotonic()
+                now = time.monotonic()
+                for seq in seqs:
+                    self._awaiting[seq] = now
             self._cond.notify_all()
+
+    def _in_flight_count(self) -> int:
+        return sum(map(len, self._in_flight.values()))
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         if msg.topic.endswith("/ack"):
@@ -155,11 +177,11 @@ class Link:
         """Messages to publish now (never-sent ones first, then those whose server ack is overdue);
         None once stopped. Waits while disconnected or while the window is full."""
         with self._cond:
-            while not self._stop and (not self._connected or len(self._in_flight) >= self.max_in_flight):
+            while not self._stop and (not self._connected or self._in_flight_count() >= self.max_in_flight):
                 self._cond.wait(0.5)
             if self._stop:
                 return None
-            room = self.max_in_flight - len(self._in_flight)
+            room = self.max_in_flight - self._in_flight_count()
             after = self._sent_up_to
             now = time.monotonic()
             # resend only when the server has gone quiet: while its acks keep coming it is working
@@ -180,16 +202,40 @@ class Link:
                 with self._cond:
                     self._cond.wait(0.2)
                 continue
-            for seq, name, payload in rows:
-                info = self.client.publish(name, payload, qos=1)
+            for chunk in self._chunks(rows):
+                seqs = [seq for seq, _, _ in chunk]
+                if len(chunk) == 1:
+                    info = self.client.publish(chunk[0][1], chunk[0][2], qos=1)
+                else:  # a backlog: one publish carries many (each keeps its key and signature)
+                    payload = encode_batch([(parse_topic(name).kind, body) for _, name, body in chunk])
+                    info = self.client.publish(topic(self.fleet, self.device, BATCH_KIND), payload, qos=1)
                 if info.rc != mqtt.MQTT_ERR_SUCCESS:
                     break
                 with self._cond:
-                    self._sent_up_to = max(self._sent_up_to, seq)
+                    self._sent_up_to = max(self._sent_up_to, *seqs)
                     if self._early.pop(info.mid, None) is None:
-                        self._in_flight[info.mid] = seq
+                        self._in_flight[info.mid] = seqs
                     else:
-                        self._awaiting[seq] = time.monotonic()
+                        now = time.monotonic()
+                        for seq in seqs:
+                            self._awaiting[seq] = now
+
+    def _chunks(self, rows: list[tuple[int, str, bytes]]) -> list[list[tuple[int, str, bytes]]]:
+        """Rows grouped into publishes: up to ``batch`` messages of the kinds a batch carries, within
+        the batch size limit; anything else (a request, a retained status) alone."""
+        chunks: list[list[tuple[int, str, bytes]]] = []
+        size = 0
+        for row in rows:
+            batchable = parse_topic(row[1]).kind in DEVICE_KINDS and self.batch > 1
+            last = chunks[-1] if chunks else None
+            if (batchable and last is not None and parse_topic(last[0][1]).kind in DEVICE_KINDS and len(last) < self.batch
+                    and size + len(row[2]) + 64 < MAX_BATCH_BYTES):
+                last.append(row)
+                size += len(row[2]) + 64
+            else:
+                chunks.append([row])
+                size = len(row[2]) + 64
+        return chunks
 
     def drained(self) -> bool:
         return len(self.outbox) == 0

@@ -51,10 +51,13 @@ ROOT = f"trickle/v{VERSION}"
 DEVICE_KINDS = ("telemetry", "result", "status", "event")  # stored by the server
 REQUEST_KINDS = ("verify",)  # device → server requests, answered at once, never stored
 SERVER_KINDS = ("ota", "cmd", "ack", "verified")
-SERVER_SUBSCRIPTIONS = [f"{ROOT}/+/+/{kind}" for kind in DEVICE_KINDS]  # the bridge: what every device sends
+BATCH_KIND = "batch"  # transport only: several signed device messages in one publish (encode_batch)
+SERVER_SUBSCRIPTIONS = [f"{ROOT}/+/+/{kind}" for kind in (*DEVICE_KINDS, BATCH_KIND)]  # the bridge: what devices send
 REQUEST_SUBSCRIPTIONS = [f"{ROOT}/+/+/{kind}" for kind in REQUEST_KINDS]  # QoS 0
 MAX_PAYLOAD_BYTES = 8192
 MAX_REQUEST_BYTES = 1 << 18  # a verification that resends a long history
+MAX_BATCH_BYTES = 1 << 18
+MAX_BATCH_ITEMS = 256
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 ROUTES = {
@@ -87,7 +90,7 @@ def _check_name(what: str, value: str) -> str:
     return value
 
 
-KINDS = DEVICE_KINDS + REQUEST_KINDS + SERVER_KINDS
+KINDS = (*DEVICE_KINDS, *REQUEST_KINDS, *SERVER_KINDS, BATCH_KIND)
 
 
 def topic(fleet: str, device: str, kind: str) -> str:
@@ -109,7 +112,7 @@ def parse_topic(name: str) -> Topic:
 
 def device_topics(fleet: str, device: str) -> dict[str, list[str]]:
     """What a device may publish and subscribe to (the broker ACL and the bridge enforce it)."""
-    return {"publish": [topic(fleet, device, k) for k in DEVICE_KINDS + REQUEST_KINDS],
+    return {"publish": [topic(fleet, device, k) for k in (*DEVICE_KINDS, *REQUEST_KINDS, BATCH_KIND)],
             "subscribe": [topic(fleet, device, k) for k in SERVER_KINDS]}
 
 
@@ -301,6 +304,50 @@ def decode(name: str, payload: bytes, token_of: Callable[[str, str], str | None]
     if not hmac.compare_digest(sig, signature(body, token).encode()):
         raise ProtocolError(f"bad signature from {where.device!r}")
     return where, message
+
+
+class _BatchItem(_Strict):
+    kind: Literal["telemetry", "result", "status", "event"]
+    payload: str = Field(max_length=MAX_PAYLOAD_BYTES)
+
+
+class _Batch(_Strict):
+    v: Literal[1] = 1
+    items: list[_BatchItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+
+
+def encode_batch(items: list[tuple[str, bytes]]) -> bytes:
+    """One publish carrying several messages, each (kind, its signed payload as ``encode`` made it):
+    the transport batches a backlog so a broker handles one message instead of many. Each item
+    keeps its own key and signature; the server stores and acknowledges them one by one."""
+    batch = _Batch(items=[_BatchItem(kind=kind, payload=payload.decode()) for kind, payload in items])
+    return batch.model_dump_json().encode()
+
+
+def decode_batch(name: str, payload: bytes, token_of: Callable[[str, str], str | None]
+                 ) -> list[tuple[Topic, Message, bytes] | ProtocolError]:
+    """The messages of a batch published on ``name`` (a device's batch topic), each checked as
+    ``decode`` checks it under the device's own topic for its kind: (topic, message, payload), or
+    the ProtocolError that item raised. The batch itself wrong raises ProtocolError."""
+    where = parse_topic(name)
+    if where.kind != BATCH_KIND:
+        raise ProtocolError(f"topic {name!r}: not a batch topic")
+    if len(payload) > MAX_BATCH_BYTES:
+        raise ProtocolError(f"payload of {len(payload)} bytes: over the limit of {MAX_BATCH_BYTES}")
+    try:
+        batch = _Batch.model_validate_json(payload)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ProtocolError(f"batch schema: {'.'.join(map(str, first['loc'])) or 'message'}: {first['msg']}") from None
+    out: list[tuple[Topic, Message, bytes] | ProtocolError] = []
+    for item in batch.items:
+        body = item.payload.encode()
+        try:
+            inner, message = decode(topic(where.fleet, where.device, item.kind), body, token_of)
+            out.append((inner, message, body))
+        except ProtocolError as err:
+            out.append(err)
+    return out
 
 
 def mqtt_address(url: str, field: str = "broker") -> tuple[str, int]:

@@ -43,6 +43,7 @@ from tenacity import (
 )
 
 from edge.protocol import (
+    BATCH_KIND,
     DEVICE_KINDS,
     REQUEST_KINDS,
     REQUEST_SUBSCRIPTIONS,
@@ -59,6 +60,7 @@ from edge.protocol import (
     VerifyRequest,
     VerifyResponse,
     decode,
+    decode_batch,
     mqtt_address,
     mqtt_tls,
     parse_topic,
@@ -123,7 +125,8 @@ class Bridge:
         self.max_batch, self.ack_every_s = max_batch, ack_every_s
         self._unacked: dict[str, list[str]] = {}  # device -> keys stored, not yet acknowledged to it
         self._acks_sent = time.monotonic()
-        self._queue: queue.Queue[tuple[Incoming, int, int] | None] = queue.Queue()
+        # units to store: the messages of one MQTT publish (one, or a batch's), its mid and QoS
+        self._queue: queue.Queue[tuple[list[Incoming], int, int] | None] = queue.Queue()
         self._tokens: dict[str, tuple[str, str]] = {}  # device -> (fleet, token)
         self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=SERVER_USER, clean_session=False,
                                    manual_ack=True)
@@ -193,6 +196,9 @@ class Bridge:
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         received_s = time.time()
         self._last_received = time.monotonic()
+        if msg.topic.endswith(f"/{BATCH_KIND}"):
+            self._on_batch(client, msg, received_s)
+            return
         try:
             payload = bytes(msg.payload)
             where, message = decode(msg.topic, payload, self._token_of)
@@ -209,7 +215,34 @@ class Bridge:
             self._requests.submit(self._verify, where.fleet, where.device, message)
             return
         self.metrics.lag.inc()
-        self._queue.put((_incoming(where.kind, message, payload, received_s), msg.mid, msg.qos))
+        self._queue.put(([_incoming(where.kind, message, payload, received_s)], msg.mid, msg.qos))
+
+    def _on_batch(self, client: mqtt.Client, msg: mqtt.MQTTMessage, received_s: float) -> None:
+        """A device's batch: each item checked on its own (a bad one is counted and dropped), the
+        good ones stored together and the publish acknowledged once they are."""
+        try:
+            items = decode_batch(msg.topic, bytes(msg.payload), self._token_of)
+        except ProtocolError as err:
+            reason = _reason(err)
+            self.metrics.rejected.labels(reason).inc()
+            log.warning("rejected a batch on %s (%s): %s", msg.topic, reason, err)
+            client.ack(msg.mid, msg.qos)
+            return
+        unit = []
+        for item in items:
+            if isinstance(item, ProtocolError):
+                reason = _reason(item)
+                self.metrics.rejected.labels(reason).inc()
+                log.warning("rejected a message in a batch on %s (%s): %s", msg.topic, reason, item)
+                continue
+            where, message, payload = item
+            self._received[where.kind].inc()
+            unit.append(_incoming(where.kind, message, payload, received_s))
+        if not unit:
+            client.ack(msg.mid, msg.qos)
+            return
+        self.metrics.lag.inc(len(unit))
+        self._queue.put((unit, msg.mid, msg.qos))
 
     def _reply(self, fleet: str, device: str, reply: VerifyReply) -> None:
         self._client.publish(topic(fleet, device, "verified"), reply.model_dump_json(exclude_none=True).encode(), qos=0)
@@ -277,29 +310,31 @@ class Bridge:
         """Store a batch; a locked or full disk is tried again for up to ``STORE_RETRY_S``."""
         return self.store.add_messages(messages)
 
-    def _commit(self, batch: list[tuple[Incoming, int, int]]) -> None:
+    def _commit(self, batch: list[tuple[list[Incoming], int, int]]) -> None:
         """Store a batch, then acknowledge its messages to the broker. If the disk stays locked or
         full, the batch is logged and left unacknowledged, and the bridge reconnects: its session
         is persistent, so the broker delivers every unacknowledged message again (devices also
         keep them in their outboxes until the server acknowledges them). Any other error is a bug
         and propagates."""
+        messages = [m for unit, _, _ in batch for m in unit]
         try:
-            new = self._store([m for m, _, _ in batch])
+            new = self._store(messages)
         except STORE_ERRORS:
             log.exception("storing %d messages failed for %.0f s; reconnecting so the broker delivers them again",
-                          len(batch), STORE_RETRY_S)
-            self.metrics.lag.dec(len(batch))
+                          len(messages), STORE_RETRY_S)
+            self.metrics.lag.dec(len(messages))
             self._client.reconnect()
             return
         now = time.time()
-        for message, mid, qos in batch:
+        for unit, mid, qos in batch:
             self._client.ack(mid, qos)
-            self.metrics.latency.observe(now - message.received_s)
-            self._unacked.setdefault(message.device, []).append(message.key)
+            for message in unit:
+                self.metrics.latency.observe(now - message.received_s)
+                self._unacked.setdefault(message.device, []).append(message.key)
         self.metrics.stored.inc(new)
         self.metrics.stored_count += new
-        self.metrics.duplicates.inc(len(batch) - new)
-        self.metrics.lag.dec(len(batch))
+        self.metrics.duplicates.inc(len(messages) - new)
+        self.metrics.lag.dec(len(messages))
 
     def _send_acks(self) -> None:
         """End to end: tell each device which of its keys are stored, so it may forget them."""

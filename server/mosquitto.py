@@ -19,8 +19,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
 from pathlib import Path
 
+from edge.errors import LinkError
 from edge.files import write_atomic, write_secret
 from edge.protocol import ROOT, device_topics
 from server.bridge import SERVER_USER
@@ -61,3 +67,54 @@ def write_mosquitto_config(store: Store, server_token: str, folder: Path) -> lis
     write_atomic(paths[2], f"# include beside your listeners\nallow_anonymous false\npassword_file {paths[0].resolve()}\n"
                            f"acl_file {paths[1].resolve()}\n")
     return paths
+
+
+class Mosquitto:
+    """A Mosquitto on a free loopback port using the files ``write_mosquitto_config`` writes in
+    ``folder`` (its own configuration, persistence and log beside them); ``reload`` after writing
+    them again (SIGHUP). Used by ``trickle demo`` when Mosquitto is installed."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> Mosquitto:
+        from server.service import free_port
+
+        binary = shutil.which("mosquitto")
+        if binary is None:
+            raise LinkError("mosquitto not found: apt-get install mosquitto")
+        self.port = free_port()
+        conf = self.folder / "broker.conf"
+        run_as = "user root\n" if os.geteuid() == 0 else ""  # as root it would drop to a user that cannot read the files
+        write_atomic(conf, f"listener {self.port} 127.0.0.1\n{run_as}max_inflight_messages 1000\n"
+                           f"max_queued_messages 1000000\n" + (self.folder / "mosquitto.conf").read_text())
+        with open(self.folder / "mosquitto.log", "ab") as log:
+            self.proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LinkError(f"mosquitto exited ({self.proc.returncode}); see {self.folder / 'mosquitto.log'}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.05)
+        self.stop()
+        raise LinkError(f"mosquitto did not listen on port {self.port} within {timeout_s:g} s")
+
+    def reload(self) -> None:
+        """Read the password file and ACL again (after new devices were written into them)."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGHUP)
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None

@@ -220,6 +220,10 @@ class Store:
         rows = self._all(query + " ORDER BY ts_s, key LIMIT ?", (*args, limit))
         return [json.loads(body) for (body,) in rows]
 
+    def stored_times(self, kind: str) -> list[tuple[str, float]]:
+        """(key, stored_s) of every message of ``kind`` (what the link benchmark times)."""
+        return [(k, float(t)) for k, t in self._all("SELECT key, stored_s FROM messages WHERE kind = ?", (kind,))]
+
     def message_counts(self) -> dict[str, int]:
         return {kind: int(n) for kind, n in self._all("SELECT kind, COUNT(*) FROM messages GROUP BY kind")}
 

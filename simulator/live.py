@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
 from edge.errors import LinkError
@@ -65,9 +66,11 @@ def register(server: str, admin_token: str, fleet: str, node_ids: list[int], sta
     return tokens
 
 
-def node_messages(result: SimulationResult, fleet: str, labels: list[str],
-                  bundle_version: int) -> dict[str, list[tuple[str, Message]]]:
-    """(kind, message) per device: a result per finished task, a final telemetry of the node."""
+def node_messages(result: SimulationResult, fleet: str, labels: list[str], bundle_version: int,
+                  telemetry_every_s: float = 600.0) -> dict[str, list[tuple[str, Message]]]:
+    """(kind, message) per device: a result per finished task; a telemetry every
+    ``telemetry_every_s`` of simulated time (power failures so far, and the capacitor's voltage
+    where the node's trace was recorded, ``nodes.record_traces``); a final telemetry of the node."""
     model = result.model
     if model is None:
         raise LiveError("a live simulation needs a model (a bundle) to report results")
@@ -86,6 +89,16 @@ def node_messages(result: SimulationResult, fleet: str, labels: list[str],
                 key=f"{device}:result:{event}", device=device, ts_s=done_s, label=str(labels[k]), class_index=k,
                 variant=f"int{v.bits}-d{round(v.drop * 100):02d}", bundle_version=bundle_version, latency_s=latency_s,
                 correct=bool(in_time and v.correct[sample]))))
+        failures = np.zeros(0) if r.off_at_s is None else np.asarray(r.off_at_s)
+        trace_t = np.asarray(r.trace["time_s"]) if r.trace else None
+        trace_v = np.asarray(r.trace["voltage_v"]) if r.trace else None
+        for k, t in enumerate(np.arange(telemetry_every_s, result.scenario.run.duration_s, telemetry_every_s)):
+            voltage = None
+            if trace_t is not None and trace_v is not None and len(trace_t):
+                voltage = float(trace_v[max(int(np.searchsorted(trace_t, t, side="right")) - 1, 0)])
+            messages.append(("telemetry", Telemetry(key=f"{device}:telemetry:{k}", device=device, ts_s=float(t),
+                                                    voltage_v=voltage,
+                                                    power_cycles=int(np.searchsorted(failures, t, side="right")))))
         st = r.stats
         messages.append(("telemetry", Telemetry(
             key=f"{device}:telemetry:final", device=device, ts_s=result.scenario.run.duration_s, voltage_v=st.v_final_v,

@@ -30,7 +30,7 @@ def token_of(fleet: str, device: str) -> str | None:
 def test_topics_round_trip_and_bad_names_are_refused() -> None:
     assert parse_topic(topic("f", "a", "result")) == ("f", "a", "result")
     assert device_topics("f", "a") == {"publish": [f"trickle/v1/f/a/{k}" for k in ("telemetry", "result", "status", "event",
-                                                                                   "verify")],
+                                                                                   "verify", "batch")],
                                        "subscribe": [f"trickle/v1/f/a/{k}" for k in ("ota", "cmd", "ack", "verified")]}
     for bad in ("trickle/v1/f/a", "trickle/v2/f/a/result", "trickle/v1/f/a/nope", "trickle/v1/f/a b/result"):
         with pytest.raises(ProtocolError):
@@ -152,3 +152,26 @@ def test_a_verification_call_is_signed_and_may_be_larger() -> None:
         decode("trickle/v1/f/a/verify", encode(VerifyCall(key="c1", device="a", ts_s=1.0, request=long), "token-b"), token_of)
     with pytest.raises(ProtocolError, match="published under"):
         decode("trickle/v1/f/b/verify", payload, token_of)
+
+
+def test_a_batch_carries_signed_messages_each_checked_on_its_own() -> None:
+    from edge.protocol import MAX_BATCH_BYTES, Telemetry, decode_batch, encode, encode_batch
+
+    def telemetry(device: str, i: int, token: str) -> bytes:
+        return encode(Telemetry(key=f"{device}:t:{i}", device=device, ts_s=float(i), voltage_v=2.5), token)
+
+    good = [("telemetry", telemetry("a", i, "token-a")) for i in range(3)]
+    forged = ("telemetry", telemetry("b", 9, "token-b"))  # b's message in a's batch
+    unsigned = ("telemetry", telemetry("a", 7, "wrong-token"))
+    items = decode_batch(topic("f", "a", "batch"), encode_batch([*good, forged, unsigned]), token_of)
+    assert [m[1].key for m in items[:3] if not isinstance(m, ProtocolError)] == ["a:t:0", "a:t:1", "a:t:2"]
+    assert isinstance(items[3], ProtocolError) and "published under 'a'" in str(items[3])
+    assert isinstance(items[4], ProtocolError) and "bad signature" in str(items[4])
+    ok = items[0]
+    assert not isinstance(ok, ProtocolError) and ok[2] == good[0][1]  # the item's own signed bytes, as stored
+    with pytest.raises(ProtocolError, match="not a batch topic"):
+        decode_batch(topic("f", "a", "result"), encode_batch(good), token_of)
+    with pytest.raises(ProtocolError, match="over the limit"):
+        decode_batch(topic("f", "a", "batch"), b" " * (MAX_BATCH_BYTES + 1), token_of)
+    with pytest.raises(ProtocolError, match="batch schema"):
+        decode_batch(topic("f", "a", "batch"), b'{"v": 1, "items": [{"kind": "verify", "payload": "{}"}]}', token_of)

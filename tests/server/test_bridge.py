@@ -25,8 +25,8 @@ class FlakyStore(Store):
         return super().add_messages(batch)
 
 
-def _batch(n: int) -> list[tuple[Incoming, int, int]]:
-    return [(Incoming(f"d:telemetry:{i}", "d", "telemetry", 1.0, 1.0, "{}"), i + 1, 1) for i in range(n)]
+def _batch(n: int) -> list[tuple[list[Incoming], int, int]]:
+    return [([Incoming(f"d:telemetry:{i}", "d", "telemetry", 1.0, 1.0, "{}")], i + 1, 1) for i in range(n)]
 
 
 def test_a_locked_database_is_tried_again_then_stored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
