@@ -92,7 +92,8 @@ def to_json(result: SimulationResult) -> str:
 
 def write_outputs(result: SimulationResult, out_dir: str | Path, plots: bool = True) -> list[Path]:
     """results.json, report.md, cycles.csv, traces/node-N.csv (the nodes ``nodes.record_traces``
-    names) and (optionally) plots/*.png in ``out_dir``; returns the paths."""
+    names) and (optionally) plots/*.png and report.html (interactive, self-contained) in
+    ``out_dir``; returns the paths."""
     out = Path(out_dir)
     written = [out / "results.json", out / "report.md", out / "cycles.csv"]
     write_atomic(written[0], to_json(result))
@@ -102,6 +103,8 @@ def write_outputs(result: SimulationResult, out_dir: str | Path, plots: bool = T
             written.append(write_atomic(out / "traces" / f"node-{r.node_id}.csv", trace_csv(r.trace)))
     images = write_plots(result, out / "plots") if plots else []
     write_atomic(written[1], markdown(result, [p.relative_to(out) for p in images]))
+    if plots:
+        images.append(write_html(result, out / "report.html"))
     return written + images
 
 
@@ -315,3 +318,65 @@ def _cycles_figure(result: SimulationResult, periods: list[tuple[np.ndarray, np.
     fig.suptitle(f"{result.scenario.name}: power cycles", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ---- one self-contained HTML page with interactive plots (Plotly) -------------------------------
+
+HTML_POINTS = 4000  # per traced node: the voltage trace is thinned to at most this many points
+
+
+def write_html(result: SimulationResult, path: Path) -> Path:
+    """``report.html``: the summary and interactive plots (zoom, hover, toggle nodes) in one file
+    that needs nothing else (plotly.js inlined once). Plot ids are fixed, so the same result
+    writes the same bytes."""
+    import html
+
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    s = result.summary
+    figures: list[tuple[str, Any]] = []
+    traced = [r for r in result.nodes if r.trace is not None]
+    scale, label = _hours_axis(result)
+    if traced:
+        fig = go.Figure()
+        for r in traced:
+            assert r.trace is not None
+            t, v = np.asarray(r.trace["time_s"]), np.asarray(r.trace["voltage_v"])
+            step = max(1, len(t) // HTML_POINTS)
+            fig.add_trace(go.Scattergl(x=t[::step] / scale, y=v[::step], mode="lines", name=f"node {r.node_id}",
+                                       line={"width": 1}))
+        st = result.scenario.storage
+        for value, name in ((st.v_on_v, "v_on"), (st.v_off_v, "v_off")):
+            fig.add_hline(y=value, line_dash="dash", line_color="grey", annotation_text=name)
+        fig.update_layout(title="storage voltage (traced nodes)", xaxis_title=label, yaxis_title="V")
+        figures.append(("voltage", fig))
+    parts = {"harvested": s["harvested_j"], "to the load": s["load_j"], "wasted at the clamp": s["wasted_j"],
+             "leaked": s["leaked_j"], "input converter": s["input_loss_j"], "output converter": s["output_loss_j"],
+             "rolled-back work": s["lost_work_j"]}
+    figures.append(("energy", go.Figure(go.Bar(x=list(parts), y=list(parts.values())))
+                    .update_layout(title="energy, whole fleet", yaxis_title="J")))
+    on, off = (np.concatenate([p[i] for p in (r.periods() for r in result.nodes)]) for i in (0, 1))
+    if len(on) or len(off):
+        fig = go.Figure()
+        fig.add_trace(go.Histogram(x=on, name="on-periods (boot to failure)", opacity=0.7))
+        fig.add_trace(go.Histogram(x=off, name="off-periods (failure to boot)", opacity=0.7))
+        fig.update_layout(title="power cycles", xaxis_title="s", barmode="overlay")
+        figures.append(("cycles", fig))
+    variants = {k.removeprefix("variant_").removesuffix("_tasks"): v for k, v in s.items()
+                if k.startswith("variant_") and k.endswith("_tasks")}
+    if variants:
+        figures.append(("variants", go.Figure(go.Bar(x=list(variants), y=list(variants.values())))
+                        .update_layout(title="tasks per model variant (DynInfer's choices)", yaxis_title="tasks")))
+    rows = "".join(f"<tr><th scope='row'>{html.escape(name)}</th><td>{html.escape(_fmt(s[key], fmt))}</td></tr>"
+                   for key, name, fmt in _SUMMARY_ROWS if key in s)
+    body = [f"<h1>{html.escape(result.scenario.name)}</h1>", f"<table>{rows}</table>"]
+    for i, (name, fig) in enumerate(figures):
+        fig.update_layout(template="plotly_white", height=420)
+        body.append(pio.to_html(fig, full_html=False, include_plotlyjs=i == 0, div_id=f"plot-{name}",
+                                config={"displaylogo": False}))
+    page = ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>"
+            f"{html.escape(result.scenario.name)}: trickle simulation</title><style>body{{font-family:system-ui,"
+            "sans-serif;margin:1.5rem;color:#1b1f24}}table{{border-collapse:collapse}}th,td{{text-align:left;"
+            "padding:.2rem .6rem;border-bottom:1px solid #ccd}}</style></head><body>" + "\n".join(body) + "</body></html>\n")
+    return write_atomic(path, page)

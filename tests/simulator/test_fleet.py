@@ -43,8 +43,8 @@ def test_outputs_written(tiny_overrides: dict, tmp_path: Path) -> None:
     result = simulate(load_scenario(None, **tiny_overrides))
     paths = write_outputs(result, tmp_path / "out")
     names = sorted(p.relative_to(tmp_path / "out").as_posix() for p in paths)
-    assert names == ["cycles.csv", "plots/energy.png", "plots/timeline.png", "plots/voltage.png", "report.md", "results.json",
-                     "traces/node-0.csv", "traces/node-1.csv"]
+    assert names == ["cycles.csv", "plots/energy.png", "plots/timeline.png", "plots/voltage.png", "report.html", "report.md",
+                     "results.json", "traces/node-0.csv", "traces/node-1.csv"]
     for p in paths:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -46,6 +46,10 @@ def _rf_powercast(s: dict[str, Any]) -> None:  # SONIC-style: fails every few se
     assert restart["completed"] < 0.5 * s["completed"]  # the same node without loop continuation
 
 
+def _rf_scarce(s: dict[str, Any]) -> None:  # the demo's fleet: less harvest than the task wants, many failures an hour
+    assert s["power_cycles"] > 10 * s["nodes"] and 0.1 < s["completed_fraction"] < 0.9 and s["lost_work_j"] > 0
+
+
 def _teg_pipe(s: dict[str, Any]) -> None:  # browns out as the pipe cools, delivers while warm
     assert s["power_cycles"] > 0 and s["completed"] > 0 and s["packets_delivered"] > 0
 
@@ -70,7 +74,7 @@ def _bq25570_indoor(s: dict[str, Any]) -> None:  # cold start at dawn, a day of 
 
 HEADLINES = {"bq25570_indoor": _bq25570_indoor, "botoks_sense_send": _botoks_sense_send, "jit_checkpoint": _jit_checkpoint,
              "fleet_1000": _fleet_1000, "indoor_office": _indoor_office, "nrel_24h": _nrel_24h,
-             "piezo_machine": _piezo_machine, "rf_powercast": _rf_powercast, "teg_pipe": _teg_pipe}
+             "piezo_machine": _piezo_machine, "rf_powercast": _rf_powercast, "rf_scarce": _rf_scarce, "teg_pipe": _teg_pipe}
 
 
 @pytest.mark.parametrize("name", sorted(HEADLINES))
