@@ -228,13 +228,14 @@ class Link:
         for row in rows:
             batchable = parse_topic(row[1]).kind in DEVICE_KINDS and self.batch > 1
             last = chunks[-1] if chunks else None
+            cost = len(row[2]) + row[2].count(b'"') + row[2].count(b"\\") + 40  # JSON-escaped inside the batch
             if (batchable and last is not None and parse_topic(last[0][1]).kind in DEVICE_KINDS and len(last) < self.batch
-                    and size + len(row[2]) + 64 < MAX_BATCH_BYTES):
+                    and size + cost < MAX_BATCH_BYTES):
                 last.append(row)
-                size += len(row[2]) + 64
+                size += cost
             else:
                 chunks.append([row])
-                size = len(row[2]) + 64
+                size = cost
         return chunks
 
     def drained(self) -> bool:

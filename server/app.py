@@ -80,6 +80,7 @@ class ServerState:
     bridge: Bridge | None = None
     broker_url: str = ""  # what devices connect to (reported at /healthz)
     llm: LlmService | None = None  # a language model served at /v1/completions (trickle serve --llm)
+    changes: int = 0  # registrations, uploads and assignments so far (the dashboard's stream pushes on each)
 
 
 def ota_command(bundle: dict[str, Any]) -> OtaCommand:
@@ -136,6 +137,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
         except StoreError as err:
             raise HTTPException(409, str(err)) from None
         log.info("registered device %s in fleet %s", d.device, d.fleet)
+        state.changes += 1
         return DeviceOut(device=d.device, fleet=d.fleet, token=d.token)
 
     @app.get(ROUTES["devices"])
@@ -169,6 +171,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
         finally:
             tmp.unlink(missing_ok=True)
         log.info("stored bundle %s v%d", model, version)
+        state.changes += 1
         return BundleOut(version=version, model=model, sha256=digest)
 
     @app.get(ROUTES["bundles"], response_model=list[BundleOut])
@@ -192,6 +195,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
             state.store.assign(body.target, body.bundle_version)
         except StoreError as err:
             raise HTTPException(404, str(err)) from None
+        state.changes += 1
         record = state.store.bundle(body.bundle_version)
         assert record is not None
         command = ota_command(record)

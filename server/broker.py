@@ -24,7 +24,7 @@ from amqtt.session import Session
 
 from edge.protocol import device_topics
 from server.bridge import SERVER_USER
-from server.store import Device, Store, token_sha256
+from server.store import Device, open_store, token_sha256
 
 log = logging.getLogger("trickle.server.broker")
 
@@ -39,7 +39,7 @@ class DeviceAuth(BaseAuthPlugin):
 
     def __init__(self, context: BaseContext) -> None:
         super().__init__(context)
-        self._store = Store(Path(self.config.db_path))
+        self._store = open_store(self.config.db_path)  # the server's store: an SQLite path or a PostgreSQL URL
 
     async def authenticate(self, *, session: Session) -> bool | None:
         user, password = session.username or "", session.password or ""
@@ -61,7 +61,7 @@ class DeviceTopics(BaseTopicPlugin):
 
     def __init__(self, context: BaseContext) -> None:
         super().__init__(context)
-        self._store = Store(Path(self.config.db_path))
+        self._store = open_store(self.config.db_path)  # the server's store: an SQLite path or a PostgreSQL URL
         self._devices: dict[str, Device] = {}  # registrations never change, so they can be cached
 
     async def topic_filtering(self, *, session: Session | None = None, topic: str | None = None,
@@ -91,7 +91,7 @@ class _Snapshots(dict[str, list[Any]]):
 class EmbeddedBroker:
     """amqtt on HOST:PORT in a background thread."""
 
-    def __init__(self, host: str, port: int, db_path: Path, server_token: str) -> None:
+    def __init__(self, host: str, port: int, db_path: Path | str, server_token: str) -> None:
         plugins = {
             f"{__name__}.DeviceAuth": {"db_path": str(db_path), "server_token_sha256": token_sha256(server_token)},
             f"{__name__}.DeviceTopics": {"db_path": str(db_path)},

@@ -5,11 +5,12 @@ build step, no third-party script: its charts are SVG drawn by ``dashboard.js``)
   in the last hour, accuracy where verdicts are known, messages rejected by reason), results per
   hour over a day, one page of devices (last seen, the bundle each reports running, its assignment
   and OTA state, results, accuracy), the bundle registry and the assignments.
-- ``GET /v1/dashboard/stream?...``: the same snapshot as server-sent events, pushed when the store
-  changed (checked every ``interval`` seconds, one query for all viewers' worth of state) and at
-  least every 30 s; the page reads it with fetch, so the bearer token stays in a header.
-- ``GET /v1/dashboard/devices/{device}``: one device's telemetry (voltage, harvest, power
-  failures), results timeline, variant choices and events.
+- ``GET /v1/dashboard/stream?...``: the same snapshot as server-sent events, pushed when something
+  was stored, registered, uploaded or assigned (checked every ``interval`` seconds, in memory) and
+  at least every 30 s; each viewer's snapshot is its own page's queries (devices paged first, then
+  their messages by index). The page reads it with fetch, so the bearer token stays in a header.
+- ``GET /v1/dashboard/devices/{device}``: one device's newest telemetry (voltage, power
+  failures), results timeline, variant choices and events (the last 5000 of each).
 
 A device token sees only its own device; the registry, assignments and the OTA form need the
 admin token. A device counts as online when it sent anything within ``ONLINE_S`` and its last
@@ -86,11 +87,11 @@ def device_detail(state: "ServerState", device: str, limit: int = 5000) -> dict[
     if record is None:
         raise HTTPException(404, f"no registered device {device!r}")
     telemetry = [{k: m.get(k) for k in ("ts_s", "voltage_v", "harvested_j", "consumed_j", "power_cycles")}
-                 for m in state.store.messages(device, "telemetry", limit=limit)]
+                 for m in state.store.messages(device, "telemetry", limit=limit, newest=True)]
     results = [{k: m.get(k) for k in ("ts_s", "label", "correct", "variant", "latency_s", "bundle_version")}
-               for m in state.store.messages(device, "result", limit=limit)]
+               for m in state.store.messages(device, "result", limit=limit, newest=True)]
     events = [{k: m.get(k) for k in ("ts_s", "event", "bundle_version", "detail")}
-              for m in state.store.messages(device, "event", limit=limit)]
+              for m in state.store.messages(device, "event", limit=limit, newest=True)]
     return {"device": record.device, "fleet": record.fleet, "telemetry": telemetry, "results": results,
             "events": events, "variants": dict(Counter(r["variant"] for r in results))}
 
@@ -117,14 +118,14 @@ def dashboard_router(state: "ServerState", principal: Callable[..., "Principal"]
     def fleet(who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = "") -> dict[str, Any]:
         return fleet_snapshot(state, who, page, per_page, q)
 
-    @router.get("/v1/dashboard/stream")
+    @router.get("/v1/dashboard/stream", include_in_schema=False)  # endless: not for generated clients (or fuzzers)
     async def stream(request: Request, who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = ""
                      ) -> StreamingResponse:
         async def events() -> AsyncIterator[str]:
             last: tuple[int, int] | None = None
             sent = 0.0
             while not await request.is_disconnected():
-                version = (state.metrics.stored_count, await run_in_threadpool(state.store.device_count))
+                version = (state.metrics.stored_count, state.changes)  # what the page shows changed
                 if version != last or time.monotonic() - sent >= RESEND_S:
                     snapshot = await run_in_threadpool(fleet_snapshot, state, who, page, per_page, q)
                     yield f"event: fleet\ndata: {json.dumps(snapshot)}\n\n"

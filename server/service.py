@@ -149,7 +149,7 @@ class Service:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         state_dir = config.state_dir
-        self.store = open_store(config.store or state_dir / "trickle.sqlite")
+        self.store = open_store(config.store or state_dir / "trickle.sqlite", background_checkpoints=True)
         self.admin_token = config.admin_token or read_or_create_token(state_dir / "admin.token")
         self.server_token = read_or_create_token(state_dir / "server.token")
         metrics = Metrics()
@@ -174,7 +174,8 @@ class Service:
         if config.broker == "embedded":
             from server.broker import EmbeddedBroker
 
-            self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, state_dir / "trickle.sqlite", self.server_token)
+            self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, config.store or state_dir / "trickle.sqlite",
+                                         self.server_token)
         self.app = create_app(self.state, on_start=self._start_link, on_stop=self._stop_link)
         self._uvicorn: uvicorn.Server | None = None
 
@@ -193,6 +194,7 @@ class Service:
         self.bridge.stop()
         if self.broker is not None:
             self.broker.stop()
+        self.store.stop_checkpoints()
 
     def _announce_assignments(self) -> None:
         """Retain every device's assigned bundle on its ota topic again (the embedded broker

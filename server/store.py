@@ -24,8 +24,8 @@ from typing import Any
 
 from edge.errors import TrickleError
 
-# Versioned schema: (version, SQL). Never edit an applied one; add the next.
-MIGRATIONS: tuple[tuple[int, str], ...] = (
+# Versioned schema: (version, SQL, or SQL per dialect). Never edit an applied one; add the next.
+MIGRATIONS: tuple[tuple[int, str | dict[str, str]], ...] = (
     (1, """
 CREATE TABLE IF NOT EXISTS devices (
     device TEXT PRIMARY KEY, fleet TEXT NOT NULL, token TEXT NOT NULL, token_sha256 TEXT NOT NULL,
@@ -52,7 +52,26 @@ ALTER TABLE messages ADD COLUMN bundle_version BIGINT;
 ALTER TABLE messages ADD COLUMN state TEXT;
 CREATE INDEX IF NOT EXISTS messages_by_received ON messages (kind, received_s);
 """),
+    # the dashboard's per-device lookups, and the columns of 3 filled in for messages stored before it
+    (4, {"sqlite": """
+CREATE INDEX IF NOT EXISTS messages_by_device_received ON messages (device, received_s);
+UPDATE messages SET correct = CASE json_extract(body, '$.correct') WHEN 1 THEN 1 WHEN 0 THEN 0 END
+    WHERE kind = 'result' AND correct IS NULL;
+UPDATE messages SET bundle_version = json_extract(body, '$.bundle_version')
+    WHERE bundle_version IS NULL AND kind IN ('result', 'status', 'event');
+UPDATE messages SET state = json_extract(body, '$.state') WHERE kind = 'status' AND state IS NULL;
+UPDATE messages SET state = json_extract(body, '$.event') WHERE kind = 'event' AND state IS NULL;
+""", "postgresql": """
+CREATE INDEX IF NOT EXISTS messages_by_device_received ON messages (device, received_s);
+UPDATE messages SET correct = CASE body::jsonb->>'correct' WHEN 'true' THEN 1 WHEN 'false' THEN 0 END
+    WHERE kind = 'result' AND correct IS NULL;
+UPDATE messages SET bundle_version = (body::jsonb->>'bundle_version')::bigint
+    WHERE bundle_version IS NULL AND kind IN ('result', 'status', 'event');
+UPDATE messages SET state = body::jsonb->>'state' WHERE kind = 'status' AND state IS NULL;
+UPDATE messages SET state = body::jsonb->>'event' WHERE kind = 'event' AND state IS NULL;
+"""}),
 )
+RESERVED_USER = "trickle-server"  # the bridge's MQTT user (server.bridge.SERVER_USER)
 MESSAGE_COLUMNS = "key, device, kind, ts_s, received_s, stored_s, body, correct, bundle_version, state"
 
 
@@ -90,13 +109,19 @@ class Store:
     """SQLite (a file path). ``PostgresStore`` runs the same statements on PostgreSQL."""
 
     placeholder = "?"
+    dialect = "sqlite"
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, background_checkpoints: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        # the server's store: WAL checkpoints on a thread of their own, so that a commit never pays
+        # for copying the log back (at half load that stall was the publish-to-stored p99)
+        self._checkpoints: threading.Event | None = threading.Event() if background_checkpoints else None
         self.migrate()
+        if self._checkpoints is not None:
+            threading.Thread(target=self._checkpoint_loop, name="trickle-sqlite-checkpoint", daemon=True).start()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path})"
@@ -106,7 +131,27 @@ class Store:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # durable at every checkpoint, safe against corruption
         db.execute("PRAGMA foreign_keys=ON")
+        if self._checkpoints is not None:
+            db.execute("PRAGMA wal_autocheckpoint=0")
         return db
+
+    def _checkpoint_loop(self, every_s: float = 10.0) -> None:
+        assert self._checkpoints is not None
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        try:
+            while not self._checkpoints.wait(every_s):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")  # never blocks the writer
+                except sqlite3.OperationalError:  # busy: the next round
+                    continue
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            db.close()
+
+    def stop_checkpoints(self) -> None:
+        """Stop the background checkpoints (after a last full one)."""
+        if self._checkpoints is not None:
+            self._checkpoints.set()
 
     def _db(self) -> Any:
         db = getattr(self._local, "db", None)
@@ -158,7 +203,7 @@ class Store:
             if version in done:
                 continue
             with self._transaction() as db:
-                self._script(db, sql)
+                self._script(db, sql if isinstance(sql, str) else sql[self.dialect])
                 db.execute(self._sql("INSERT INTO schema_migrations VALUES (?, ?) ON CONFLICT DO NOTHING"),
                            (version, time.time()))
             applied.append(version)
@@ -171,6 +216,8 @@ class Store:
     # ---- devices ----
 
     def add_device(self, device: str, fleet: str) -> Device:
+        if device == RESERVED_USER:
+            raise StoreError(f"device {device!r}: the name is the server's own MQTT user")
         token = secrets.token_urlsafe(32)
         try:
             self._run("INSERT INTO devices VALUES (?, ?, ?, ?, ?)", (device, fleet, token, token_sha256(token), time.time()))
@@ -208,7 +255,8 @@ class Store:
             return self._insert_new(db, rows)
 
     def messages(self, device: str, kind: str, since_s: float | None = None, until_s: float | None = None,
-                 limit: int = 1000) -> list[dict[str, Any]]:
+                 limit: int = 1000, newest: bool = False) -> list[dict[str, Any]]:
+        """A device's messages of one kind in time order: the first ``limit`` (or with ``newest``, the last)."""
         query = "SELECT body FROM messages WHERE device = ? AND kind = ?"
         args: list[Any] = [device, kind]
         if since_s is not None:
@@ -217,8 +265,9 @@ class Store:
         if until_s is not None:
             query += " AND ts_s < ?"
             args.append(until_s)
-        rows = self._all(query + " ORDER BY ts_s, key LIMIT ?", (*args, limit))
-        return [json.loads(body) for (body,) in rows]
+        order = " ORDER BY ts_s DESC, key DESC LIMIT ?" if newest else " ORDER BY ts_s, key LIMIT ?"
+        rows = self._all(query + order, (*args, limit))
+        return [json.loads(body) for (body,) in (reversed(rows) if newest else rows)]
 
     def stored_times(self, kind: str) -> list[tuple[str, float]]:
         """(key, stored_s) of every message of ``kind`` (what the link benchmark times)."""
@@ -233,16 +282,13 @@ class Store:
 
     # ---- the dashboard's aggregates ----
 
-    def device_count(self) -> int:
-        return int(self._one("SELECT COUNT(*) FROM devices")[0])
-
     def fleet_totals(self, now_s: float, online_s: float) -> dict[str, Any]:
         """Devices (and how many are online: a message within ``online_s`` and no later offline
         status), results, results within the last hour, verdicts known and right, per kind."""
         devices, online = self._one(
             "SELECT COUNT(*), COALESCE(SUM(CASE WHEN (SELECT MAX(received_s) FROM messages m WHERE m.device = d.device) >= ? "
             "AND COALESCE((SELECT state FROM messages s WHERE s.device = d.device AND s.kind = 'status' "
-            "ORDER BY s.ts_s DESC, s.key DESC LIMIT 1), '') <> 'offline' THEN 1 ELSE 0 END), 0) FROM devices d",
+            "ORDER BY s.received_s DESC, s.key DESC LIMIT 1), '') <> 'offline' THEN 1 ELSE 0 END), 0) FROM devices d",
             (now_s - online_s,))
         results, hour, labelled, right = self._one(
             "SELECT COUNT(*), COALESCE(SUM(CASE WHEN received_s >= ? THEN 1 ELSE 0 END), 0), COUNT(correct), "
@@ -262,10 +308,12 @@ class Store:
                    only: str | None = None) -> tuple[int, list[dict[str, Any]]]:
         """(devices matching, one page of them): per device its fleet, last seen, online, the bundle
         it reports running, results (all and last hour), verdicts known and right, its last event."""
-        where, args = "WHERE (d.device LIKE ? OR d.fleet LIKE ?)", [f"%{search}%", f"%{search}%"]
+        pattern = "%" + search.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where = "WHERE (LOWER(device) LIKE ? ESCAPE '\\' OR LOWER(fleet) LIKE ? ESCAPE '\\')"
+        args: list[Any] = [pattern, pattern]
         if only is not None:
-            where, args = where + " AND d.device = ?", [*args, only]
-        (matching,) = self._one(f"SELECT COUNT(*) FROM devices d {where}", args)
+            where, args = where + " AND device = ?", [*args, only]
+        (matching,) = self._one(f"SELECT COUNT(*) FROM devices {where}", args)
         rows = self._all(
             "SELECT d.device, d.fleet, MAX(m.received_s), "
             "COALESCE(SUM(CASE WHEN m.kind = 'result' THEN 1 ELSE 0 END), 0), "
@@ -274,11 +322,11 @@ class Store:
             "(SELECT b.bundle_version FROM messages b WHERE b.device = d.device AND b.bundle_version IS NOT NULL "
             " ORDER BY b.ts_s DESC, b.key DESC LIMIT 1), "
             "(SELECT s.state FROM messages s WHERE s.device = d.device AND s.kind = 'status' "
-            " ORDER BY s.ts_s DESC, s.key DESC LIMIT 1), "
+            " ORDER BY s.received_s DESC, s.key DESC LIMIT 1), "
             "(SELECT e.state FROM messages e WHERE e.device = d.device AND e.kind = 'event' "
             " ORDER BY e.ts_s DESC, e.key DESC LIMIT 1) "
-            f"FROM devices d LEFT JOIN messages m ON m.device = d.device {where} "
-            "GROUP BY d.device, d.fleet ORDER BY d.device LIMIT ? OFFSET ?",
+            f"FROM (SELECT device, fleet FROM devices {where} ORDER BY device LIMIT ? OFFSET ?) d "
+            "LEFT JOIN messages m ON m.device = d.device GROUP BY d.device, d.fleet ORDER BY d.device",
             (now_s - 3600.0, *args, limit, offset))
         page = []
         for device, fleet, seen, results, hour, labelled, right, running, status, event in rows:
@@ -328,11 +376,13 @@ class PostgresStore(Store):
     """The same store on PostgreSQL (``postgresql://USER@HOST:PORT/DB``), through psycopg 3."""
 
     placeholder = "%s"
+    dialect = "postgresql"
 
     def __init__(self, url: str) -> None:
         import psycopg
 
         self.url = url
+        self._checkpoints = None
         self.integrity_errors = (psycopg.IntegrityError,)
         self._local = threading.local()
         try:
@@ -375,16 +425,18 @@ def redact(url: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    query = "&".join("password=***" if q.lower().startswith("password=") else q for q in parts.query.split("&")) \
+        if parts.query else ""
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-def open_store(spec: str | Path) -> Store:
-    """``postgresql://...`` (or ``postgres://``): PostgreSQL; anything else: an SQLite file path."""
+def open_store(spec: str | Path, background_checkpoints: bool = False) -> Store:
+    """``postgresql://...`` (or ``postgres://``): PostgreSQL; anything else: an SQLite file path
+    (``background_checkpoints``: the server's, see ``Store``)."""
     text = str(spec)
     if text.startswith(("postgresql://", "postgres://")):
         return PostgresStore(text)
-    return Store(Path(text))
+    return Store(Path(text), background_checkpoints)

@@ -167,11 +167,12 @@ function renderFleet(snap) {
     }
     $("assignments").replaceChildren(items);
   }
-  if (state.device) loadDevice(state.device);
+  if (state.device && Date.now() - (state.deviceLoaded || 0) > 5000) loadDevice(state.device);
 }
 
 // ---- one device ----------------------------------------------------------------------------
 async function loadDevice(device) {
+  state.deviceLoaded = Date.now();
   const r = await fetch(`/v1/dashboard/devices/${encodeURIComponent(device)}`, { headers: headers() });
   if (!r.ok) { showError(`device ${device}: ${(await r.json()).detail || r.status}`); return; }
   const d = await r.json();
@@ -185,7 +186,7 @@ async function loadDevice(device) {
   text(document.querySelector('[data-testid="device-voltage"]'),
        lastT?.voltage_v != null ? `${lastT.voltage_v.toFixed(2)} V` : "–");
   line($("voltage"), d.telemetry.map((x) => [x.ts_s, x.voltage_v]), " V");
-  line($("harvest"), d.telemetry.map((x) => [x.ts_s, x.harvested_j]), " J");
+  line($("failures"), d.telemetry.map((x) => [x.ts_s, x.power_cycles]), "");
   timeline($("timeline"), d.results);
   const rows = document.createDocumentFragment();
   for (const [name, count] of Object.entries(d.variants)) {

@@ -35,6 +35,29 @@ def _messages(device: str, keys: range, kind: str = "telemetry") -> list[Incomin
     return [Incoming(f"{device}:{kind}:{i}", device, kind, float(i), 100.0 + i, f'{{"i": {i}}}') for i in keys]
 
 
+def test_the_dashboard_aggregates_page_first_and_filter_literally(store: Store) -> None:
+    for name, fleet in (("a_1", "Lab"), ("ab1", "lab"), ("b%2", "field")):
+        store.add_device(name, fleet)
+    rows = [Incoming("a_1:r:0", "a_1", "result", 1.0, 50.0, "{}", correct=True, bundle_version=2),
+            Incoming("a_1:r:1", "a_1", "result", 2.0, 60.0, "{}", correct=False, bundle_version=2),
+            Incoming("a_1:s:0", "a_1", "status", 9.0, 40.0, "{}", state="online"),
+            Incoming("a_1:s:1", "a_1", "status", 1.0, 70.0, "{}", state="offline"),  # a will: older ts, last received
+            Incoming("ab1:r:0", "ab1", "result", 1.0, 50.0, "{}")]
+    store.add_messages(rows)
+    matching, page = store.fleet_page(now_s=100.0, online_s=300.0, search="A_")
+    assert matching == 1 and [r["device"] for r in page] == ["a_1"]  # '_' is literal, case folded
+    row = page[0]
+    assert (row["results"], row["labelled"], row["correct"], row["running_version"], row["online"]) == (2, 2, 1, 2, False)
+    assert store.fleet_page(100.0, 300.0, search="%")[0] == 1
+    matching, page = store.fleet_page(100.0, 300.0, offset=1, limit=1)
+    assert matching == 3 and [r["device"] for r in page] == ["ab1"]
+    totals = store.fleet_totals(100.0, 300.0)
+    assert (totals["devices"], totals["online"], totals["results"], totals["labelled"]) == (3, 1, 3, 2)
+    assert store.messages("a_1", "result", limit=1, newest=True)[0] == {}  # the newest one, in time order
+    with pytest.raises(StoreError, match="server's own MQTT user"):
+        store.add_device("trickle-server", "f")
+
+
 def test_devices_tokens_and_duplicates(store: Store) -> None:
     a = store.add_device("a", "north")
     store.add_device("b", "south")
@@ -107,9 +130,19 @@ def test_an_old_sqlite_database_is_migrated_in_place(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:  # the schema before migrations were recorded
         db.executescript("CREATE TABLE devices (device TEXT PRIMARY KEY, fleet TEXT NOT NULL, token TEXT NOT NULL, "
                          "token_sha256 TEXT NOT NULL, created_s REAL NOT NULL);"
-                         "INSERT INTO devices VALUES ('old', 'f', 't', 'h', 1.0);")
+                         "INSERT INTO devices VALUES ('old', 'f', 't', 'h', 1.0);"
+                         "CREATE TABLE messages (key TEXT PRIMARY KEY, device TEXT NOT NULL, kind TEXT NOT NULL, "
+                         "ts_s REAL NOT NULL, received_s REAL NOT NULL, stored_s REAL NOT NULL, body TEXT NOT NULL);"
+                         """INSERT INTO messages VALUES ('old:r:1', 'old', 'result', 1.0, 1.0, 1.0,
+                            '{"correct": true, "bundle_version": 3}');"""
+                         """INSERT INTO messages VALUES ('old:s:1', 'old', 'status', 1.0, 1.0, 1.0,
+                            '{"state": "offline", "bundle_version": 3}');""")
     store = open_store(path)
     assert store.schema_version() == MIGRATIONS[-1][0] and store.device("old") is not None
+    # what the dashboard aggregates is filled in for the messages stored before its columns
+    totals = store.fleet_totals(now_s=2.0, online_s=300.0)
+    assert totals["labelled"] == 1 and totals["correct"] == 1 and totals["online"] == 0
+    assert store.fleet_page(2.0, 300.0)[1][0]["running_version"] == 3
 
 
 @needs_postgres
@@ -121,6 +154,7 @@ def test_an_unreachable_database_is_one_line_without_the_password(tmp_path: Path
         open_store(url)
     assert "s3cret" not in str(err.value) and "***" in str(err.value)
     assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact("postgresql://h/db?user=u&password=pw") == "postgresql://h/db?user=u&password=***"
 
 
 @needs_postgres
