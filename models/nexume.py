@@ -259,14 +259,19 @@ def build_model(cfg: TrainConfig, data: Dataset) -> Any:
 
 
 def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[str, float]], None] | None = None,
-          model: Any = None) -> TrainResult:
+          model: Any = None, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+          subset: np.ndarray | None = None) -> TrainResult:
     """Train ``cfg.method`` on ``data``; ``progress(epoch, epochs, metrics)`` after each epoch. ``model``
-    (a ``models.custom.UserNet``) replaces the network ``cfg`` names."""
+    (a ``models.custom.UserNet``) replaces the network ``cfg`` names. ``loss_fn(logits, batch
+    indices)`` replaces the cross-entropy (knowledge distillation, ``models.distill``); ``subset``:
+    the training examples to use (a pruned set)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     model = model if model is not None else build_model(cfg, data)
     sampler = EnergySampler.from_scenario(cfg.harvest_scenario, seed=cfg.seed) if cfg.method == "nexume" else None
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    rows = torch.arange(len(x)) if subset is None else torch.from_numpy(np.asarray(subset, dtype=np.int64))
+    task_loss = loss_fn or (lambda logits, batch: F.cross_entropy(logits, y[batch]))
     weights = trained_weights(model)
     n_layers = len(weights) // 2
     search = ConfigSearch.for_model(model, cfg) if cfg.method == "nexume" else None
@@ -277,7 +282,7 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
     step = 0
     for epoch in range(cfg.epochs):
         model.train()
-        order = torch.from_numpy(rng.permutation(len(x)))
+        order = rows[torch.from_numpy(rng.permutation(len(rows)))]
         if search is not None:
             probe = order[: 4 * cfg.batch_size]
             search.refresh(model, x[probe], y[probe])
@@ -286,7 +291,7 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
             bits, drop = _schedule(cfg, sampler, search, rng, step)
             model.configure(bits, drop)
             logits = model(x[batch])
-            task = F.cross_entropy(logits, y[batch])
+            task = task_loss(logits, batch)
             # the λ terms are constant in the weights: they act through the choice of (q, d) (ConfigSearch)
             cost = cfg.lambda_q * precision_cost(bits) * n_layers + cfg.lambda_d * drop * n_layers
             loss = task + cost
@@ -310,15 +315,16 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
         if progress:
             progress(epoch + 1, cfg.epochs, metrics)
     if cfg.method == "nexume" and cfg.finetune_epochs and cfg.rare_fraction > 0:
-        _finetune_rare(model, cfg, x, y, weights, updates, rng)
+        _finetune_rare(model, cfg, x, rows, task_loss, weights, updates, rng)
     elapsed = time.perf_counter() - started
     result = TrainResult(cfg, model, elapsed, history)
     result.variants = evaluate_variants(model, data, cfg.mcu)
     return result
 
 
-def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor,
-                   weights: list[nn.Parameter], updates: list[torch.Tensor], rng: np.random.Generator) -> None:
+def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, rows: torch.Tensor,
+                   task_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], weights: list[nn.Parameter],
+                   updates: list[torch.Tensor], rng: np.random.Generator) -> None:
     """NExUME's regularization: train only the least-updated weights, at full precision, no dropout."""
     counts = torch.cat([u.flatten() for u in updates])
     threshold = torch.quantile(counts.float(), cfg.rare_fraction)
@@ -327,8 +333,8 @@ def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, y: t
     model.configure(FLOAT_BITS, 0.0)
     model.train()
     for _ in range(cfg.finetune_epochs):
-        for batch in torch.from_numpy(rng.permutation(len(x))).split(cfg.batch_size):
-            loss = F.cross_entropy(model(x[batch]), y[batch])
+        for batch in rows[torch.from_numpy(rng.permutation(len(rows)))].split(cfg.batch_size):
+            loss = task_loss(model(x[batch]), batch)
             opt.zero_grad()
             loss.backward()
             for p, m in zip(weights, masks):

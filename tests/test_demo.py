@@ -47,7 +47,7 @@ def test_trickle_demo_end_to_end(tmp_path: Path) -> None:
         page = httpx.get(url, timeout=10)
         assert page.status_code == 200 and "trickle fleet" in page.text
         serving.send_signal(signal.SIGINT)
-        assert serving.wait(60) == 0
+        assert serving.wait(180) == 0
     finally:
         if serving.poll() is None:
             serving.kill()

@@ -198,9 +198,13 @@ def run(args: argparse.Namespace) -> int:
         if args.keep_serving:
             print(f"dashboard: {config.url}/  (sign in with the token in {state / 'admin.token'}); Ctrl-C stops the "
                   "server", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                while True:
-                    time.sleep(1)
+            import signal
+            import threading
+
+            stop = threading.Event()  # Ctrl-C or SIGTERM: stop serving and shut down cleanly
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+            stop.wait()
     return 0 if summary["lost"] == 0 else 1
 
 
