@@ -21,7 +21,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -84,7 +83,7 @@ class Mosquitto:
         return f"mqtt://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> Mosquitto:
-        from server.service import free_port
+        from server.service import free_port, port_open
 
         binary = shutil.which("mosquitto")
         if binary is None:
@@ -100,9 +99,8 @@ class Mosquitto:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise LinkError(f"mosquitto exited ({self.proc.returncode}); see {self.folder / 'mosquitto.log'}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return self
+            if port_open(self.port):
+                return self
             time.sleep(0.05)
         self.stop()
         raise LinkError(f"mosquitto did not listen on port {self.port} within {timeout_s:g} s")

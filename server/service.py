@@ -128,6 +128,12 @@ def read_or_create_token(path: Path) -> str:
     return token
 
 
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now, below the kernel's ephemeral range (32768+ on Linux), so that an outgoing
     connection's local port cannot take it between now and the server binding it."""

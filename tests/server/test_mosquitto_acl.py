@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,7 @@ import paho.mqtt.client as mqtt
 
 from edge.protocol import topic
 from server.bridge import SERVER_USER
-from server.service import free_port, read_or_create_token
+from server.service import free_port, port_open, read_or_create_token
 from server.store import open_store
 from tests.server.conftest import ServerProc, needs_mosquitto, wait_for
 
@@ -64,7 +65,7 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
     clients: list[Client] = []
     try:
         server_token = read_or_create_token(state / "server.token")
-        wait_for(lambda: _listening(port), 10, "mosquitto")
+        wait_for(lambda: port_open(port), 10, "mosquitto")
         watcher = Client(port, SERVER_USER, server_token)
         node_a, node_b = Client(port, "node-a", a.token), Client(port, "node-b", b.token)
         intruder = Client(port, "node-a", "not-the-token")
@@ -75,7 +76,7 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
         watcher.c.subscribe("trickle/v1/#", qos=1)
         node_a.c.subscribe(topic("lab", "node-b", "ota"), qos=1)  # another device's commands: not granted
         node_b.c.subscribe(topic("lab", "node-b", "ota"), qos=1)
-        wait_for(lambda: True, 1)
+        time.sleep(0.5)  # the subscriptions' SUBACKs before anything is published
         node_a.c.publish(topic("lab", "node-b", "telemetry"), b"forged", qos=1).wait_for_publish(10)
         node_a.c.publish(topic("lab", "node-a", "telemetry"), b"own", qos=1).wait_for_publish(10)
         watcher.c.publish(topic("lab", "node-b", "ota"), b"for-b", qos=1).wait_for_publish(10)
@@ -93,7 +94,7 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
     port2 = free_port()
     conf.write_text(f"listener {port2} 127.0.0.1\n{run_as}" + (out / "mosquitto.conf").read_text())
     broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: _listening(port2), 10, "mosquitto")
+    wait_for(lambda: port_open(port2), 10, "mosquitto")
     server = ServerProc(state, free_port(), f"mqtt://127.0.0.1:{port2}", 0)
     try:
         server.start()  # waits until /healthz says the broker is connected
@@ -111,9 +112,3 @@ def test_the_password_lines_are_mosquitto_s_format() -> None:
     user, rest = line.split(":", 1)
     assert user == "u" and rest.startswith("$7$101$AAAAAAAAAAAAAAAA$") and len(rest.split("$")[-1]) == 88
 
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0

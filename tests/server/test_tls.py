@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edge.protocol import TlsFiles
-from server.service import free_port
+from server.service import free_port, port_open
 from tests.server.conftest import Bundles, needs_mosquitto, wait_for
 
 
@@ -68,10 +67,6 @@ def make_leaf(folder: Path, name: str, ca_key: ec.EllipticCurvePrivateKey, ca: x
     return cert_path, key_path
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
 
 def _mqtt_connects(port: int, tls: TlsFiles) -> bool:
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"probe-{free_port()}")
@@ -108,7 +103,7 @@ def test_an_agent_reports_over_mqtts_and_https_and_untrusted_clients_are_refused
     broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = None
     try:
-        wait_for(lambda: _listening(mqtt_port), 10, "mosquitto")
+        wait_for(lambda: port_open(mqtt_port), 10, "mosquitto")
         # the broker refuses a certificate its CA did not sign, and a client without one
         assert not _mqtt_connects(mqtt_port, TlsFiles(ca_path, forged_cert, forged_key))
         assert not _mqtt_connects(mqtt_port, TlsFiles(ca_path))
