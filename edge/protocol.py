@@ -69,6 +69,10 @@ ROUTES = {
     "assignments": "/v1/assignments",
     "messages": "/v1/devices/{device}/{kind}",
     "verify": "/v1/llm/verify",
+    "jobs": "/v1/jobs",  # admin: heavy work on the server (server.jobs)
+    "job": "/v1/jobs/{job_id}",
+    "job_logs": "/v1/jobs/{job_id}/logs",
+    "job_cancel": "/v1/jobs/{job_id}/cancel",
 }
 
 Name = Annotated[str, Field(pattern=_NAME.pattern)]

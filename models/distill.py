@@ -119,7 +119,7 @@ def student_arch(teacher: Arch, width: float) -> Arch:
 class DistillResult:
     result: TrainResult  # the student, its history and its variants' accuracies
     kept: np.ndarray  # the training examples the student saw
-    seconds: float  # the teacher's pass over the full set, the selection and the student's training
+    seconds: float  # the KD's cost: the teacher's pass over the full set, the selection, the student's training loop
 
 
 def distill(cfg: TrainConfig, data: Dataset, teacher: SwitchableNet, selection: Selection = "mdslr", ratio: float = 0.5,
@@ -141,6 +141,7 @@ def distill(cfg: TrainConfig, data: Dataset, teacher: SwitchableNet, selection: 
     def loss_fn(student_logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         return kd_loss(student_logits, target[batch], labels[batch], temperature, alpha, gamma)
 
+    prepared = time.perf_counter() - started
     student = SwitchableNet(student_arch(teacher.arch, width))
     result = train(cfg, data, progress, model=student, loss_fn=loss_fn, subset=keep)
-    return DistillResult(result, keep, time.perf_counter() - started)
+    return DistillResult(result, keep, prepared + result.train_time_s)

@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from fastapi import Body, Depends, FastAPI, HTTPException, Query, Response
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import generate_latest
 from pydantic import BaseModel, Field
 
 from edge.bundle import BundleError, read_trusted
+from edge.errors import ConfigError
 from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand, VerifyRequest, VerifyResponse
 from server.bridge import Bridge, Metrics
 from server.dashboard import dashboard_router
+from server.jobs_api import jobs_router
 from server.llm import LlmService, llm_router
 from server.store import Device, Store, StoreError
 
@@ -87,6 +89,28 @@ def ota_command(bundle: dict[str, Any]) -> OtaCommand:
     """What a device is told about a bundle (a row of ``Store.bundle``)."""
     return OtaCommand(bundle_version=bundle["version"], sha256=bundle["sha256"],
                       path=ROUTES["bundle"].format(version=bundle["version"]))
+
+
+def targets_of(state: ServerState, target: str) -> list[Device]:
+    """The registered devices ``device:ID`` or ``fleet:NAME`` names."""
+    kind, name = target.split(":", 1)
+    names = [d["device"] for d in state.store.devices() if (d["device"] if kind == "device" else d["fleet"]) == name]
+    return [device for device in map(state.store.device, names) if device is not None]
+
+
+def notify_assignment(state: ServerState, target: str, version: int) -> list[str]:
+    """Tell the devices of ``target`` whose assignment is now ``version`` (a retained OTA command
+    on their ota topic); the devices told."""
+    state.changes += 1
+    record = state.store.bundle(version)
+    assert record is not None
+    command = ota_command(record).model_dump_json().encode()
+    notified = []
+    for device in targets_of(state, target):
+        if state.store.assignment(device) == version and state.bridge is not None:
+            state.bridge.publish(device.fleet, device.device, "ota", command, retain=True)
+            notified.append(device.device)
+    return notified
 
 
 def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
@@ -188,24 +212,13 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     @app.post(ROUTES["assignments"], response_model=AssignmentOut)
     def assign(body: AssignmentIn, _: Annotated[Principal, Depends(admin)]) -> AssignmentOut:
         kind, name = body.target.split(":", 1)
-        targets = [d for d in state.store.devices() if (d["device"] if kind == "device" else d["fleet"]) == name]
-        if not targets:
+        if not targets_of(state, body.target):
             raise HTTPException(404, f"no registered {kind} {name!r}")
         try:
             state.store.assign(body.target, body.bundle_version)
         except StoreError as err:
             raise HTTPException(404, str(err)) from None
-        state.changes += 1
-        record = state.store.bundle(body.bundle_version)
-        assert record is not None
-        command = ota_command(record)
-        notified = []
-        for d in targets:
-            device = state.store.device(d["device"])
-            assert device is not None
-            if state.store.assignment(device) == body.bundle_version and state.bridge is not None:
-                state.bridge.publish(device.fleet, device.device, "ota", command.model_dump_json().encode(), retain=True)
-                notified.append(device.device)
+        notified = notify_assignment(state, body.target, body.bundle_version)
         return AssignmentOut(target=body.target, bundle_version=body.bundle_version, notified=notified)
 
     @app.get(ROUTES["messages"])
@@ -225,6 +238,12 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
         return state.store.assignments()
 
     app.include_router(dashboard_router(state, principal))
+    app.include_router(jobs_router(state.store, state.bundle_dir.parent, admin))
+
+    @app.exception_handler(ConfigError)
+    def config_error(request: Request, err: ConfigError) -> JSONResponse:
+        """A typed body's own check (a job spec's MCU, formats, bit-widths): the one-line reason."""
+        return JSONResponse({"detail": str(err)}, status_code=422)
     if state.llm is not None:
         app.include_router(llm_router(state.llm, state.metrics.registry))
 

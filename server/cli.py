@@ -8,13 +8,20 @@
 
 Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
 state_dir, store, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
-tls_key, llm, llm_draft, llm_draft_k, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue)
+tls_key, llm, llm_draft, llm_draft_k, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue, workers,
+job_stale_s, job_attempts)
 < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
 
 The admin token is in STATE_DIR/admin.token (created on first start, mode 0600): register devices
 with it (POST /v1/devices {"device": ID, "fleet": NAME} returns the device's token), upload
 signed bundles (POST /v1/bundles, the tar as the body) and assign them (POST /v1/assignments);
 the OpenAPI spec is at /openapi.json, metrics at /metrics.
+
+Jobs: POST /v1/jobs queues heavy work (kind distill: MDSLR-pruned distillation into a
+quarter-width switchable student, exported as a bundle signed with STATE_DIR/signing.key,
+registered and optionally assigned to a fleet); --workers N runs them here, or `trickle worker`
+elsewhere on the same state dir and store. Devices that should take those bundles trust
+STATE_DIR/signing.pub.
 
 Security: devices authenticate to the embedded broker with their id and token and may only
 publish and subscribe under their own topics; behind Mosquitto, `trickle serve
@@ -71,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-concurrency", type=int, metavar="N", help="generations run at once (default 1)")
     p.add_argument("--llm-queue", type=int, metavar="N",
                    help="requests waiting for a generation slot; beyond, 503 (default 16)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="start N worker processes for jobs (POST /v1/jobs: distillation); a dead one is replaced and "
+                        "its job resumed (default 0: run `trickle worker` beside the server)")
     p.add_argument("--write-mosquitto-config", type=Path, metavar="DIR",
                    help="write a Mosquitto password file, ACL (each device confined to its own topics) and the "
                         "configuration lines using them into DIR from the device registry, then exit (include "
@@ -88,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
              "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "llm": args.llm, "llm_draft": args.draft,
              "llm_draft_k": args.draft_k, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,
-             "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue}
+             "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue, "workers": args.workers}
     config = load_config(ServeConfig, args.config, args.set, flags)
     if args.write_mosquitto_config is not None:
         from server.mosquitto import write_mosquitto_config
@@ -120,4 +130,33 @@ def run(args: argparse.Namespace) -> int:
               f"MQTT {config.broker_url}{' (embedded)' if embedded else ''}"
               + (f", {config.llm} at {config.url}/v1/completions" if config.llm else ""), flush=True)
     service.run()
+    return 0
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", type=Path, default=Path("runs/server"),
+                   help="the server's state dir: its SQLite database (without --store), bundles, signing key "
+                        "(default runs/server)")
+    p.add_argument("--store", metavar="URL", help="postgresql://...: the server's PostgreSQL store")
+    p.add_argument("--once", action="store_true", help="run the queued jobs, then exit")
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Run the server's queued jobs, one at a time, until SIGTERM/SIGINT (a running job is handed back).
+
+        trickle worker --state-dir runs/server
+        trickle worker --state-dir /shared/server --store postgresql://trickle@db:5432/trickle
+
+    `trickle serve --workers N` starts N of these itself. A worker on another machine needs the
+    server's store (--store) and its state dir (bundles, signing key) on a shared file system.
+    Progress and logs: GET /v1/jobs/{id} and /v1/jobs/{id}/logs.
+    """
+    from server.jobs import run_worker as work
+    from server.jobs import signing_key
+    from server.store import open_store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    store = open_store(args.store or args.state_dir / "trickle.sqlite")
+    signing_key(args.state_dir)
+    work(store, args.state_dir, once=args.once)
     return 0

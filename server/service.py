@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import uvicorn
 from pydantic import Field, field_validator, model_validator
@@ -30,8 +30,9 @@ from edge.config import Config
 from edge.errors import ConfigError, LinkError
 from edge.files import write_secret
 from edge.protocol import TlsFiles
-from server.app import ServerState, create_app, ota_command
+from server.app import ServerState, create_app, notify_assignment, ota_command
 from server.bridge import Bridge, BrokerAddress, Metrics
+from server.jobs import JobSupervisor, signing_key
 from server.store import open_store
 
 log = logging.getLogger("trickle.server")
@@ -85,6 +86,12 @@ class ServeConfig(Config):
     """Generations run at once."""
     llm_queue: int = Field(16, ge=0, le=10_000)
     """Requests waiting for a generation slot; beyond, 503."""
+    workers: int = Field(0, ge=0, le=64)
+    """Worker processes the server starts for jobs (POST /v1/jobs); 0: none (run ``trickle worker``)."""
+    job_stale_s: float = Field(15.0, ge=2.0, le=86_400.0)
+    """A running job whose worker has not beaten its heartbeat for this long is taken as dead."""
+    job_attempts: int = Field(2, ge=1, le=100)
+    """Runs of a job whose workers die before it is failed."""
 
     @field_validator("broker")
     @classmethod
@@ -182,6 +189,9 @@ class Service:
 
             self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, config.store or state_dir / "trickle.sqlite",
                                          self.server_token)
+        signing_key(state_dir)  # what the server's own bundles (jobs) are signed with
+        self.jobs = JobSupervisor(self.store, state_dir, config.store, config.workers, self._announce_job,
+                                  stale_s=config.job_stale_s, max_attempts=config.job_attempts)
         self.app = create_app(self.state, on_start=self._start_link, on_stop=self._stop_link)
         self._uvicorn: uvicorn.Server | None = None
 
@@ -191,8 +201,10 @@ class Service:
         self.bridge.start()
         if not self.bridge.connected.wait(10):
             log.warning("the bridge is not connected to %s yet; it keeps trying", self.config.broker_url)
+        self.jobs.start()
 
     def _stop_link(self) -> None:
+        self.jobs.stop()
         # devices first, so nothing the broker acknowledged is left between it and the store
         if self.broker is not None:
             self.broker.quiesce()
@@ -212,6 +224,16 @@ class Service:
             if device is not None and bundle is not None:
                 command = ota_command(bundle).model_dump_json().encode()
                 self.bridge.publish(device.fleet, device.device, "ota", command, retain=True)
+
+    def _announce_job(self, job: dict[str, Any]) -> None:
+        """A finished job: push its assignment to the devices (their OTA), refresh the dashboard."""
+        result = job["result"] or {}
+        if result.get("assigned") and job["bundle_version"]:
+            told = notify_assignment(self.state, result["assigned"], int(job["bundle_version"]))
+            log.info("job %s: bundle v%s assigned to %s; told %d devices", job["id"], job["bundle_version"],
+                     result["assigned"], len(told))
+        else:
+            self.state.changes += 1
 
     def _server(self) -> uvicorn.Server:
         c = self.config

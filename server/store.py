@@ -16,13 +16,26 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edge.errors import TrickleError
+
+_JOBS_SQL = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id {serial}, kind TEXT NOT NULL, spec TEXT NOT NULL, state TEXT NOT NULL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0, worker TEXT, attempts INTEGER NOT NULL DEFAULT 0,
+    progress DOUBLE PRECISION NOT NULL DEFAULT 0, step TEXT NOT NULL DEFAULT '', result TEXT, error TEXT,
+    bundle_version BIGINT, announced INTEGER NOT NULL DEFAULT 0, created_s DOUBLE PRECISION NOT NULL,
+    started_s DOUBLE PRECISION, finished_s DOUBLE PRECISION, heartbeat_s DOUBLE PRECISION);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, id);
+CREATE TABLE IF NOT EXISTS job_logs (
+    seq {serial}, job BIGINT NOT NULL, ts_s DOUBLE PRECISION NOT NULL, line TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS job_logs_by_job ON job_logs (job, seq);
+"""
 
 # Versioned schema: (version, SQL, or SQL per dialect). Never edit an applied one; add the next.
 MIGRATIONS: tuple[tuple[int, str | dict[str, str]], ...] = (
@@ -70,6 +83,9 @@ UPDATE messages SET bundle_version = (body::jsonb->>'bundle_version')::bigint
 UPDATE messages SET state = body::jsonb->>'state' WHERE kind = 'status' AND state IS NULL;
 UPDATE messages SET state = body::jsonb->>'event' WHERE kind = 'event' AND state IS NULL;
 """}),
+    # the job queue (server.jobs): one row a job, its log lines beside it
+    (5, {"sqlite": _JOBS_SQL.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT"),
+         "postgresql": _JOBS_SQL.format(serial="BIGSERIAL PRIMARY KEY")}),
 )
 RESERVED_USER = "trickle-server"  # the bridge's MQTT user (server.bridge.SERVER_USER)
 MESSAGE_COLUMNS = "key, device, kind, ts_s, received_s, stored_s, body, correct, bundle_version, state"
@@ -77,6 +93,10 @@ MESSAGE_COLUMNS = "key, device, kind, ts_s, received_s, stored_s, body, correct,
 
 class StoreError(TrickleError):
     """A request the store refuses (unknown device, duplicate id, unknown bundle)."""
+
+
+class VersionTaken(StoreError):
+    """A bundle version registered meanwhile by someone else."""
 
 
 @dataclass(frozen=True)
@@ -372,11 +392,148 @@ class Store:
         return {t: int(v) for t, v in self._all("SELECT target, version FROM assignments ORDER BY target")}
 
 
+    # ---- jobs (server.jobs) ----
+
+    JOB_COLUMNS = ("id", "kind", "spec", "state", "cancel_requested", "worker", "attempts", "progress", "step", "result",
+                   "error", "bundle_version", "created_s", "started_s", "finished_s", "heartbeat_s")
+    skip_locked = ""  # PostgreSQL: workers claiming at once skip each other's row instead of waiting
+
+    def add_job(self, kind: str, spec: str) -> int:
+        row = self._one("INSERT INTO jobs (kind, spec, state, created_s) VALUES (?, ?, 'queued', ?) RETURNING id",
+                        (kind, spec, time.time()))
+        return int(row[0])
+
+    def _job(self, row: Sequence[Any]) -> dict[str, Any]:
+        job = dict(zip(self.JOB_COLUMNS, row))
+        job["spec"] = json.loads(job["spec"])
+        job["result"] = json.loads(job["result"]) if job["result"] else None
+        job["cancel_requested"] = bool(job["cancel_requested"])
+        return job
+
+    def job(self, job_id: int) -> dict[str, Any] | None:
+        row = self._one(f"SELECT {', '.join(self.JOB_COLUMNS)} FROM jobs WHERE id = ?", (job_id,))
+        return self._job(row) if row else None
+
+    def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` jobs (of one ``state``), newest first."""
+        where, args = ("WHERE state = ?", [state]) if state else ("", [])
+        rows = self._all(f"SELECT {', '.join(self.JOB_COLUMNS)} FROM jobs {where} ORDER BY id DESC LIMIT ?", (*args, limit))
+        return [self._job(r) for r in rows]
+
+    def claim_job(self, worker: str) -> dict[str, Any] | None:
+        """The oldest queued job, now running on ``worker`` (atomically: no two workers get one job)."""
+        now = time.time()
+        row = self._one(
+            "UPDATE jobs SET state = 'running', worker = ?, attempts = attempts + 1, started_s = ?, heartbeat_s = ?, "
+            "progress = 0, step = 'started' WHERE id = (SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1"
+            f"{self.skip_locked}) AND state = 'queued' RETURNING id", (worker, now, now))
+        return self.job(int(row[0])) if row else None
+
+    def job_heartbeat(self, job_id: int, worker: str, progress: float | None = None, step: str | None = None) -> bool:
+        """Record that ``worker`` still runs the job (and how far it is); False when it no longer owns
+        it or was asked to cancel it."""
+        row = self._one("UPDATE jobs SET heartbeat_s = ?, progress = COALESCE(?, progress), step = COALESCE(?, step) "
+                        "WHERE id = ? AND worker = ? AND state = 'running' RETURNING cancel_requested",
+                        (time.time(), progress, step, job_id, worker))
+        return bool(row) and not row[0]
+
+    def job_log(self, job_id: int, line: str) -> None:
+        self._run("INSERT INTO job_logs (job, ts_s, line) VALUES (?, ?, ?)", (job_id, time.time(), line))
+
+    def job_logs(self, job_id: int, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        rows = self._all("SELECT seq, ts_s, line FROM job_logs WHERE job = ? AND seq > ? ORDER BY seq LIMIT ?",
+                         (job_id, after, limit))
+        return [{"seq": int(q), "ts_s": float(t), "line": line} for q, t, line in rows]
+
+    def end_job(self, job_id: int, worker: str | None, state: str, error: str | None = None) -> bool:
+        """Mark a job failed or cancelled (by its worker, or with ``worker`` None by the server);
+        False when it had already ended."""
+        owner = " AND worker = ?" if worker is not None else ""
+        row = self._one(f"UPDATE jobs SET state = ?, error = ?, finished_s = ? WHERE id = ? AND state IN "
+                        f"('queued', 'running'){owner} RETURNING id",
+                        (state, error, time.time(), job_id, *([worker] if worker is not None else [])))
+        return bool(row)
+
+    def cancel_job(self, job_id: int) -> str | None:
+        """A queued job is cancelled now; a running one is asked to stop (its worker ends it). The
+        job's state after, or None for an unknown job."""
+        with self._transaction() as db:
+            row = db.execute(self._sql("SELECT state FROM jobs WHERE id = ?"), (job_id,)).fetchone()
+            if row is None:
+                return None
+            if row[0] == "queued":
+                db.execute(self._sql("UPDATE jobs SET state = 'cancelled', finished_s = ? WHERE id = ?"),
+                           (time.time(), job_id))
+                return "cancelled"
+            if row[0] == "running":
+                db.execute(self._sql("UPDATE jobs SET cancel_requested = 1 WHERE id = ?"), (job_id,))
+            return str(row[0])
+
+    def requeue_job(self, job_id: int, worker: str, max_attempts: int, why: str) -> str | None:
+        """A running job whose worker is gone: queued again while it has attempts left, else failed.
+        The state it is left in, or None when ``worker`` no longer ran it."""
+        row = self._one("UPDATE jobs SET state = CASE WHEN attempts < ? AND cancel_requested = 0 THEN 'queued' "
+                        "WHEN cancel_requested = 1 THEN 'cancelled' ELSE 'failed' END, "
+                        "worker = NULL, error = ?, finished_s = CASE WHEN attempts < ? AND cancel_requested = 0 "
+                        "THEN NULL ELSE ? END WHERE id = ? AND worker = ? AND state = 'running' RETURNING state",
+                        (max_attempts, why, max_attempts, time.time(), job_id, worker))
+        return str(row[0]) if row else None
+
+    def release_job(self, job_id: int, worker: str) -> None:
+        """A job its worker hands back (stopped politely): queued again, the attempt not counted."""
+        self._run("UPDATE jobs SET state = 'queued', worker = NULL, attempts = attempts - 1 WHERE id = ? AND worker = ? "
+                  "AND state = 'running'", (job_id, worker))
+
+    def running_jobs(self) -> list[tuple[int, str, float]]:
+        """(id, worker, heartbeat_s) of every running job."""
+        return [(int(i), str(w), float(h)) for i, w, h in
+                self._all("SELECT id, worker, heartbeat_s FROM jobs WHERE state = 'running'")]
+
+    def next_bundle_version(self) -> int:
+        (top,) = self._one("SELECT COALESCE(MAX(version), 0) FROM bundles")
+        return int(top) + 1
+
+    def finish_job(self, job_id: int, worker: str, result: dict[str, Any], bundle: tuple[int, str, str, Path] | None,
+                   assign: str | None, place: Callable[[], None] = lambda: None) -> None:
+        """A job's end in one transaction: its bundle (version, model, sha256, path) registered,
+        assigned to ``assign`` (``fleet:NAME``), and the job done; ``place()`` (moving the bundle's
+        file to its path) runs inside it, so a crash leaves either all of it or none. StoreError
+        when the version was taken meanwhile or the worker no longer owns the job."""
+        now = time.time()
+        try:
+            with self._transaction() as db:
+                if bundle is not None:
+                    version, model, sha, path = bundle
+                    db.execute(self._sql("INSERT INTO bundles VALUES (?, ?, ?, ?, ?)"), (version, model, sha, str(path), now))
+                    if assign is not None:
+                        db.execute(self._sql("INSERT INTO assignments VALUES (?, ?, ?) ON CONFLICT (target) DO UPDATE SET "
+                                             "version = excluded.version, assigned_s = excluded.assigned_s"),
+                                   (assign, version, now))
+                done = db.execute(self._sql(
+                    "UPDATE jobs SET state = 'done', progress = 1, step = 'done', result = ?, bundle_version = ?, "
+                    "finished_s = ?, error = NULL WHERE id = ? AND worker = ? AND state = 'running' RETURNING id"),
+                    (json.dumps(result, sort_keys=True), bundle[0] if bundle else None, now, job_id, worker)).fetchone()
+                if done is None:
+                    raise StoreError(f"job {job_id} is no longer run by {worker}")
+                place()
+        except self.integrity_errors:
+            raise VersionTaken(f"bundle_version {bundle[0] if bundle else '?'} was taken meanwhile") from None
+
+    def unannounced_jobs(self) -> list[dict[str, Any]]:
+        """Finished jobs whose assignment the server has not yet pushed to the devices."""
+        rows = self._all(f"SELECT {', '.join(self.JOB_COLUMNS)} FROM jobs WHERE state = 'done' AND announced = 0 ORDER BY id")
+        return [self._job(r) for r in rows]
+
+    def mark_announced(self, job_id: int) -> None:
+        self._run("UPDATE jobs SET announced = 1 WHERE id = ?", (job_id,))
+
+
 class PostgresStore(Store):
     """The same store on PostgreSQL (``postgresql://USER@HOST:PORT/DB``), through psycopg 3."""
 
     placeholder = "%s"
     dialect = "postgresql"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, url: str) -> None:
         import psycopg

@@ -33,6 +33,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "keygen": ("edge.cli", "make an Ed25519 key pair for signing bundles"),
     "edge": ("edge.cli", "run a bundle on this machine: trickle edge infer | trickle edge run (the device agent)"),
     "serve": ("server.cli", "serve the HTTP API and MQTT bridge (telemetry, results, bundles, OTA)"),
+    "worker": ("server.cli", "run the server's queued jobs (distillation) in this process"),
     "demo": ("trickle.demo", "the main job: train, sign a bundle, serve, a simulated fleet reports over MQTT"),
     "bench": ("bench.cli", "run a benchmark from bench/ and write bench/results/NAME.json"),
 }

@@ -89,6 +89,7 @@ class ServerProc:
     mqtt_port: int
     trust: Path | None = None
     store: str | None = None  # --store URL (PostgreSQL); default SQLite in data
+    extra: list[str] = field(default_factory=list)  # more flags of trickle serve
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
 
@@ -113,6 +114,7 @@ class ServerProc:
                "--broker", self.broker] + (["--mqtt-port", str(self.mqtt_port)] if self.broker == "embedded" else [])
         cmd += ["--trust", str(self.trust)] if self.trust else []
         cmd += ["--store", self.store] if self.store else []
+        cmd += self.extra
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 

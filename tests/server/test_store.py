@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from server.pgtemp import available
-from server.store import MIGRATIONS, Incoming, PostgresStore, Store, StoreError, open_store, redact
+from server.store import MIGRATIONS, Incoming, PostgresStore, Store, StoreError, VersionTaken, open_store, redact
 from tests.server.conftest import fresh_database
 
 needs_postgres = pytest.mark.skipif(not available(), reason="apt-get install postgresql")
@@ -169,3 +169,28 @@ def test_a_lost_connection_fails_one_call_and_the_next_reconnects(postgres_url: 
     with pytest.raises(psycopg.OperationalError):
         store.devices()
     assert [d["device"] for d in store.devices()] == ["a"]
+
+
+def test_jobs_claim_is_exclusive_and_finishing_is_all_or_nothing(store: Store, tmp_path: Path) -> None:
+    first, second = store.add_job("distill", "{}"), store.add_job("distill", "{}")
+    assert store.claim_job("w1")["id"] == first and store.claim_job("w2")["id"] == second
+    assert store.claim_job("w3") is None
+    target = tmp_path / "v1.tar"
+
+    def crash() -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):  # the bundle's file could not be placed: nothing is registered
+        store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f", place=crash)
+    assert store.bundles() == [] and store.assignments() == {} and store.job(first)["state"] == "running"
+    with pytest.raises(StoreError, match="no longer run by"):
+        store.finish_job(first, "w2", {}, (1, "m", "00", target), None)
+    store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f")
+    assert store.job(first)["state"] == "done" and store.assignments() == {"fleet:f": 1}
+    with pytest.raises(VersionTaken):
+        store.finish_job(second, "w2", {}, (1, "m", "00", target), None)
+    assert store.job(second)["state"] == "running"
+    assert store.requeue_job(second, "w2", 2, "worker w2 died") == "queued"
+    assert store.claim_job("w4")["attempts"] == 2
+    assert store.requeue_job(second, "w4", 2, "worker w4 died") == "failed"
+    assert store.job(second)["error"] == "worker w4 died"

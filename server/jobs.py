@@ -1,0 +1,417 @@
+"""Heavy work on the server: a job queue in the server's store, run by worker processes.
+
+    trickle serve --workers 2                    # the server starts two workers and watches them
+    trickle worker --state-dir runs/server       # or workers of their own (same state dir and --store)
+    POST /v1/jobs {"kind": "distill", "teacher": "runs/train/digits-fp32/checkpoint.pt",
+                   "dataset": "digits", "keep_ratio": 0.5, "then_assign": "field"}
+
+A job is ``queued`` -> ``running`` (a worker claimed it, atomically, and beats a heartbeat every
+second) -> ``done`` | ``failed`` (with its error) | ``cancelled``. Each worker runs one job at a
+time. When a worker dies (killed, out of memory, its machine gone) the server notices (its process
+ended, or its heartbeat is ``stale_s`` old) and queues the job again while it has attempts left
+(``max_attempts``), else fails it: a resumed job runs again from its start. A worker stopped
+politely (SIGTERM) hands its job back without spending an attempt.
+
+A ``distill`` job (``models.distill``: MDSLR pruning, KD into a switchable-precision student)
+ends in a bundle signed with the server's key (STATE_DIR/signing.key, made on first start; devices
+trust STATE_DIR/signing.pub). Its registration, its assignment to ``then_assign`` and the job's
+``done`` are one transaction, the bundle's file moved into place inside it: a worker killed at any
+point leaves all of it or none. The server then tells the fleet's devices by the usual OTA path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from edge.config import Config
+from edge.errors import ConfigError, TrickleError
+from edge.protocol import Name
+from server.store import Store, StoreError, VersionTaken
+
+log = logging.getLogger("trickle.server.jobs")
+Selection = Literal["mdslr", "random", "hard", "easy", "full"]  # models.distill.SELECTIONS (a test keeps them equal)
+
+
+class JobError(TrickleError):
+    """A job that cannot run as specified (its teacher is missing, its data does not fit it)."""
+
+
+class JobCancelled(Exception):
+    """Raised inside a job whose cancellation was asked for."""
+
+
+class DistillJob(Config):
+    """Distil a teacher into a quarter-width switchable-precision student on a pruned data set
+    (models.distill), export it as a signed bundle, register it and optionally assign it."""
+
+    kind: Literal["distill"] = "distill"
+    teacher: str = Field(min_length=1, max_length=4096)
+    """A checkpoint on the server (trickle train's checkpoint.pt; a path the server can read), or
+    ``bundle:V``: the checkpoint of the job that made bundle V here."""
+    dataset: str = Field("digits", min_length=1, max_length=4096)
+    """What the teacher was trained on: fsdd, basic_motions, digits, or the user's data as trickle
+    train accepts it (a path the server can read)."""
+    keep_ratio: float = Field(0.5, gt=0, le=1)
+    """Share of the training set the student sees (per class ⌊N/C·r⌋)."""
+    selection: Selection = "mdslr"
+    """Which examples: mdslr (medium difficulty, reshaped logits), random, hard, easy, or full."""
+    width: float = Field(0.25, gt=0, le=1)
+    """The student's channels relative to the teacher's."""
+    method: Literal["nexume", "uniform", "qat8"] = "nexume"
+    """The student's schedule: nexume or uniform (switchable precision, ready for DynInfer) or qat8."""
+    q_min: int = Field(2, ge=2, le=8)
+    """Lowest bit-width the student trains (nexume)."""
+    q_max: int = Field(8, ge=2, le=8)
+    """Highest bit-width the student trains (nexume)."""
+    epochs: int = Field(10, ge=1, le=1000)
+    """The student's passes over the kept examples."""
+    temperature: float = Field(4.0, gt=0, le=100)
+    """KD temperature T."""
+    seed: int = Field(0, ge=0)
+    """Seeds the student and the selection."""
+    mcu: str = "msp430fr5994"
+    """The target MCU: its cost model prices the variants the search trains."""
+    formats: list[str] = Field(default_factory=lambda: ["onnx", "onnx-int8"], min_length=1)
+    """The bundle's formats (trickle export --formats)."""
+    then_assign: Name | None = None
+    """A fleet to assign the finished bundle to (its devices update by OTA)."""
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, formats: list[str]) -> list[str]:
+        from export.formats import FORMATS
+
+        unknown = sorted(set(formats) - set(FORMATS))
+        if unknown:
+            raise ConfigError("formats", ",".join(unknown), f"must be among {', '.join(FORMATS)}")
+        return formats
+
+    @field_validator("mcu")
+    @classmethod
+    def _mcu(cls, name: str) -> str:
+        from simulator.devices import known_mcu
+
+        return known_mcu(name, "mcu")
+
+    @model_validator(mode="after")
+    def _bits(self) -> DistillJob:
+        if self.q_min > self.q_max:
+            raise ConfigError("q_min", self.q_min, f"must be <= q_max ({self.q_max})")
+        return self
+
+
+JobSpec = DistillJob  # a discriminated union on ``kind`` once there is a second kind
+
+
+# ---- the server's signing key -------------------------------------------------------------
+
+
+def signing_key(state_dir: Path) -> tuple[Path, Path]:
+    """(private, public) key files the server signs its bundles with, made on first use."""
+    from edge.bundle import generate_keypair
+
+    private, public = state_dir / "signing.key", state_dir / "signing.pub"
+    if not private.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        generate_keypair(private, public)
+    return private, public
+
+
+def resolve_teacher(spec: DistillJob, store: Store, state_dir: Path) -> Path:
+    """The teacher's checkpoint file, or JobError naming what is missing."""
+    if spec.teacher.startswith("bundle:"):
+        text = spec.teacher.split(":", 1)[1]
+        version = int(text) if text.isdigit() else -1
+        made = [j for j in store.jobs(state="done", limit=10_000) if j["bundle_version"] == version]
+        if not made:
+            raise JobError(f"teacher {spec.teacher!r}: no job on this server made bundle {text} (a bundle holds no "
+                           "training checkpoint; give the checkpoint's path)")
+        return state_dir / "jobs" / str(made[0]["id"]) / "checkpoint.pt"
+    path = Path(spec.teacher)
+    if not path.is_file():
+        raise JobError(f"teacher {spec.teacher!r}: no such checkpoint file on the server")
+    return path
+
+
+# ---- running one job ------------------------------------------------------------------------
+
+
+@dataclass
+class JobContext:
+    """What a running job may do: report progress (which is where a cancellation reaches it) and log."""
+
+    store: Store
+    job_id: int
+    worker: str
+    state_dir: Path
+
+    def progress(self, fraction: float, step: str) -> None:
+        if not self.store.job_heartbeat(self.job_id, self.worker, fraction, step):
+            raise JobCancelled()
+
+    def log(self, line: str) -> None:
+        self.store.job_log(self.job_id, line)
+
+
+def run_distill(spec: DistillJob, ctx: JobContext) -> None:
+    """Distil, export a signed bundle, and end the job with it registered (and assigned)."""
+    import torch
+
+    from export.bundle import export_bundle
+    from models.checkpoint import load_checkpoint, save_checkpoint
+    from models.distill import distill
+    from models.nexume import TrainConfig
+    from models.switchable import SwitchableNet
+
+    torch.set_num_threads(1)
+    teacher_path = resolve_teacher(spec, ctx.store, ctx.state_dir)
+    teacher, _ = load_checkpoint(teacher_path)
+    if not isinstance(teacher, SwitchableNet):
+        raise JobError(f"teacher {spec.teacher!r}: a user's own network (models.custom) cannot be distilled; "
+                       "train the built-in CNN as the teacher")
+    cfg = TrainConfig(dataset=spec.dataset, method=spec.method, epochs=spec.epochs, seed=spec.seed, q_min=spec.q_min,
+                      q_max=spec.q_max, mcu=spec.mcu)
+    ctx.progress(0.02, "loading data")
+    data = cfg.load_data()
+    if teacher.arch.n_classes != data.n_classes or tuple(teacher.arch.input_shape) != tuple(data.input_shape):
+        raise JobError(f"teacher {spec.teacher!r} takes {tuple(teacher.arch.input_shape)} into "
+                       f"{teacher.arch.n_classes} classes; data set {spec.dataset!r} is {tuple(data.input_shape)} "
+                       f"into {data.n_classes}")
+    ctx.log(f"distilling {teacher_path} on {data.name}: {spec.selection} keeps {spec.keep_ratio:.0%}, "
+            f"student width {spec.width}, {spec.method} for {spec.epochs} epochs")
+
+    def on_epoch(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
+        ctx.log(f"epoch {epoch}/{epochs}: loss {metrics['loss']:.4f}, train accuracy {metrics['train_acc']:.3f}")
+        ctx.progress(0.05 + 0.75 * epoch / epochs, f"epoch {epoch}/{epochs}")
+
+    out = distill(cfg, data, teacher, spec.selection, spec.keep_ratio, spec.width, spec.temperature, progress=on_epoch)
+    job_dir = ctx.state_dir / "jobs" / str(ctx.job_id)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out.result, data, job_dir)
+    best = max(out.result.variants, key=lambda v: v["accuracy"])
+    ctx.log(f"student: best variant {best['bits']}-bit drop {best['drop']}: test accuracy {best['accuracy']:.3f}; "
+            f"{len(out.kept)} of {len(data.y_train)} examples in {out.seconds:.1f} s")
+    key, _ = signing_key(ctx.state_dir)
+    bundle_dir = ctx.state_dir / "bundles"
+    bundle_dir.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(5):  # an upload may take the version meanwhile: export again with the next
+        version = ctx.store.next_bundle_version()
+        ctx.progress(0.85, f"exporting bundle v{version}")
+        tmp = export_bundle(job_dir / "checkpoint.pt", job_dir / f"bundle-v{version}.tar", spec.formats, key=key,
+                            as_tar=True, bundle_version=version, progress=lambda what: ctx.log(f"exported {what}"))
+        sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        model = f"{data.name}-{spec.method}"
+        target = bundle_dir / f"v{version}.tar"
+        result = {"bundle_version": version, "model": model, "sha256": sha, "student_accuracy": best["accuracy"],
+                  "best_variant": {"bits": best["bits"], "drop": best["drop"]}, "kept": len(out.kept),
+                  "n_train": len(data.y_train), "seconds": round(out.seconds, 3),
+                  "assigned": f"fleet:{spec.then_assign}" if spec.then_assign else None}
+        try:
+            ctx.store.finish_job(ctx.job_id, ctx.worker, result, (version, model, sha, target),
+                                 f"fleet:{spec.then_assign}" if spec.then_assign else None,
+                                 place=functools.partial(os.replace, tmp, target))
+        except VersionTaken:
+            tmp.unlink(missing_ok=True)
+            continue
+        ctx.log(f"registered bundle v{version} ({model})" + (f", assigned to fleet {spec.then_assign}"
+                                                               if spec.then_assign else ""))
+        return
+    raise JobError("five bundle versions in a row were taken by uploads meanwhile")
+
+
+RUNNERS: dict[str, Callable[[Any, JobContext], None]] = {"distill": run_distill}
+
+
+# ---- workers ---------------------------------------------------------------------------------
+
+
+def worker_name() -> str:
+    """host:pid:random — the server tells a dead local worker by its pid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Claims queued jobs one at a time and runs them (``trickle worker``)."""
+
+    def __init__(self, store: Store, state_dir: Path, name: str | None = None, poll_s: float = 0.5,
+                 heartbeat_s: float = 1.0) -> None:
+        self.store, self.state_dir = store, state_dir
+        self.name = name or worker_name()
+        self.poll_s, self.heartbeat_s = poll_s, heartbeat_s
+        self.stop = threading.Event()
+
+    def run_one(self) -> bool:
+        """Run the oldest queued job, if any; whether there was one."""
+        job = self.store.claim_job(self.name)
+        if job is None:
+            return False
+        job_id = int(job["id"])
+        ctx = JobContext(self.store, job_id, self.name, self.state_dir)
+        beating = threading.Event()
+        beat = threading.Thread(target=self._beat, args=(job_id, beating), name=f"trickle-job-{job_id}-heartbeat",
+                                daemon=True)
+        beat.start()
+        log.info("job %d (%s, attempt %d) on %s", job_id, job["kind"], job["attempts"], self.name)
+        ctx.log(f"started on {self.name} (attempt {job['attempts']})")
+        try:
+            RUNNERS[job["kind"]](JobSpec.model_validate(job["spec"]), ctx)
+            log.info("job %d done", job_id)
+        except JobCancelled:
+            self.store.end_job(job_id, self.name, "cancelled", "cancelled on request")
+            ctx.log("cancelled")
+        except (KeyboardInterrupt, SystemExit):  # stopped politely: hand the job back, attempt not spent
+            self.store.release_job(job_id, self.name)
+            ctx.log(f"handed back: worker {self.name} stopped")
+            raise
+        except Exception as e:
+            error = str(e) if isinstance(e, TrickleError) else f"{type(e).__name__}: {e}"
+            self.store.end_job(job_id, self.name, "failed", error)
+            ctx.log(f"failed: {error}")
+            if not isinstance(e, TrickleError):
+                ctx.log(traceback.format_exc()[-4000:])
+            log.warning("job %d failed: %s", job_id, error)
+        finally:
+            beating.set()
+            beat.join()
+        return True
+
+    def _beat(self, job_id: int, done: threading.Event) -> None:
+        try:
+            while not done.wait(self.heartbeat_s):
+                self.store.job_heartbeat(job_id, self.name)
+        finally:
+            self.store.close()
+
+    def run(self, once: bool = False) -> None:
+        """Until ``stop`` is set (or, with ``once``, the queue is empty)."""
+        while not self.stop.is_set():
+            if not self.run_one():
+                if once:
+                    return
+                self.stop.wait(self.poll_s)
+
+
+def run_worker(store: Store, state_dir: Path, once: bool = False) -> None:
+    """A worker in this process until SIGTERM/SIGINT (which hands a running job back)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    with contextlib.suppress(KeyboardInterrupt, SystemExit):
+        Worker(store, state_dir).run(once)
+
+
+# ---- the server's side: worker processes, dead workers, announcements ------------------------------
+
+
+def _local_pid(worker: str) -> int | None:
+    host, _, rest = worker.partition(":")
+    pid = rest.split(":", 1)[0]
+    return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class JobSupervisor:
+    """In the server: starts ``workers`` worker processes (and again when one dies), queues the job
+    of a dead worker again (or fails it), and announces finished jobs' assignments."""
+
+    store: Store
+    state_dir: Path
+    store_spec: str | None  # what the workers open (--store), None: the state dir's SQLite
+    workers: int
+    announce: Callable[[dict[str, Any]], None]
+    stale_s: float = 15.0
+    max_attempts: int = 2
+    every_s: float = 0.5
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        signing_key(self.state_dir)
+        self.procs = [self._spawn(i) for i in range(self.workers)]
+        self._thread = threading.Thread(target=self._loop, name="trickle-jobs", daemon=True)
+        self._thread.start()
+
+    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
+        logs = self.state_dir / "workers"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "trickle.cli", "worker", "--state-dir", str(self.state_dir)]
+        cmd += ["--store", self.store_spec] if self.store_spec else []
+        with open(logs / f"worker-{index}.log", "ab") as out:
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.every_s):
+                try:
+                    self.tick()
+                except StoreError as e:  # the database away for a moment: the next tick
+                    log.warning("job supervisor: %s", e)
+        finally:
+            self.store.close()
+
+    def tick(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc.poll() is not None and not self._stop.is_set():
+                log.warning("worker %d exited with %s; starting another", i, proc.returncode)
+                self.procs[i] = self._spawn(i)
+        self.reap()
+        for job in self.store.unannounced_jobs():
+            self.announce(job)
+            self.store.mark_announced(int(job["id"]))
+
+    def reap(self) -> None:
+        """Queue again (or fail) the jobs of workers that are gone."""
+        now = time.time()
+        for job_id, worker, heartbeat in self.store.running_jobs():
+            pid = _local_pid(worker)
+            dead = pid is not None and not _alive(pid)
+            if dead or now - heartbeat > self.stale_s:
+                why = f"worker {worker} " + ("died" if dead else f"silent for {now - heartbeat:.0f} s")
+                state = self.store.requeue_job(job_id, worker, self.max_attempts, why)
+                if state is not None:
+                    self.store.job_log(job_id, f"{why}: job {'resumed' if state == 'queued' else state}")
+                    log.warning("job %d: %s; now %s", job_id, why, state)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()  # SIGTERM: a running job is handed back
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self._thread is not None:
+            self._thread.join(10)
