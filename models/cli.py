@@ -2,6 +2,8 @@
 
     trickle train nexume --dataset fsdd --epochs 30 --out runs/train/fsdd
     trickle train nexume --dataset digits --method qat8          # the fixed 8-bit QAT baseline
+    trickle train nexume --dataset fsdd --nproc 2                 # data-parallel through torchrun (gloo)
+    trickle train nexume --nproc 2 --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400   # on each node
     trickle train lm --size base --out runs/lm/base               # 40 min, plays from DATA/shakespeare/plays
     trickle train lm --size small --steps 2000 --out runs/lm/small --resume
 
@@ -28,7 +30,8 @@ DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a te
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
 DRAFT_KINDS = ("moa", "eagle", "independent")  # models.draft.KINDS
-ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad", "model"),
+ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad", "model", "nproc",
+                   "nnodes", "node_rank", "rdzv_endpoint"),
         "lm": ("size",),
         "draft": ("target", "kind")}
 SHARED = {"lm": ("corpus", "minutes", "steps", "resume"), "draft": ("corpus", "minutes", "steps", "resume")}  # lm and draft
@@ -59,6 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="nexume only: nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) "
                         "or fp32")
     p.add_argument("--epochs", type=int, help="nexume only: passes over the training split (default 30)")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="nexume: train data-parallel in N processes (per node) through torchrun; the same seed "
+                        "and batch give the same model as one process, within float rounding")
+    p.add_argument("--nnodes", type=int, metavar="N", help="nexume with --nproc: nodes taking part (default 1)")
+    p.add_argument("--node-rank", type=int, metavar="I", help="nexume with --nproc: this node's rank, 0..nnodes-1")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="nexume with --nproc on several nodes: where torchrun's ranks meet (node 0's address)")
     p.add_argument("--corpus", type=Path, metavar="DIR",
                    help="lm and draft: folder of plain-text plays (*.txt; the last four by name are held out; "
                         "default DATA/shakespeare/plays)")
@@ -153,6 +163,8 @@ def run_nexume(args: argparse.Namespace) -> int:
     data = cfg.load_data(args.data)
     name = dataset_name(cfg.dataset)
     out = args.out or Path("runs") / "train" / f"{name}-{cfg.method}"
+    if args.nproc is not None or args.nnodes is not None or args.rdzv_endpoint is not None:
+        return run_torchrun(args, cfg, out)
     with tqdm(total=cfg.epochs, unit="epoch", desc=f"{cfg.method} on {name}", file=sys.stderr,
               disable=args.no_progress or None, leave=False) as bar:
         def progress(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
@@ -168,6 +180,27 @@ def run_nexume(args: argparse.Namespace) -> int:
     print(f"trained {cfg.method} on {name} in {result.train_time_s:.1f} s; "
           f"best variant {best['bits']}-bit drop {best['drop']}: accuracy {best['accuracy']:.3f}")
     print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def run_torchrun(args: argparse.Namespace, cfg: Any, out: Path) -> int:
+    from models.parallel import launch
+
+    nproc = args.nproc or 1
+    print(f"training {cfg.method} in {nproc} process(es) per node through torchrun ...", file=sys.stderr)
+    summary = launch(cfg.model_dump_json(), out, args.data, nproc, args.nnodes or 1, args.node_rank or 0,
+                     args.rdzv_endpoint)
+    if not summary:  # a node other than 0: rank 0 writes
+        print("done; node 0 wrote the checkpoint")
+        return 0
+    variants: list[dict[str, float]] = summary["variants"]  # type: ignore[assignment]
+    best = max(variants, key=lambda v: v["accuracy"])
+    if args.json:
+        print(json.dumps({"train_time_s": summary["train_time_s"], "best": best, "nproc": nproc, "out": str(out)}))
+        return 0
+    print(f"trained {cfg.method} in {nproc} process(es) in {summary['train_time_s']:.1f} s; "
+          f"best variant {best['bits']}-bit drop {best['drop']}: accuracy {best['accuracy']:.3f}")
+    print(f"wrote {out / 'checkpoint.pt'}, {out / 'summary.json'}")
     return 0
 
 

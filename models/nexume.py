@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ from edge.errors import ConfigError
 from models.datasets import Dataset
 from models.switchable import FLOAT_BITS, SUPPORTED_BITS, SwitchableNet, arch_for
 from simulator.devices import MCUS, PRECISION_CYCLE_FACTOR, known_mcu
+
+if TYPE_CHECKING:
+    from models.parallel import DataParallel
 
 Method = Literal["nexume", "uniform", "qat8", "fp32"]
 DROP_LEVELS = (0.0, 0.25, 0.5)  # the dropout levels a device can choose among (variants)
@@ -260,11 +263,12 @@ def build_model(cfg: TrainConfig, data: Dataset) -> Any:
 
 def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[str, float]], None] | None = None,
           model: Any = None, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-          subset: np.ndarray | None = None) -> TrainResult:
+          subset: np.ndarray | None = None, parallel: DataParallel | None = None) -> TrainResult:
     """Train ``cfg.method`` on ``data``; ``progress(epoch, epochs, metrics)`` after each epoch. ``model``
     (a ``models.custom.UserNet``) replaces the network ``cfg`` names. ``loss_fn(logits, batch
     indices)`` replaces the cross-entropy (knowledge distillation, ``models.distill``); ``subset``:
-    the training examples to use (a pruned set)."""
+    the training examples to use (a pruned set). ``parallel``: this process's place among torchrun's
+    ranks (``models.parallel``): each takes its share of every batch and they step together."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     model = model if model is not None else build_model(cfg, data)
@@ -290,41 +294,61 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
         for batch in order.split(cfg.batch_size):
             bits, drop = _schedule(cfg, sampler, search, rng, step)
             model.configure(bits, drop)
-            logits = model(x[batch])
-            task = task_loss(logits, batch)
             # the λ terms are constant in the weights: they act through the choice of (q, d) (ConfigSearch)
             cost = cfg.lambda_q * precision_cost(bits) * n_layers + cfg.lambda_d * drop * n_layers
-            loss = task + cost
             opt.zero_grad()
-            loss.backward()
+            batch_loss, batch_correct = _backward(model, x, y, batch, task_loss, cost, parallel)
             for count, p in zip(updates, weights):
                 if p.grad is not None:
                     count += (p.grad != 0).to(count.dtype)
             opt.step()
             step += 1
             if search is not None:
-                search.update((bits, drop), task.item())
+                search.update((bits, drop), batch_loss)
                 chosen_j += search.energy_j[(bits, drop)] * len(batch)
-            total += task.item() * len(batch)
+            total += batch_loss * len(batch)
             n_seen += len(batch)
-            correct += int((logits.argmax(1) == y[batch]).sum())
+            correct += batch_correct
         metrics = {"epoch": epoch + 1, "loss": total / n_seen, "train_acc": correct / n_seen}
         if search is not None:  # the energy of what the search chose to train, per example
             metrics["chosen_energy_j"] = chosen_j / n_seen
         history.append(metrics)
+        if parallel is not None:
+            parallel.sync_state(model)
         if progress:
             progress(epoch + 1, cfg.epochs, metrics)
     if cfg.method == "nexume" and cfg.finetune_epochs and cfg.rare_fraction > 0:
-        _finetune_rare(model, cfg, x, rows, task_loss, weights, updates, rng)
+        _finetune_rare(model, cfg, x, y, rows, task_loss, weights, updates, rng, parallel)
     elapsed = time.perf_counter() - started
     result = TrainResult(cfg, model, elapsed, history)
-    result.variants = evaluate_variants(model, data, cfg.mcu)
+    if parallel is None or parallel.rank == 0:  # the other ranks hold the same model and save nothing
+        result.variants = evaluate_variants(model, data, cfg.mcu)
     return result
 
 
-def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, rows: torch.Tensor,
+def _backward(model: Any, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor,
+              task_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], cost: float,
+              parallel: DataParallel | None) -> tuple[float, int]:
+    """Gradients of the batch's mean task loss (+ ``cost``) in the parameters' ``.grad``; returns the
+    batch's mean task loss and how many of it were classified right. Under torchrun each rank
+    computes its share and the ranks sum the gradients weighted by the shares: the whole batch's."""
+    if parallel is None:
+        logits = model(x[batch])
+        task = task_loss(logits, batch)
+        (task + cost).backward()
+        return task.item(), int((logits.argmax(1) == y[batch]).sum())
+    shard, share = parallel.shard(batch)
+    logits = model(x[shard])
+    task = task_loss(logits, shard)
+    (task + cost).backward()
+    correct = int((logits.argmax(1) == y[shard]).sum()) if share else 0
+    loss, total_correct = parallel.reduce_gradients(model, share, (task.item() * share, correct))
+    return loss, round(total_correct)
+
+
+def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
                    task_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], weights: list[nn.Parameter],
-                   updates: list[torch.Tensor], rng: np.random.Generator) -> None:
+                   updates: list[torch.Tensor], rng: np.random.Generator, parallel: DataParallel | None) -> None:
     """NExUME's regularization: train only the least-updated weights, at full precision, no dropout."""
     counts = torch.cat([u.flatten() for u in updates])
     threshold = torch.quantile(counts.float(), cfg.rare_fraction)
@@ -334,13 +358,14 @@ def _finetune_rare(model: SwitchableNet, cfg: TrainConfig, x: torch.Tensor, rows
     model.train()
     for _ in range(cfg.finetune_epochs):
         for batch in rows[torch.from_numpy(rng.permutation(len(rows)))].split(cfg.batch_size):
-            loss = task_loss(model(x[batch]), batch)
             opt.zero_grad()
-            loss.backward()
+            _backward(model, x, y, batch, task_loss, 0.0, parallel)
             for p, m in zip(weights, masks):
                 if p.grad is not None:
                     p.grad *= m
             opt.step()
+        if parallel is not None:
+            parallel.sync_state(model)
 
 
 def trained_weights(model: Any) -> list[nn.Parameter]:

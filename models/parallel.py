@@ -1,0 +1,149 @@
+"""Data-parallel training beyond one process, launched by torchrun (``torch.distributed.run``).
+
+    trickle train nexume --dataset fsdd --nproc 2                         # one machine, 2 processes
+    trickle train nexume --nproc 4 --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400   # on each node
+
+Every rank runs the same schedule (same seed: the same permutation, the same (bits, drop) drawn
+each step) and takes its share of each global batch (``batch[rank::world]``); the gradients are
+summed over the ranks weighted by each share's size, so a step is the step one process takes on
+the whole batch, up to float rounding. The search's loss estimates and the epoch's metrics are
+reduced the same way, so every rank keeps the same state. After each step rank 0's buffers (the
+activation quantizers' running statistics, which each rank gathers on its own share) are
+broadcast, so the replicas never drift apart; this is the one place where a quantized run differs
+from one process's (the statistics of half a batch instead of the whole). Only rank 0 writes the
+checkpoint (atomically). The process group is gloo: training here runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from edge.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    rank: int
+    world: int
+
+    @classmethod
+    def from_env(cls) -> DataParallel | None:
+        """The process group torchrun set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment), or
+        None in a single process."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return None
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def shard(self, batch: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """This rank's share of a global batch and its fraction of it. A rank left without examples
+        (a last batch smaller than the world) computes on the first one with weight 0, so that every
+        rank takes part in the same collective calls."""
+        own = batch[self.rank :: self.world]
+        if len(own) == 0:
+            return batch[:1], 0.0
+        return own, len(own) / len(batch)
+
+    def reduce_gradients(self, model: torch.nn.Module, share: float, extras: Sequence[float] = ()) -> list[float]:
+        """One all-reduce per step: each gradient becomes Σ_ranks share_r · grad_r (``share``: this
+        rank's fraction of the batch), each floating buffer the same weighted mean (the activation
+        quantizers' running statistics, which each rank gathered on its own share: averaged, they
+        describe the whole batch and stay the same on every rank), and ``extras`` (a loss already
+        weighted, a count) are summed. Equal gradients keep the parameters equal."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        buffers = [b for b in model.buffers() if b.is_floating_point()]
+        flat = torch.cat([*(t.flatten().double() * share for t in (*grads, *buffers)),
+                          torch.tensor(list(extras), dtype=torch.float64)])
+        dist.all_reduce(flat)
+        offset = 0
+        with torch.no_grad():
+            for t in (*grads, *buffers):
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+        return flat[offset:].tolist()
+
+    def sync_state(self, model: torch.nn.Module) -> None:
+        """Rank 0's parameters and buffers everywhere, after each epoch: the steps keep them equal
+        (reduce_gradients), this guards against anything that drifts (a float reduction's order)."""
+        tensors = [t for t in (*model.parameters(), *model.buffers()) if t.numel()]
+        for dtype in sorted({t.dtype for t in tensors}, key=str):
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().flatten() for t in same])
+            dist.broadcast(flat, 0)
+            offset = 0
+            with torch.no_grad():
+                for t in same:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+
+# ---- launching -------------------------------------------------------------------------------------
+
+
+def torchrun_command(config_file: Path, out: Path, data_root: Path | None, nproc: int, nnodes: int = 1,
+                     node_rank: int = 0, rdzv_endpoint: str | None = None) -> list[str]:
+    """The torchrun command line that trains ``config_file`` (a TrainConfig as JSON) into ``out``."""
+    if nproc < 1:
+        raise ConfigError("--nproc", nproc, "must be at least 1")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ConfigError("--nnodes", nnodes, "more than one node needs --rdzv-endpoint HOST:PORT")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if nnodes == 1 and not rdzv_endpoint:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=trickle-train"]
+    return [*cmd, "-m", "models.parallel", str(config_file), str(out), str(data_root or "")]
+
+
+def launch(cfg_json: str, out: Path, data_root: Path | None, nproc: int, nnodes: int = 1, node_rank: int = 0,
+           rdzv_endpoint: str | None = None) -> dict[str, object]:
+    """Train in ``nproc`` processes (per node) through torchrun; the summary rank 0 wrote."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="trickle-torchrun-") as tmp:
+        config_file = Path(tmp) / "config.json"
+        config_file.write_text(cfg_json)
+        cmd = torchrun_command(config_file, out, data_root, nproc, nnodes, node_rank, rdzv_endpoint)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise ConfigError("--nproc", nproc, f"torchrun failed (exit {done.returncode}): {done.stdout[-2000:]}")
+    if node_rank != 0:
+        return {}
+    summary: dict[str, object] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def main(argv: Sequence[str]) -> int:
+    """One rank: train the config, rank 0 saves the checkpoint."""
+    from models.checkpoint import save_checkpoint
+    from models.nexume import TrainConfig, train
+
+    config_file, out, data_root = argv
+    torch.set_num_threads(1)
+    parallel = DataParallel.from_env()
+    cfg = TrainConfig.model_validate_json(Path(config_file).read_text())
+    data = cfg.load_data(data_root or None)
+    result = train(cfg, data, parallel=parallel)
+    if parallel is None or parallel.rank == 0:
+        save_checkpoint(result, data, Path(out))
+    if parallel is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
