@@ -191,7 +191,7 @@ def run_torchrun(args: argparse.Namespace, cfg: Any, out: Path) -> int:
     summary = launch(cfg.model_dump_json(), out, args.data, nproc, args.nnodes or 1, args.node_rank or 0,
                      args.rdzv_endpoint)
     if not summary:  # a node other than 0: rank 0 writes
-        print("done; node 0 wrote the checkpoint")
+        print("done; the node that ran global rank 0 wrote the checkpoint")
         return 0
     variants: list[dict[str, float]] = summary["variants"]  # type: ignore[assignment]
     best = max(variants, key=lambda v: v["accuracy"])

@@ -290,6 +290,8 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
         if search is not None:
             probe = order[: 4 * cfg.batch_size]
             search.refresh(model, x[probe], y[probe])
+            if parallel is not None:  # every rank must choose alike: rank 0's estimates, bit for bit
+                search.loss = dict(zip(search.loss, parallel.broadcast(list(search.loss.values()))))
         total, n_seen, correct, chosen_j = 0.0, 0, 0, 0.0
         for batch in order.split(cfg.batch_size):
             bits, drop = _schedule(cfg, sampler, search, rng, step)

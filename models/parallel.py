@@ -6,16 +6,19 @@
 Every rank runs the same schedule (same seed: the same permutation, the same (bits, drop) drawn
 each step) and takes its share of each global batch (``batch[rank::world]``); the gradients are
 summed over the ranks weighted by each share's size, so a step is the step one process takes on
-the whole batch, up to float rounding. The search's loss estimates and the epoch's metrics are
-reduced the same way, so every rank keeps the same state. After each step rank 0's buffers (the
-activation quantizers' running statistics, which each rank gathers on its own share) are
-broadcast, so the replicas never drift apart; this is the one place where a quantized run differs
-from one process's (the statistics of half a batch instead of the whole). Only rank 0 writes the
-checkpoint (atomically). The process group is gloo: training here runs on the CPU.
+the whole batch, up to float rounding. The same all-reduce sums the batch's loss and hits and
+averages the activation quantizers' running statistics (buffers each rank gathers on its own
+share: the one place where a quantized run differs from one process's, the mean of two halves'
+statistics instead of the whole batch's); the search's loss estimates come from rank 0, so every
+rank picks the same configuration; at each epoch's end rank 0's parameters and buffers are
+broadcast, so the replicas cannot drift apart. Only global rank 0 writes the checkpoint
+(atomically), on the node it runs on (with several nodes torchrun decides which). The process
+group is gloo: training here runs on the CPU.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -74,6 +77,12 @@ class DataParallel:
                 offset += t.numel()
         return flat[offset:].tolist()
 
+    def broadcast(self, values: Sequence[float]) -> list[float]:
+        """Rank 0's values on every rank."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        dist.broadcast(t, 0)
+        return [float(v) for v in t.tolist()]
+
     def sync_state(self, model: torch.nn.Module) -> None:
         """Rank 0's parameters and buffers everywhere, after each epoch: the steps keep them equal
         (reduce_gradients), this guards against anything that drifts (a float reduction's order)."""
@@ -103,8 +112,10 @@ def torchrun_command(config_file: Path, out: Path, data_root: Path | None, nproc
     if nnodes == 1 and not rdzv_endpoint:
         cmd.append("--standalone")
     else:
+        # the same run on every node has the same id; another run against the same endpoint does not
+        run_id = hashlib.sha256(config_file.read_bytes() if config_file.exists() else b"").hexdigest()[:16]
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=trickle-train"]
+                f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id=trickle-{run_id}"]
     return [*cmd, "-m", "models.parallel", str(config_file), str(out), str(data_root or "")]
 
 
@@ -112,6 +123,7 @@ def launch(cfg_json: str, out: Path, data_root: Path | None, nproc: int, nnodes:
            rdzv_endpoint: str | None = None) -> dict[str, object]:
     """Train in ``nproc`` processes (per node) through torchrun; the summary rank 0 wrote."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)  # what tells that this node's rank 0 finished
     with tempfile.TemporaryDirectory(prefix="trickle-torchrun-") as tmp:
         config_file = Path(tmp) / "config.json"
         config_file.write_text(cfg_json)
@@ -120,7 +132,7 @@ def launch(cfg_json: str, out: Path, data_root: Path | None, nproc: int, nnodes:
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         raise ConfigError("--nproc", nproc, f"torchrun failed (exit {done.returncode}): {done.stdout[-2000:]}")
-    if node_rank != 0:
+    if not (out / "summary.json").exists():  # global rank 0 ran on another node and wrote it there
         return {}
     summary: dict[str, object] = json.loads((out / "summary.json").read_text())
     return summary

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 
@@ -137,8 +138,11 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", type=Path, default=Path("runs/server"),
                    help="the server's state dir: its SQLite database (without --store), bundles, signing key "
                         "(default runs/server)")
-    p.add_argument("--store", metavar="URL", help="postgresql://...: the server's PostgreSQL store")
+    p.add_argument("--store", metavar="URL",
+                   help="postgresql://...: the server's PostgreSQL store (default $TRICKLE_STORE, where a password "
+                        "stays out of the process list)")
     p.add_argument("--once", action="store_true", help="run the queued jobs, then exit")
+    p.add_argument("--parent-pid", type=int, metavar="PID", help=argparse.SUPPRESS)  # trickle serve --workers: exit with it
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -156,7 +160,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from server.store import open_store
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    store = open_store(args.store or args.state_dir / "trickle.sqlite")
+    store = open_store(args.store or os.environ.get("TRICKLE_STORE") or args.state_dir / "trickle.sqlite")
     signing_key(args.state_dir)
-    work(store, args.state_dir, once=args.once)
+    work(store, args.state_dir, once=args.once, parent_pid=args.parent_pid)
     return 0

@@ -9,6 +9,8 @@ build step, no third-party script: its charts are SVG drawn by ``dashboard.js``)
   was stored, registered, uploaded or assigned (checked every ``interval`` seconds, in memory) and
   at least every 30 s; each viewer's snapshot is its own page's queries (devices paged first, then
   their messages by index). The page reads it with fetch, so the bearer token stays in a header.
+- The admin's snapshot also holds the newest jobs (``server.jobs``: state, progress, step,
+  attempts, the bundle a distillation made or its error); the page can cancel one.
 - ``GET /v1/dashboard/devices/{device}``: one device's newest telemetry (voltage, power
   failures), results timeline, variant choices and events (the last 5000 of each).
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 STATIC = Path(__file__).parent / "static"
 ONLINE_S = 300.0
+JOBS_SHOWN = 20
 RESEND_S = 30.0
 
 
@@ -72,14 +75,24 @@ def fleet_snapshot(state: "ServerState", who: "Principal", page: int = 0, per_pa
         totals = store.fleet_totals(now, ONLINE_S)
         hours = store.results_per_hour(now)
         bundles = store.bundles()
+        jobs = [_job_row(j) for j in store.jobs(limit=JOBS_SHOWN)]
     else:
         totals = {"devices": len(rows), "online": sum(r["online"] for r in rows),
                   "results": sum(r["results"] for r in rows), "results_last_hour": sum(r["results_last_hour"] for r in rows),
                   "labelled": sum(r["labelled"] for r in rows), "correct": sum(r["correct"] for r in rows)}
-        hours, bundles, assignments = [], [], {}
+        hours, bundles, assignments, jobs = [], [], {}, []
     return {"now_s": now, "admin": who.admin, "totals": totals, "rejected": _rejected(state) if who.admin else {},
             "results_per_hour": hours, "page": page, "per_page": per_page, "matching": matching, "devices": rows,
-            "bundles": bundles, "assignments": assignments}
+            "bundles": bundles, "assignments": assignments, "jobs": jobs}
+
+
+def _job_row(job: dict[str, Any]) -> dict[str, Any]:
+    spec, result = job["spec"], job["result"] or {}
+    return {"id": job["id"], "kind": job["kind"], "state": job["state"], "progress": job["progress"],
+            "step": job["step"], "attempts": job["attempts"], "cancel_requested": job["cancel_requested"],
+            "error": job["error"], "bundle_version": job["bundle_version"],
+            "student_accuracy": result.get("student_accuracy"), "created_s": job["created_s"],
+            "what": f"{spec.get('dataset', '?')}, {spec.get('selection', '?')} {spec.get('keep_ratio', 0):.0%}"}
 
 
 def device_detail(state: "ServerState", device: str, limit: int = 5000) -> dict[str, Any]:
@@ -122,10 +135,11 @@ def dashboard_router(state: "ServerState", principal: Callable[..., "Principal"]
     async def stream(request: Request, who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = ""
                      ) -> StreamingResponse:
         async def events() -> AsyncIterator[str]:
-            last: tuple[int, int] | None = None
+            last: tuple[int, int, Any] | None = None
             sent = 0.0
             while not await request.is_disconnected():
-                version = (state.metrics.stored_count, state.changes)  # what the page shows changed
+                jobs = await run_in_threadpool(state.store.jobs_version) if who.admin else None
+                version = (state.metrics.stored_count, state.changes, jobs)  # what the page shows changed
                 if version != last or time.monotonic() - sent >= RESEND_S:
                     snapshot = await run_in_threadpool(fleet_snapshot, state, who, page, per_page, q)
                     yield f"event: fleet\ndata: {json.dumps(snapshot)}\n\n"

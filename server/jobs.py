@@ -44,7 +44,7 @@ from pydantic import Field, field_validator, model_validator
 from edge.config import Config
 from edge.errors import ConfigError, TrickleError
 from edge.protocol import Name
-from server.store import Store, StoreError, VersionTaken
+from server.store import JobNotFinished, Store, VersionTaken
 
 log = logging.getLogger("trickle.server.jobs")
 Selection = Literal["mdslr", "random", "hard", "easy", "full"]  # models.distill.SELECTIONS (a test keeps them equal)
@@ -56,6 +56,14 @@ class JobError(TrickleError):
 
 class JobCancelled(Exception):
     """Raised inside a job whose cancellation was asked for."""
+
+
+class JobLost(Exception):
+    """Raised inside a job its worker no longer owns (the server took it back, thinking it dead)."""
+
+
+class WorkerStopping(Exception):
+    """Raised inside a job whose worker was asked to stop (SIGTERM): the job is handed back."""
 
 
 class DistillJob(Config):
@@ -140,11 +148,11 @@ def resolve_teacher(spec: DistillJob, store: Store, state_dir: Path) -> Path:
     if spec.teacher.startswith("bundle:"):
         text = spec.teacher.split(":", 1)[1]
         version = int(text) if text.isdigit() else -1
-        made = [j for j in store.jobs(state="done", limit=10_000) if j["bundle_version"] == version]
-        if not made:
+        made = store.job_by_bundle(version) if 0 < version < 2**62 else None
+        if made is None:
             raise JobError(f"teacher {spec.teacher!r}: no job on this server made bundle {text} (a bundle holds no "
                            "training checkpoint; give the checkpoint's path)")
-        return state_dir / "jobs" / str(made[0]["id"]) / "checkpoint.pt"
+        return state_dir / "jobs" / str(made["id"]) / "checkpoint.pt"
     path = Path(spec.teacher)
     if not path.is_file():
         raise JobError(f"teacher {spec.teacher!r}: no such checkpoint file on the server")
@@ -162,10 +170,22 @@ class JobContext:
     job_id: int
     worker: str
     state_dir: Path
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def progress(self, fraction: float, step: str) -> None:
-        if not self.store.job_heartbeat(self.job_id, self.worker, fraction, step):
+        """Record how far the job is; raises where the job must stop: cancelled, taken back, or
+        its worker stopping."""
+        if self.stopping.is_set():
+            raise WorkerStopping()
+        try:
+            state = self.store.job_heartbeat(self.job_id, self.worker, fraction, step)
+        except Exception as e:  # the database away for a moment: go on, the next report tells
+            log.warning("job %d: progress not recorded: %s", self.job_id, e)
+            return
+        if state == "cancel":
             raise JobCancelled()
+        if state == "lost":
+            raise JobLost()
 
     def log(self, line: str) -> None:
         self.store.job_log(self.job_id, line)
@@ -231,6 +251,10 @@ def run_distill(spec: DistillJob, ctx: JobContext) -> None:
         except VersionTaken:
             tmp.unlink(missing_ok=True)
             continue
+        except JobNotFinished:  # cancelled during the export, or taken back: nothing was registered
+            tmp.unlink(missing_ok=True)
+            ctx.progress(0.85, "ending")  # raises JobCancelled or JobLost
+            raise
         ctx.log(f"registered bundle v{version} ({model})" + (f", assigned to fleet {spec.then_assign}"
                                                                if spec.then_assign else ""))
         return
@@ -252,10 +276,11 @@ class Worker:
     """Claims queued jobs one at a time and runs them (``trickle worker``)."""
 
     def __init__(self, store: Store, state_dir: Path, name: str | None = None, poll_s: float = 0.5,
-                 heartbeat_s: float = 1.0) -> None:
+                 heartbeat_s: float = 1.0, parent_pid: int | None = None) -> None:
         self.store, self.state_dir = store, state_dir
         self.name = name or worker_name()
         self.poll_s, self.heartbeat_s = poll_s, heartbeat_s
+        self.parent_pid = parent_pid  # the server that started this worker: when it is gone, so is the worker
         self.stop = threading.Event()
 
     def run_one(self) -> bool:
@@ -264,7 +289,7 @@ class Worker:
         if job is None:
             return False
         job_id = int(job["id"])
-        ctx = JobContext(self.store, job_id, self.name, self.state_dir)
+        ctx = JobContext(self.store, job_id, self.name, self.state_dir, self.stop)
         beating = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job_id, beating), name=f"trickle-job-{job_id}-heartbeat",
                                 daemon=True)
@@ -277,10 +302,13 @@ class Worker:
         except JobCancelled:
             self.store.end_job(job_id, self.name, "cancelled", "cancelled on request")
             ctx.log("cancelled")
-        except (KeyboardInterrupt, SystemExit):  # stopped politely: hand the job back, attempt not spent
+        except JobLost:  # the server gave it to another attempt (or failed it): not ours to end
+            ctx.log(f"worker {self.name} let go of it: the server had taken it back")
+        except (WorkerStopping, KeyboardInterrupt) as stopped:  # politely: hand the job back, attempt not spent
             self.store.release_job(job_id, self.name)
             ctx.log(f"handed back: worker {self.name} stopped")
-            raise
+            if isinstance(stopped, KeyboardInterrupt):
+                raise
         except Exception as e:
             error = str(e) if isinstance(e, TrickleError) else f"{type(e).__name__}: {e}"
             self.store.end_job(job_id, self.name, "failed", error)
@@ -296,53 +324,58 @@ class Worker:
     def _beat(self, job_id: int, done: threading.Event) -> None:
         try:
             while not done.wait(self.heartbeat_s):
-                self.store.job_heartbeat(job_id, self.name)
+                try:
+                    self.store.job_heartbeat(job_id, self.name)
+                except Exception as e:  # the database away for a moment: beat again next time
+                    log.warning("job %d: heartbeat failed: %s", job_id, e)
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    log.warning("the server (pid %d) is gone: stopping", self.parent_pid)
+                    self.stop.set()
         finally:
             self.store.close()
 
     def run(self, once: bool = False) -> None:
         """Until ``stop`` is set (or, with ``once``, the queue is empty)."""
         while not self.stop.is_set():
-            if not self.run_one():
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                log.warning("the server (pid %d) is gone: stopping", self.parent_pid)
+                return
+            try:
+                ran = self.run_one()
+            except Exception as e:  # the database away for a moment (a job it held is reaped): try again
+                log.warning("worker %s: %s", self.name, e)
+                self.stop.wait(5.0)
+                ran = False
+            if not ran:
                 if once:
                     return
                 self.stop.wait(self.poll_s)
 
 
-def run_worker(store: Store, state_dir: Path, once: bool = False) -> None:
-    """A worker in this process until SIGTERM/SIGINT (which hands a running job back)."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    with contextlib.suppress(KeyboardInterrupt, SystemExit):
-        Worker(store, state_dir).run(once)
+def run_worker(store: Store, state_dir: Path, once: bool = False, parent_pid: int | None = None) -> None:
+    """A worker in this process until SIGTERM (the running job is handed back at its next progress
+    report) or SIGINT (at once)."""
+    worker = Worker(store, state_dir, parent_pid=parent_pid)
+    # set from a thread: the handler runs in the main thread, which may hold the event's lock (in wait)
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=worker.stop.set).start())
+    with contextlib.suppress(KeyboardInterrupt):
+        worker.run(once)
 
 
 # ---- the server's side: worker processes, dead workers, announcements ------------------------------
 
 
-def _local_pid(worker: str) -> int | None:
-    host, _, rest = worker.partition(":")
-    pid = rest.split(":", 1)[0]
-    return int(pid) if host == socket.gethostname() and pid.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _pid(worker: str) -> int | None:
+    pid = worker.split(":")[1] if worker.count(":") >= 2 else ""
+    return int(pid) if pid.isdigit() else None
 
 
 @dataclass
 class JobSupervisor:
-    """In the server: starts ``workers`` worker processes (and again when one dies), queues the job
-    of a dead worker again (or fails it), and announces finished jobs' assignments."""
+    """In the server: starts ``workers`` worker processes (again when one dies, backing off when
+    they die at once), queues the job of a dead worker again (or fails it), and announces finished
+    jobs' assignments. A worker of its own that exited is dead at once; any other is dead when its
+    heartbeat is ``stale_s`` old."""
 
     store: Store
     state_dir: Path
@@ -352,39 +385,64 @@ class JobSupervisor:
     stale_s: float = 15.0
     max_attempts: int = 2
     every_s: float = 0.5
+    stop_wait_s: float = 10.0  # how long a stopping worker may take to hand its job back
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    exited: dict[int, int | None] = field(default_factory=dict)  # pid -> exit status, of this server's workers
+    seen: set[int] = field(default_factory=set)  # pids of this server's workers whose exit was noted
+    _next_spawn: list[float] = field(default_factory=list)
+    _backoff: list[float] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
         signing_key(self.state_dir)
         self.procs = [self._spawn(i) for i in range(self.workers)]
+        self._next_spawn = [0.0] * self.workers
+        self._backoff = [1.0] * self.workers
         self._thread = threading.Thread(target=self._loop, name="trickle-jobs", daemon=True)
         self._thread.start()
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         logs = self.state_dir / "workers"
         logs.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "trickle.cli", "worker", "--state-dir", str(self.state_dir)]
-        cmd += ["--store", self.store_spec] if self.store_spec else []
+        cmd = [sys.executable, "-m", "trickle.cli", "worker", "--state-dir", str(self.state_dir),
+               "--parent-pid", str(os.getpid())]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if self.store_spec:  # through the environment: a password in argv is visible to every user (ps)
+            env["TRICKLE_STORE"] = self.store_spec
+        else:  # the state dir's SQLite, whatever this server's environment says
+            env.pop("TRICKLE_STORE", None)
         with open(logs / f"worker-{index}.log", "ab") as out:
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
     def _loop(self) -> None:
         try:
             while not self._stop.wait(self.every_s):
                 try:
                     self.tick()
-                except StoreError as e:  # the database away for a moment: the next tick
-                    log.warning("job supervisor: %s", e)
+                except Exception:  # the database away for a moment, a full disk: log it, tick again
+                    log.exception("job supervisor")
         finally:
             self.store.close()
 
     def tick(self) -> None:
+        now = time.monotonic()
         for i, proc in enumerate(self.procs):
-            if proc.poll() is not None and not self._stop.is_set():
-                log.warning("worker %d exited with %s; starting another", i, proc.returncode)
+            if proc.poll() is None or self._stop.is_set():
+                continue
+            if proc.pid not in self.seen:
+                self.seen.add(proc.pid)
+                self.exited[proc.pid] = proc.returncode
+                # a worker that dies right after starting (a broken install, a bad --store) is not
+                # started again in a tight loop: 1, 2, 4 ... 60 s apart
+                self._next_spawn[i] = now + self._backoff[i]
+                self._backoff[i] = min(60.0, self._backoff[i] * 2)
+                log.warning("worker %d (pid %d) exited with %s", i, proc.pid, proc.returncode)
+            if now >= self._next_spawn[i]:
                 self.procs[i] = self._spawn(i)
+        for i, proc in enumerate(self.procs):  # one that kept running a while earns a short wait again
+            if proc.poll() is None and now - self._next_spawn[i] > 60:
+                self._backoff[i] = 1.0
         self.reap()
         for job in self.store.unannounced_jobs():
             self.announce(job)
@@ -394,24 +452,42 @@ class JobSupervisor:
         """Queue again (or fail) the jobs of workers that are gone."""
         now = time.time()
         for job_id, worker, heartbeat in self.store.running_jobs():
-            pid = _local_pid(worker)
-            dead = pid is not None and not _alive(pid)
+            pid = _pid(worker)
+            host = worker.partition(":")[0]
+            dead = host == socket.gethostname() and pid in self.exited
             if dead or now - heartbeat > self.stale_s:
-                why = f"worker {worker} " + ("died" if dead else f"silent for {now - heartbeat:.0f} s")
-                state = self.store.requeue_job(job_id, worker, self.max_attempts, why)
+                why = (f"worker {worker} died (exit status {self.exited[pid]})" if dead and pid is not None
+                       else f"worker {worker} silent for {now - heartbeat:.0f} s")
+                state = self.store.requeue_job(job_id, worker, heartbeat, self.max_attempts, why)
                 if state is not None:
                     self.store.job_log(job_id, f"{why}: job {'resumed' if state == 'queued' else state}")
                     log.warning("job %d: %s; now %s", job_id, why, state)
+        # an exit counts once: the job such a worker held was just taken back, and a later worker
+        # may get the same pid
+        self.exited.clear()
 
     def stop(self) -> None:
+        """Stop watching first (so no worker is started again), then the workers: SIGTERM hands a
+        running job back at its next progress report; one still busy after ``stop_wait_s`` gets
+        SIGINT (handed back at once), then SIGKILL, and its job is handed back here: a restart
+        spends no attempt."""
         self._stop.set()
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()  # SIGTERM: a running job is handed back
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
         if self._thread is not None:
             self._thread.join(10)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for sig, wait_s in ((None, self.stop_wait_s), (signal.SIGINT, 3.0), (signal.SIGKILL, 10.0)):
+            deadline = time.monotonic() + wait_s
+            for proc in self.procs:
+                if sig is not None and proc.poll() is None:
+                    proc.send_signal(sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+            if all(proc.poll() is not None for proc in self.procs):
+                break
+        pids = {proc.pid for proc in self.procs}
+        with contextlib.suppress(Exception):
+            for job_id, worker, _ in self.store.running_jobs():
+                if worker.partition(":")[0] == socket.gethostname() and _pid(worker) in pids:
+                    self.store.release_job(job_id, worker)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from edge.protocol import ROUTES
+from models.datasets import DATASETS
 from server.jobs import JobError, JobSpec, resolve_teacher
 from server.store import Store
 
@@ -38,6 +39,10 @@ def jobs_router(store: Store, state_dir: Path, admin: Callable[..., Any]) -> API
             resolve_teacher(spec, store, state_dir)  # a missing teacher is the submitter's mistake, now
         except JobError as err:
             raise HTTPException(422, str(err)) from None
+        # paths as the server sees them: a worker may run in another directory
+        absolute = {k: str(Path(v).resolve()) for k, v in (("teacher", spec.teacher), ("dataset", spec.dataset))
+                    if not v.startswith(("bundle:", "ucr:")) and v not in DATASETS and Path(v).exists()}
+        spec = spec.model_copy(update=absolute)
         return existing(store.add_job(spec.kind, spec.model_dump_json()))
 
     @router.get(ROUTES["jobs"])

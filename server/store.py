@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edge.errors import TrickleError
 
@@ -97,6 +97,10 @@ class StoreError(TrickleError):
 
 class VersionTaken(StoreError):
     """A bundle version registered meanwhile by someone else."""
+
+
+class JobNotFinished(StoreError):
+    """A job's end refused: it was cancelled meanwhile, or its worker no longer owns it."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +209,8 @@ class Store:
             yield db
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # a failed COMMIT may have ended it already
+                db.execute("ROLLBACK")
             raise
 
     def _script(self, db: Any, sql: str) -> None:
@@ -425,17 +430,20 @@ class Store:
         now = time.time()
         row = self._one(
             "UPDATE jobs SET state = 'running', worker = ?, attempts = attempts + 1, started_s = ?, heartbeat_s = ?, "
-            "progress = 0, step = 'started' WHERE id = (SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1"
+            "progress = 0, step = 'started', error = NULL "
+            "WHERE id = (SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1"
             f"{self.skip_locked}) AND state = 'queued' RETURNING id", (worker, now, now))
         return self.job(int(row[0])) if row else None
 
-    def job_heartbeat(self, job_id: int, worker: str, progress: float | None = None, step: str | None = None) -> bool:
-        """Record that ``worker`` still runs the job (and how far it is); False when it no longer owns
-        it or was asked to cancel it."""
+    def job_heartbeat(self, job_id: int, worker: str, progress: float | None = None,
+                      step: str | None = None) -> Literal["running", "cancel", "lost"]:
+        """Record that ``worker`` still runs the job (and how far it is): ``running``; ``cancel`` when
+        a cancellation was asked for; ``lost`` when the worker no longer owns the job (the server
+        took it back from a worker it thought dead)."""
         row = self._one("UPDATE jobs SET heartbeat_s = ?, progress = COALESCE(?, progress), step = COALESCE(?, step) "
                         "WHERE id = ? AND worker = ? AND state = 'running' RETURNING cancel_requested",
                         (time.time(), progress, step, job_id, worker))
-        return bool(row) and not row[0]
+        return "lost" if not row else "cancel" if row[0] else "running"
 
     def job_log(self, job_id: int, line: str) -> None:
         self._run("INSERT INTO job_logs (job, ts_s, line) VALUES (?, ?, ?)", (job_id, time.time(), line))
@@ -457,37 +465,55 @@ class Store:
     def cancel_job(self, job_id: int) -> str | None:
         """A queued job is cancelled now; a running one is asked to stop (its worker ends it). The
         job's state after, or None for an unknown job."""
-        with self._transaction() as db:
-            row = db.execute(self._sql("SELECT state FROM jobs WHERE id = ?"), (job_id,)).fetchone()
-            if row is None:
-                return None
-            if row[0] == "queued":
-                db.execute(self._sql("UPDATE jobs SET state = 'cancelled', finished_s = ? WHERE id = ?"),
-                           (time.time(), job_id))
+        # each UPDATE guards the state it changes: a worker claiming, handing back or finishing the
+        # job between them makes it miss, and the next round sees the new state
+        for _ in range(5):
+            if self._one("UPDATE jobs SET state = 'cancelled', finished_s = ? WHERE id = ? AND state = 'queued' "
+                         "RETURNING id", (time.time(), job_id)):
                 return "cancelled"
-            if row[0] == "running":
-                db.execute(self._sql("UPDATE jobs SET cancel_requested = 1 WHERE id = ?"), (job_id,))
-            return str(row[0])
+            if self._one("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = 'running' RETURNING id", (job_id,)):
+                return "running"
+            row = self._one("SELECT state FROM jobs WHERE id = ?", (job_id,))
+            if row is None or row[0] not in ("queued", "running"):
+                return None if row is None else str(row[0])
+        raise StoreError(f"job {job_id} kept changing state while being cancelled; try again")
 
-    def requeue_job(self, job_id: int, worker: str, max_attempts: int, why: str) -> str | None:
+    def requeue_job(self, job_id: int, worker: str, heartbeat_s: float, max_attempts: int, why: str) -> str | None:
         """A running job whose worker is gone: queued again while it has attempts left, else failed.
-        The state it is left in, or None when ``worker`` no longer ran it."""
+        The state it is left in, or None when ``worker`` no longer ran it or beat since
+        ``heartbeat_s`` (what the caller saw: it was alive after all)."""
         row = self._one("UPDATE jobs SET state = CASE WHEN attempts < ? AND cancel_requested = 0 THEN 'queued' "
                         "WHEN cancel_requested = 1 THEN 'cancelled' ELSE 'failed' END, "
                         "worker = NULL, error = ?, finished_s = CASE WHEN attempts < ? AND cancel_requested = 0 "
-                        "THEN NULL ELSE ? END WHERE id = ? AND worker = ? AND state = 'running' RETURNING state",
-                        (max_attempts, why, max_attempts, time.time(), job_id, worker))
+                        "THEN NULL ELSE ? END "
+                        "WHERE id = ? AND worker = ? AND state = 'running' AND heartbeat_s = ? RETURNING state",
+                        (max_attempts, why, max_attempts, time.time(), job_id, worker, heartbeat_s))
         return str(row[0]) if row else None
 
     def release_job(self, job_id: int, worker: str) -> None:
-        """A job its worker hands back (stopped politely): queued again, the attempt not counted."""
-        self._run("UPDATE jobs SET state = 'queued', worker = NULL, attempts = attempts - 1 WHERE id = ? AND worker = ? "
-                  "AND state = 'running'", (job_id, worker))
+        """A job its worker hands back (stopped politely): queued again, the attempt not counted; or
+        cancelled, when that was asked for meanwhile."""
+        self._run("UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' ELSE 'queued' END, "
+                  "finished_s = CASE WHEN cancel_requested = 1 THEN ? ELSE NULL END, worker = NULL, "
+                  "attempts = attempts - 1 WHERE id = ? AND worker = ? AND state = 'running'", (time.time(), job_id, worker))
 
     def running_jobs(self) -> list[tuple[int, str, float]]:
         """(id, worker, heartbeat_s) of every running job."""
         return [(int(i), str(w), float(h)) for i, w, h in
                 self._all("SELECT id, worker, heartbeat_s FROM jobs WHERE state = 'running'")]
+
+    def jobs_version(self) -> tuple[Any, ...]:
+        """Changes whenever a job is added, ends or moves on (the dashboard's stream compares it)."""
+        return tuple(self._one(
+            "SELECT COALESCE(MAX(id), 0), COALESCE(MAX(finished_s), 0), (SELECT COUNT(*) FROM jobs WHERE state = "
+            "'running'), (SELECT COALESCE(SUM(progress + attempts + cancel_requested), 0) FROM jobs "
+            "WHERE state IN ('queued', 'running')) FROM jobs"))
+
+    def job_by_bundle(self, version: int) -> dict[str, Any] | None:
+        """The finished job that made bundle ``version`` here."""
+        row = self._one(f"SELECT {', '.join(self.JOB_COLUMNS)} FROM jobs WHERE bundle_version = ? AND state = 'done'",
+                        (version,))
+        return self._job(row) if row else None
 
     def next_bundle_version(self) -> int:
         (top,) = self._one("SELECT COALESCE(MAX(version), 0) FROM bundles")
@@ -497,8 +523,9 @@ class Store:
                    assign: str | None, place: Callable[[], None] = lambda: None) -> None:
         """A job's end in one transaction: its bundle (version, model, sha256, path) registered,
         assigned to ``assign`` (``fleet:NAME``), and the job done; ``place()`` (moving the bundle's
-        file to its path) runs inside it, so a crash leaves either all of it or none. StoreError
-        when the version was taken meanwhile or the worker no longer owns the job."""
+        file to its path) runs inside it, so a crash leaves either all of it or none. VersionTaken
+        when the version was taken meanwhile; JobNotFinished when the worker no longer owns the job
+        or a cancellation was asked for (nothing registered)."""
         now = time.time()
         try:
             with self._transaction() as db:
@@ -511,10 +538,11 @@ class Store:
                                    (assign, version, now))
                 done = db.execute(self._sql(
                     "UPDATE jobs SET state = 'done', progress = 1, step = 'done', result = ?, bundle_version = ?, "
-                    "finished_s = ?, error = NULL WHERE id = ? AND worker = ? AND state = 'running' RETURNING id"),
+                    "finished_s = ?, error = NULL WHERE id = ? AND worker = ? AND state = 'running' "
+                    "AND cancel_requested = 0 RETURNING id"),
                     (json.dumps(result, sort_keys=True), bundle[0] if bundle else None, now, job_id, worker)).fetchone()
                 if done is None:
-                    raise StoreError(f"job {job_id} is no longer run by {worker}")
+                    raise JobNotFinished(f"job {job_id} was cancelled or is no longer run by {worker}")
                 place()
         except self.integrity_errors:
             raise VersionTaken(f"bundle_version {bundle[0] if bundle else '?'} was taken meanwhile") from None

@@ -166,8 +166,46 @@ function renderFleet(snap) {
       items.appendChild(li);
     }
     $("assignments").replaceChildren(items);
+    renderJobs(snap.jobs);
   }
   if (state.device && Date.now() - (state.deviceLoaded || 0) > 5000) loadDevice(state.device);
+}
+
+function renderJobs(jobs) {
+  const rows = document.createDocumentFragment();
+  for (const j of jobs) {
+    const tr = document.createElement("tr");
+    tr.dataset.job = j.id;
+    cell(tr, j.id); cell(tr, j.kind); cell(tr, j.what);
+    cell(tr, j.cancel_requested && j.state === "running" ? "cancelling" : j.state, `job-${j.state}`);
+    const bar = document.createElement("progress");
+    bar.max = 1; bar.value = j.progress || 0;
+    bar.setAttribute("aria-label", `job ${j.id} progress`);
+    const label = document.createElement("span");
+    label.textContent = ` ${Math.round(100 * (j.progress || 0))} % ${j.state === "running" ? j.step || "" : ""}`;
+    const progress = document.createElement("span");
+    progress.append(bar, label);
+    cell(tr, progress);
+    cell(tr, j.attempts);
+    cell(tr, j.state === "done" ? `bundle v${j.bundle_version}` + (j.student_accuracy != null ?
+         `, student ${(100 * j.student_accuracy).toFixed(1)} %` : "") : j.error || "–");
+    if ((j.state === "queued" || j.state === "running") && !j.cancel_requested) {
+      const button = document.createElement("button");
+      button.type = "button"; button.textContent = "Cancel";
+      button.setAttribute("aria-label", `cancel job ${j.id}`);
+      button.addEventListener("click", () => cancelJob(j.id));
+      cell(tr, button);
+    } else cell(tr, "");
+    rows.appendChild(tr);
+  }
+  $("jobs").replaceChildren(rows);
+}
+
+async function cancelJob(id) {
+  const r = await fetch(`/v1/jobs/${id}/cancel`, { method: "POST", headers: headers() });
+  const body = await r.json().catch(() => ({}));
+  text($("job-result"), r.ok ? `job ${id}: ${body.state === "cancelled" ? "cancelled" : "cancelling"}`
+                             : `job ${id}: refused: ${body.detail || r.status}`);
 }
 
 // ---- one device ----------------------------------------------------------------------------

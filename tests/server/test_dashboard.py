@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.conftest import TrainedBundle
 from tests.server.conftest import Bundles, ServerProc, wait_for
 
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -70,7 +71,8 @@ def _simulated_fleet(bundles: Bundles, nodes: int) -> Any:
 
 
 def test_the_page_shows_what_the_database_holds_live_and_assigns_a_bundle(embedded_server: ServerProc, bundles: Bundles,
-                                                                           browser: Any, tmp_path: Path) -> None:
+                                                                           browser: Any, tmp_path: Path,
+                                                                           trained_bundle: TrainedBundle) -> None:
     from simulator.live import publish
 
     server = embedded_server
@@ -113,6 +115,17 @@ def test_the_page_shows_what_the_database_holds_live_and_assigns_a_bundle(embedd
     assert httpx.get(server.url + "/v1/assignments", headers=server.admin).json() == {"fleet:dash": 1}
     wait_for(lambda: page.locator('tr[data-device="dash-n0"] td').nth(6).inner_text() == "up to date", 30,
              "the OTA column")
+
+    # a job (no workers here: it waits in the queue) shows up live and is cancelled from the page
+    spec = {"kind": "distill", "teacher": str(trained_bundle("digits", "nexume", epochs=3).checkpoint),
+            "dataset": "digits", "keep_ratio": 0.3, "selection": "random"}
+    job_id = httpx.post(server.url + "/v1/jobs", json=spec, headers=server.admin, timeout=10).json()["id"]
+    row = page.locator(f'tr[data-job="{job_id}"] td')
+    wait_for(lambda: row.count() and row.nth(3).inner_text() == "queued", 30, "the queued job on the page")
+    assert row.nth(2).inner_text() == "digits, random 30%"
+    page.get_by_role("button", name=f"cancel job {job_id}").click()
+    wait_for(lambda: row.nth(3).inner_text() == "cancelled", 30, "the job cancelled on the page")
+    assert httpx.get(f"{server.url}/v1/jobs/{job_id}", headers=server.admin).json()["state"] == "cancelled"
 
     # one device's page
     page.get_by_role("link", name="dash-n0", exact=True).click()

@@ -105,7 +105,7 @@ def test_killed_workers_resume_then_fail_a_job_and_never_half_register(tmp_path:
         kill_when_training(1)
         again = wait_for(lambda: (j := job(server, job_id))["attempts"] == 2 and j, 60, "the job resumed")
         assert again["state"] in ("queued", "running")
-        assert any("died: job resumed" in line for line in logs(server, job_id))
+        assert any("died (exit status -9): job resumed" in line for line in logs(server, job_id))
         kill_when_training(2)
         failed = wait_for(lambda: (j := job(server, job_id))["state"] == "failed" and j, 60, "the job failed")
         assert "died" in failed["error"] and failed["result"] is None and failed["bundle_version"] is None

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 from server.pgtemp import available
-from server.store import MIGRATIONS, Incoming, PostgresStore, Store, StoreError, VersionTaken, open_store, redact
+from server.store import (
+    MIGRATIONS,
+    Incoming,
+    JobNotFinished,
+    PostgresStore,
+    Store,
+    StoreError,
+    VersionTaken,
+    open_store,
+    redact,
+)
 from tests.server.conftest import fresh_database
 
 needs_postgres = pytest.mark.skipif(not available(), reason="apt-get install postgresql")
@@ -183,14 +193,37 @@ def test_jobs_claim_is_exclusive_and_finishing_is_all_or_nothing(store: Store, t
     with pytest.raises(OSError):  # the bundle's file could not be placed: nothing is registered
         store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f", place=crash)
     assert store.bundles() == [] and store.assignments() == {} and store.job(first)["state"] == "running"
-    with pytest.raises(StoreError, match="no longer run by"):
+    with pytest.raises(JobNotFinished, match="no longer run by"):
         store.finish_job(first, "w2", {}, (1, "m", "00", target), None)
+    assert store.cancel_job(first) == "running" and store.job_heartbeat(first, "w1") == "cancel"
+    with pytest.raises(JobNotFinished):  # a cancellation that landed during the export wins: nothing registered
+        store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f")
+    assert store.bundles() == [] and store.job(first)["state"] == "running"
+    store._run("UPDATE jobs SET cancel_requested = 0 WHERE id = ?", (first,))
     store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f")
     assert store.job(first)["state"] == "done" and store.assignments() == {"fleet:f": 1}
     with pytest.raises(VersionTaken):
         store.finish_job(second, "w2", {}, (1, "m", "00", target), None)
     assert store.job(second)["state"] == "running"
-    assert store.requeue_job(second, "w2", 2, "worker w2 died") == "queued"
+    ((_, _, seen), *_) = [j for j in store.running_jobs() if j[0] == second]
+    assert store.job_heartbeat(second, "w2") == "running"  # it beat after the server looked: alive after all
+    assert store.requeue_job(second, "w2", seen, 2, "worker w2 died") is None
+    ((_, _, seen),) = [j for j in store.running_jobs() if j[0] == second]
+    assert store.requeue_job(second, "w2", seen, 2, "worker w2 died") == "queued"
+    assert store.job_heartbeat(second, "w2") == "lost"
     assert store.claim_job("w4")["attempts"] == 2
-    assert store.requeue_job(second, "w4", 2, "worker w4 died") == "failed"
+    ((_, _, seen),) = store.running_jobs()
+    assert store.requeue_job(second, "w4", seen, 2, "worker w4 died") == "failed"
     assert store.job(second)["error"] == "worker w4 died"
+
+
+def test_cancelling_a_job_in_each_state(store: Store) -> None:
+    queued, running, ended = (store.add_job("distill", "{}") for _ in range(3))
+    assert store.claim_job("w")["id"] == queued
+    store.claim_job("w"), store.claim_job("w")
+    store.end_job(ended, "w", "failed", "boom")
+    store._run("UPDATE jobs SET state = 'queued', worker = NULL WHERE id = ?", (queued,))
+    assert store.cancel_job(queued) == "cancelled" and store.job(queued)["state"] == "cancelled"
+    assert store.cancel_job(running) == "running" and store.job(running)["cancel_requested"]
+    assert store.cancel_job(ended) == "failed" and not store.job(ended)["cancel_requested"]
+    assert store.cancel_job(10_000) is None
