@@ -154,3 +154,23 @@ def test_the_job_spec_offers_every_selection_models_distill_knows() -> None:
     from server.jobs import Selection
 
     assert get_args(Selection) == SELECTIONS
+
+
+def test_a_stopped_server_hands_its_running_job_back(tmp_path: Path, teacher: Path) -> None:
+    from server.store import open_store
+
+    server = ServerProc(tmp_path / "server", free_port(), "embedded", free_port(), extra=["--workers", "1"])
+    server.start()
+    try:
+        job_id = submit(server, teacher=str(teacher), epochs=400, formats=["onnx"]).json()["id"]
+        wait_for(lambda: job(server, job_id)["step"].startswith("epoch"), 120, "the job training")
+    finally:
+        server.stop()  # SIGTERM: the worker stops at its next epoch and hands the job back
+    store = open_store(server.data / "trickle.sqlite")
+    try:
+        stopped = store.job(job_id)
+        assert stopped is not None
+        assert (stopped["state"], stopped["attempts"], stopped["worker"]) == ("queued", 0, None)  # no attempt spent
+        assert any("handed back" in line["line"] for line in store.job_logs(job_id))
+    finally:
+        store.close()
