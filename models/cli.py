@@ -160,11 +160,11 @@ def run_nexume(args: argparse.Namespace) -> int:
     from models.nexume import train
 
     cfg = config_from_args(args)
-    data = cfg.load_data(args.data)
+    data = cfg.load_data(args.data)  # also before torchrun: a bad data set is one clear error here, not each rank's
     name = dataset_name(cfg.dataset)
     out = args.out or Path("runs") / "train" / f"{name}-{cfg.method}"
     if args.nproc is not None or args.nnodes is not None or args.rdzv_endpoint is not None:
-        return run_torchrun(args, cfg, out)
+        return run_torchrun(args, cfg, name, out)
     with tqdm(total=cfg.epochs, unit="epoch", desc=f"{cfg.method} on {name}", file=sys.stderr,
               disable=args.no_progress or None, leave=False) as bar:
         def progress(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
@@ -173,34 +173,33 @@ def run_nexume(args: argparse.Namespace) -> int:
 
         result = train(cfg, data, progress)
     paths = save_checkpoint(result, data, out)
-    best = max(result.variants, key=lambda v: v["accuracy"])
-    if args.json:
-        print(json.dumps({"train_time_s": result.train_time_s, "best": best, "written": [str(p) for p in paths]}))
-        return 0
-    print(f"trained {cfg.method} on {name} in {result.train_time_s:.1f} s; "
-          f"best variant {best['bits']}-bit drop {best['drop']}: accuracy {best['accuracy']:.3f}")
-    print(f"wrote {', '.join(str(p) for p in paths)}")
-    return 0
+    return _report(args, f"{cfg.method} on {name}", result.train_time_s, result.variants, paths, {})
 
 
-def run_torchrun(args: argparse.Namespace, cfg: Any, out: Path) -> int:
+def run_torchrun(args: argparse.Namespace, cfg: Any, name: str, out: Path) -> int:
     from models.parallel import launch
 
     nproc = args.nproc or 1
     print(f"training {cfg.method} in {nproc} process(es) per node through torchrun ...", file=sys.stderr)
     summary = launch(cfg.model_dump_json(), out, args.data, nproc, args.nnodes or 1, args.node_rank or 0,
                      args.rdzv_endpoint)
-    if not summary:  # a node other than 0: rank 0 writes
+    if not summary:  # global rank 0 ran on another node
         print("done; the node that ran global rank 0 wrote the checkpoint")
         return 0
-    variants: list[dict[str, float]] = summary["variants"]  # type: ignore[assignment]
+    paths = [out / f for f in ("checkpoint.pt", "summary.json", "summary.md")]
+    return _report(args, f"{cfg.method} on {name} in {nproc} process(es)", float(summary["train_time_s"]),  # type: ignore[arg-type]
+                   summary["variants"], paths, {"nproc": nproc})  # type: ignore[arg-type]
+
+
+def _report(args: argparse.Namespace, what: str, seconds: float, variants: list[dict[str, float]], paths: list[Path],
+            extra: dict[str, Any]) -> int:
     best = max(variants, key=lambda v: v["accuracy"])
     if args.json:
-        print(json.dumps({"train_time_s": summary["train_time_s"], "best": best, "nproc": nproc, "out": str(out)}))
+        print(json.dumps({"train_time_s": seconds, "best": best, "written": [str(p) for p in paths], **extra}))
         return 0
-    print(f"trained {cfg.method} in {nproc} process(es) in {summary['train_time_s']:.1f} s; "
-          f"best variant {best['bits']}-bit drop {best['drop']}: accuracy {best['accuracy']:.3f}")
-    print(f"wrote {out / 'checkpoint.pt'}, {out / 'summary.json'}")
+    print(f"trained {what} in {seconds:.1f} s; best variant {best['bits']}-bit drop {best['drop']}: "
+          f"accuracy {best['accuracy']:.3f}")
+    print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
 
 

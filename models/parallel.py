@@ -70,11 +70,7 @@ class DataParallel:
         flat = torch.cat([*(t.flatten().double() * share for t in (*grads, *buffers)),
                           torch.tensor(list(extras), dtype=torch.float64)])
         dist.all_reduce(flat)
-        offset = 0
-        with torch.no_grad():
-            for t in (*grads, *buffers):
-                t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+        offset = _copy_back(flat, [*grads, *buffers])
         return flat[offset:].tolist()
 
     def broadcast(self, values: Sequence[float]) -> list[float]:
@@ -91,11 +87,17 @@ class DataParallel:
             same = [t for t in tensors if t.dtype == dtype]
             flat = torch.cat([t.detach().flatten() for t in same])
             dist.broadcast(flat, 0)
-            offset = 0
-            with torch.no_grad():
-                for t in same:
-                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                    offset += t.numel()
+            _copy_back(flat, same)
+
+
+@torch.no_grad()
+def _copy_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
+    """Each tensor takes its slice of ``flat`` (their concatenation, in order); returns the end."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return offset
 
 
 # ---- launching -------------------------------------------------------------------------------------

@@ -328,17 +328,22 @@ class Worker:
                     self.store.job_heartbeat(job_id, self.name)
                 except Exception as e:  # the database away for a moment: beat again next time
                     log.warning("job %d: heartbeat failed: %s", job_id, e)
-                if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                    log.warning("the server (pid %d) is gone: stopping", self.parent_pid)
+                if self._orphaned():
                     self.stop.set()
         finally:
             self.store.close()
 
+    def _orphaned(self) -> bool:
+        """Whether the server that started this worker is gone."""
+        if self.parent_pid is None or os.getppid() == self.parent_pid:
+            return False
+        log.warning("the server (pid %d) is gone: stopping", self.parent_pid)
+        return True
+
     def run(self, once: bool = False) -> None:
         """Until ``stop`` is set (or, with ``once``, the queue is empty)."""
         while not self.stop.is_set():
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                log.warning("the server (pid %d) is gone: stopping", self.parent_pid)
+            if self._orphaned():
                 return
             try:
                 ran = self.run_one()
@@ -365,9 +370,11 @@ def run_worker(store: Store, state_dir: Path, once: bool = False, parent_pid: in
 # ---- the server's side: worker processes, dead workers, announcements ------------------------------
 
 
-def _pid(worker: str) -> int | None:
-    pid = worker.split(":")[1] if worker.count(":") >= 2 else ""
-    return int(pid) if pid.isdigit() else None
+def _local_pid(worker: str) -> int | None:
+    """The pid in a worker's name (host:pid:random) when it runs on this host."""
+    host, _, rest = worker.partition(":")
+    pid = rest.split(":", 1)[0]
+    return int(pid) if host == socket.gethostname() and pid.isdigit() else None
 
 
 @dataclass
@@ -452,9 +459,8 @@ class JobSupervisor:
         """Queue again (or fail) the jobs of workers that are gone."""
         now = time.time()
         for job_id, worker, heartbeat in self.store.running_jobs():
-            pid = _pid(worker)
-            host = worker.partition(":")[0]
-            dead = host == socket.gethostname() and pid in self.exited
+            pid = _local_pid(worker)
+            dead = pid in self.exited
             if dead or now - heartbeat > self.stale_s:
                 why = (f"worker {worker} died (exit status {self.exited[pid]})" if dead and pid is not None
                        else f"worker {worker} silent for {now - heartbeat:.0f} s")
@@ -489,5 +495,5 @@ class JobSupervisor:
         pids = {proc.pid for proc in self.procs}
         with contextlib.suppress(Exception):
             for job_id, worker, _ in self.store.running_jobs():
-                if worker.partition(":")[0] == socket.gethostname() and _pid(worker) in pids:
+                if _local_pid(worker) in pids:
                     self.store.release_job(job_id, worker)
