@@ -32,10 +32,11 @@ from pydantic import Field, field_validator, model_validator
 from edge.backends import BACKENDS
 from edge.bundle import Bundle
 from edge.config import Config
-from edge.errors import ConfigError
+from edge.errors import ConfigError, DataError, LinkError, TrickleError
+from edge.files import write_atomic
 from edge.link import Link
 from edge.ota import Ota
-from edge.outbox import Outbox
+from edge.outbox import Outbox, recover_outbox
 from edge.protocol import Event, Message, Name, Result, Telemetry, TlsFiles, mqtt_address
 from edge.runtime import Runtime
 from edge.source import keep_selftest_samples, load_source
@@ -86,6 +87,8 @@ class AgentConfig(Config):
     """Messages published and not yet acknowledged by the broker, at most."""
     resend_s: float = Field(30.0, gt=0)
     """Publish again a message the server has not acknowledged after this long."""
+    recover_outbox: bool = False
+    """Start by saving a damaged (or missing) outbox aside and keeping what can still be read of it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -145,7 +148,7 @@ class Agent:
         self.config = config
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.outbox = Outbox(self.state_dir / "outbox.sqlite")
+        self.outbox = open_outbox(self.state_dir, recover=config.recover_outbox)
         tls = TlsFiles(config.ca_file, config.client_cert, config.client_key)
         try:
             verify = tls.context() if config.server.startswith("https:") else True
@@ -226,7 +229,9 @@ class Agent:
                 produced += 1
                 if self.config.period_s > 0:
                     self._stopped.wait(self.config.period_s)
+                self._check_link()
             while not self._stopped.is_set() and not (self.config.exit_when_done and self.link.drained()):
+                self._check_link()
                 self._stopped.wait(0.05)
         finally:
             self.link.stop()
@@ -235,3 +240,33 @@ class Agent:
 
     def stop(self) -> None:
         self._stopped.set()
+
+    def _check_link(self) -> None:
+        failure = self.link.failure
+        if failure is not None:
+            if isinstance(failure, TrickleError):
+                raise failure
+            raise LinkError(f"the link's sender stopped: {type(failure).__name__}: {failure}")
+
+
+OUTBOX = "outbox.sqlite"
+OUTBOX_MARK = "outbox.created"  # beside it: this device has queued messages before
+
+
+def open_outbox(state_dir: Path, recover: bool = False) -> Outbox:
+    """The device's outbox. A damaged one is an error naming the file and the way out
+    (``recover``: save it aside, keep what can be read); so is a missing one where this device
+    had one (its unsent messages would be lost without a word)."""
+    path, mark = state_dir / OUTBOX, state_dir / OUTBOX_MARK
+    if recover:
+        aside, kept, state = recover_outbox(path)
+        log.warning("outbox %s: %s; kept %d messages and %d state values", path,
+                    f"the damaged file is saved as {aside}" if aside else "there was none", kept, state)
+    elif not path.exists() and mark.exists():
+        raise DataError(f"{path}: the outbox is missing, but this device queued messages in it before (see {mark}); "
+                        "restore it, or run with --recover-outbox to start a new one (unsent messages are lost; "
+                        "samples are reported again from the source's start, and the server keeps each once)")
+    outbox = Outbox(path)
+    if not mark.exists():
+        write_atomic(mark, f"{time.time():.0f}\n")
+    return outbox

@@ -15,12 +15,16 @@ Key files are JSON: ``{"kind": "trickle-ed25519-private" | "trickle-ed25519-publ
 from __future__ import annotations
 
 import base64
+import bz2
+import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import tarfile
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,24 +175,111 @@ def read_trusted(path: str | os.PathLike[str], trust: Sequence[str | os.PathLike
     return read_bundle(path, keys or None, require_signature=bool(keys), newer_than=newer_than)
 
 
+# What a bundle may hold, checked member by member before anything is read past it (a bundle is
+# read before its signature can be checked: these bound what an unsigned or hostile file costs).
+MAX_MEMBERS = 512
+MAX_MEMBER_BYTES = 128 << 20
+MAX_TOTAL_BYTES = 256 << 20
+MAX_COMPRESSION_RATIO = 100  # uncompressed / compressed bytes, once past RATIO_AFTER_BYTES
+RATIO_AFTER_BYTES = 1 << 20
+_CHUNK = 1 << 16
+_TAR_OVERHEAD = 1024  # a member's header blocks and padding, counted against the total
+_MAGIC: tuple[tuple[bytes, Callable[[Any], Any]], ...] = (
+    (b"\x1f\x8b", lambda raw: gzip.GzipFile(fileobj=raw)), (b"\xfd7zXZ\x00", lzma.LZMAFile), (b"BZh", bz2.BZ2File))
+
+
+class _Bounded(io.RawIOBase):
+    """A decompressed stream read through a budget: at most ``MAX_TOTAL_BYTES`` (plus headers) in
+    all, and at most ``MAX_COMPRESSION_RATIO`` times the compressed bytes consumed so far."""
+
+    def __init__(self, inner: Any, raw: Any, path: Path) -> None:
+        self.inner, self.raw, self.path, self.total = inner, raw, path, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.inner.read(len(buffer))
+        self.total += len(data)
+        if self.total > MAX_TOTAL_BYTES + MAX_MEMBERS * _TAR_OVERHEAD:
+            raise BundleError(f"{self.path}: over {MAX_TOTAL_BYTES >> 20} MiB uncompressed (refused before reading on)")
+        compressed = max(1, self.raw.tell()) if self.raw is not None else None
+        if compressed is not None and self.total > RATIO_AFTER_BYTES and self.total > MAX_COMPRESSION_RATIO * compressed:
+            raise BundleError(f"{self.path}: compressed more than {MAX_COMPRESSION_RATIO}:1 (a decompression bomb?)")
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _member_rule(path: Path, name: str, kind: str, size: int, count: int, total: int, seen: dict[str, bytes]) -> None:
+    """Raise BundleError naming the rule a member breaks: a regular file, a relative path inside
+    the bundle, a new name, and within the count and size caps."""
+    if kind != "file":
+        raise BundleError(f"{path}: member {name!r} is a {kind}; a bundle holds regular files only")
+    if name.startswith("/") or "\\" in name or ".." in name.split("/") or not name:
+        raise BundleError(f"{path}: member {name!r}: path escapes the bundle")
+    if name in seen:
+        raise BundleError(f"{path}: member {name!r} appears twice")
+    if count > MAX_MEMBERS:
+        raise BundleError(f"{path}: more than {MAX_MEMBERS} members")
+    if size > MAX_MEMBER_BYTES:
+        raise BundleError(f"{path}: member {name!r} of {size} bytes: over {MAX_MEMBER_BYTES >> 20} MiB")
+    if total + size > MAX_TOTAL_BYTES:
+        raise BundleError(f"{path}: members over {MAX_TOTAL_BYTES >> 20} MiB in all")
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    if member.issym() or member.islnk():
+        return "link"
+    if member.issparse():
+        return "sparse file"
+    if member.isdir():
+        return "folder"
+    return "file" if member.isreg() else "device or fifo"
+
+
 def _members(path: Path) -> dict[str, bytes]:
+    """Every file of a bundle folder or tar (plain, gzip, xz or bzip2), each checked by
+    ``_member_rule`` before it is read, and read in chunks through the size and ratio budget."""
     if path.is_dir():
-        return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-    if path.is_file():
+        return _folder_members(path)
+    if not path.is_file():
+        raise BundleError(f"{path}: no such bundle")
+    members: dict[str, bytes] = {}
+    with open(path, "rb") as raw:
+        head = raw.read(6)
+        raw.seek(0)
+        opener = next((cls for magic, cls in _MAGIC if head.startswith(magic)), None)
+        inner = opener(raw) if opener is not None else raw
+        stream = io.BufferedReader(_Bounded(inner, raw if opener is not None else None, path), _CHUNK)
         try:
-            with tarfile.open(path) as tar:
-                return {m.name: _extract(tar, m) for m in tar.getmembers() if m.isfile()}
-        except tarfile.TarError as e:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                total = 0
+                for count, member in enumerate(tar, 1):
+                    if member.isdir():  # a folder entry holds nothing (tar -cf of a folder writes them)
+                        continue
+                    _member_rule(path, member.name, _tar_kind(member), member.size, count, total, members)
+                    total += member.size
+                    fh = tar.extractfile(member)
+                    assert fh is not None
+                    members[member.name] = fh.read()  # its size is within the caps: checked above
+        except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, zlib.error) as e:
             raise BundleError(f"{path}: not a bundle folder or tar ({e})") from None
-    raise BundleError(f"{path}: no such bundle")
+    return members
 
 
-def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    if member.name.startswith("/") or ".." in member.name.split("/"):
-        raise BundleError(f"tar member {member.name!r}: path escapes the bundle")
-    fh = tar.extractfile(member)
-    assert fh is not None
-    return fh.read()
+def _folder_members(path: Path) -> dict[str, bytes]:
+    members: dict[str, bytes] = {}
+    total = 0
+    for count, p in enumerate(sorted(path.rglob("*")), 1):
+        if p.is_dir() and not p.is_symlink():
+            continue
+        name = p.relative_to(path).as_posix()
+        kind = "link" if p.is_symlink() else "file" if p.is_file() else "device or fifo"
+        size = p.stat().st_size if kind == "file" else 0
+        _member_rule(path, name, kind, size, count, total, members)
+        total += size
+        members[name] = p.read_bytes()
+    return members
 
 
 def _check_signature(raw: bytes, signature: bytes | None, trusted: list[Ed25519PublicKey] | None,

@@ -152,6 +152,9 @@ def add_edge_arguments(p: argparse.ArgumentParser) -> None:
     agent.add_argument("--backend", choices=list(BACKENDS), help="inference engine (default onnxruntime)")
     agent.add_argument("--exit-when-done", action="store_true", default=None,
                        help="exit once the source is reported and acknowledged (default: keep serving OTA)")
+    agent.add_argument("--recover-outbox", action="store_true", default=None,
+                       help="save a damaged or missing outbox aside (STATE_DIR/outbox.sqlite.damaged-TIME) and start a new "
+                            "one with the messages and cursor that can still be read from it")
     agent.add_argument("--json", action="store_true", help="print the start-up line and the summary as one JSON object each")
 
 
@@ -234,7 +237,7 @@ def run_agent(args: argparse.Namespace) -> int:
              "broker": args.broker, "bundle": args.bundle, "source": args.source, "state_dir": args.state_dir,
              "period_s": args.period_s, "count": args.count, "trusted_keys": args.trust, "backend": args.backend,
              "exit_when_done": args.exit_when_done, "ca_file": args.ca_file, "client_cert": args.client_cert,
-             "client_key": args.client_key}
+             "client_key": args.client_key, "recover_outbox": args.recover_outbox}
     config = load_config(AgentConfig, args.config, args.set, flags)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     agent = Agent(config)

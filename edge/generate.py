@@ -113,7 +113,7 @@ class MqttLink:
         import paho.mqtt.client as mqtt
 
         host, port = mqtt_address(broker)
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"trickle-{device}-{uuid.uuid4().hex[:8]}")
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{device}.{uuid.uuid4().hex[:8]}")
         client.username_pw_set(device, token)
         client.reconnect_delay_set(1, 5)
         ready, refused = threading.Event(), []

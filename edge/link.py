@@ -60,7 +60,7 @@ class Link:
         self.device, self.token, self.broker, self.fleet = device, token, broker, fleet
         self.max_in_flight, self.resend_s = max_in_flight, resend_s
         self.batch = max(1, min(batch, MAX_BATCH_ITEMS))  # messages per publish when a backlog waits
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"trickle-{device}")
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=device)  # the broker requires the device name
         self.client.username_pw_set(device, token)
         if mqtt_tls(broker):
             self.client.tls_set_context((tls or TlsFiles()).context())
@@ -79,8 +79,9 @@ class Link:
         self._sent_up_to = 0
         self._connected = False
         self._stop = False
-        self._sender = threading.Thread(target=self._send_loop, name="trickle-link-sender", daemon=True)
+        self._sender = threading.Thread(target=self._send_guarded, name="trickle-link-sender", daemon=True)
         self.bundle_version: int | None = None
+        self.failure: BaseException | None = None  # what stopped the sender (a damaged outbox): the agent stops with it
 
     def start(self) -> None:
         self._set_will()
@@ -166,7 +167,11 @@ class Link:
             except ValueError as err:
                 log.warning("ignored a malformed ack: %s", err)
                 return
-            self.outbox.delete_keys(keys)
+            try:
+                self.outbox.delete_keys(keys)
+            except Exception as err:  # a damaged outbox: the agent stops with it
+                self.failure = err
+                return
             with self._cond:
                 self._last_ack = time.monotonic()
                 self._cond.notify_all()
@@ -193,6 +198,13 @@ class Link:
             self._early = {mid: t for mid, t in self._early.items() if now - t < 5.0}  # acks that matched nothing
         rows = self.outbox.pending(after, room)
         return rows + self.outbox.rows(overdue)[: max(0, room - len(rows))]
+
+    def _send_guarded(self) -> None:
+        try:
+            self._send_loop()
+        except BaseException as err:  # the agent sees it and stops with it: never a silent hang
+            self.failure = err
+            log.error("the sender stopped: %s", err)
 
     def _send_loop(self) -> None:
         # paho is never called with self._cond held: its network thread takes its own locks and

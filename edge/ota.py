@@ -37,7 +37,7 @@ import numpy as np
 from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from edge.bundle import Bundle, read_trusted
-from edge.errors import BundleError, ConfigError, TrickleError
+from edge.errors import BundleError, ConfigError, DataError, TrickleError
 from edge.files import write_atomic
 from edge.outbox import Outbox
 from edge.protocol import OtaCommand
@@ -49,6 +49,7 @@ CURRENT = "current.json"
 # the fallback self-test (a bundle without test vectors, on the source's stored samples): the
 # accuracy there may fall this far below what the manifest claims
 STORED_SAMPLES_SLACK = 0.25
+MAX_DOWNLOAD_BYTES = 64 << 20  # the server's own cap on an uploaded bundle
 
 
 def self_test(runtime: Runtime, state_dir: Path) -> str | None:
@@ -85,12 +86,19 @@ def self_test(runtime: Runtime, state_dir: Path) -> str | None:
 
 @retry(retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_attempt(3), wait=wait_fixed(2.0),
        before_sleep=before_sleep_log(log, logging.WARNING), reraise=True)
-def download(url: str, token: str, verify: ssl.SSLContext | bool = True) -> bytes:
-    """The body of ``url`` (the device's bearer token); a dropped or refused connection is tried
-    three times, an HTTP error status is not retried. ``verify``: how an https:// server is checked."""
-    response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=60.0, verify=verify)
-    response.raise_for_status()
-    return response.content
+def download(url: str, token: str, verify: ssl.SSLContext | bool = True, max_bytes: int = MAX_DOWNLOAD_BYTES) -> bytes:
+    """The body of ``url`` (the device's bearer token), at most ``max_bytes`` (BundleError past
+    them, read no further); a dropped or refused connection is tried three times, an HTTP error
+    status is not retried. ``verify``: how an https:// server is checked."""
+    with httpx.stream("GET", url, headers={"Authorization": f"Bearer {token}"}, timeout=60.0, verify=verify) as response:
+        response.raise_for_status()
+        chunks, size = [], 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > max_bytes:
+                raise BundleError(f"{url}: the download is over {max_bytes >> 20} MiB (refused)")
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Ota:
@@ -123,7 +131,7 @@ class Ota:
     def _boot(self, first: Path | None) -> Bundle:
         current = self.state_dir / CURRENT
         if current.exists():
-            return read_trusted(self.state_dir / json.loads(current.read_text())["path"], self.trust)
+            return read_trusted(self.state_dir / self._current_name(), self.trust)
         if first is None:
             raise ConfigError("--bundle", None, f"{self.state_dir} holds no bundle yet: give the first bundle")
         bundle = read_trusted(first, self.trust)
@@ -141,7 +149,17 @@ class Ota:
         write_atomic(self.state_dir / CURRENT, json.dumps({"path": name}))
 
     def _current_name(self) -> str:
-        return str(json.loads((self.state_dir / CURRENT).read_text())["path"])
+        """The bundle current.json names (inside the state folder); DataError naming the file and
+        the way out when it is damaged."""
+        path = self.state_dir / CURRENT
+        try:
+            name = json.loads(path.read_text())["path"]
+            if not isinstance(name, str) or not name.startswith("bundles/") or ".." in name.split("/"):
+                raise ValueError(f"path {str(name)[:80]!r} is not a bundle in the state folder")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            raise DataError(f"{path}: damaged ({type(err).__name__}: {str(err)[:120]}); delete it and start again with "
+                            "--bundle FIRST (the device then runs that bundle and takes its assignment by OTA)") from None
+        return name
 
     # ---- updates ----
 

@@ -62,6 +62,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 ROUTES = {
     "health": "/healthz",
+    "ready": "/readyz",
     "metrics": "/metrics",
     "devices": "/v1/devices",
     "bundles": "/v1/bundles",
@@ -69,6 +70,7 @@ ROUTES = {
     "assignments": "/v1/assignments",
     "messages": "/v1/devices/{device}/{kind}",
     "verify": "/v1/llm/verify",
+    "checkpoints": "/v1/checkpoints",  # admin: a teacher checkpoint for jobs (content-addressed)
     "jobs": "/v1/jobs",  # admin: heavy work on the server (server.jobs)
     "job": "/v1/jobs/{job_id}",
     "job_logs": "/v1/jobs/{job_id}/logs",

@@ -15,6 +15,7 @@ from edge.tables import markdown_table
 from models.datasets import Dataset
 from models.nexume import TrainResult
 from models.switchable import Arch, SwitchableNet
+from models.weights import load_weights
 
 CHECKPOINT_VERSION = 1
 
@@ -50,7 +51,9 @@ def load_checkpoint(path: Path, module: torch.nn.Module | None = None) -> tuple[
     (``pkg.module:function``), or from ``module`` (a fresh instance) when it was given in Python."""
     import brevitas.config
 
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    payload = load_weights(path)
+    if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION or "state_dict" not in payload:
+        raise DataError(f"{path}: not a trickle checkpoint (trickle train nexume writes one)")
     custom = payload.get("custom")
     if custom is None:
         model: Any = SwitchableNet(Arch.from_dict(payload["arch"]))

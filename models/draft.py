@@ -36,6 +36,7 @@ from models.eagle import EagleDraft, EagleDrafter
 from models.lm import find_plays, read_texts, token_stream, windows
 from models.moa import MoADraft, MoADrafter
 from models.speculative import Drafter, IndependentDrafter, draft_vocabulary
+from models.weights import load_weights
 
 Kind = Literal["moa", "eagle", "independent"]
 KINDS: tuple[Kind, ...] = ("moa", "eagle", "independent")
@@ -184,7 +185,7 @@ def _load_checkpoint(folder: Path, fixed: dict[str, Any], model: torch.nn.Module
     """Restore a draft's training state; one error naming what differs from the checkpoint."""
     if not (folder / "state.pt").is_file():
         raise DataError(f"--resume: no checkpoint in {folder}")
-    payload = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    payload = load_weights(folder / "state.pt")
     for name, then in payload["fixed"].items():
         if fixed.get(name) != then:
             raise ConfigError(name, fixed.get(name), f"the checkpoint in {folder} was trained with {then!r}")

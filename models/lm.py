@@ -39,6 +39,7 @@ from edge.backends import quiet
 from edge.config import Config
 from edge.errors import ConfigError, DataError
 from edge.files import data_root, write_atomic
+from models.weights import load_weights
 
 with quiet():  # torchao's CUDA kernels failing to load, torch's pytree notices: noise on stderr at import
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -292,7 +293,7 @@ def load_checkpoint(cfg: LMConfig, corpus: Corpus, folder: Path) -> tuple[TrainS
     """The state saved in ``folder``; a config or corpus other than the checkpoint's is an error."""
     if not (folder / "state.pt").is_file():
         raise DataError(f"--resume: no checkpoint in {folder}")
-    payload = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    payload = load_weights(folder / "state.pt")
     now = cfg.model_dump(mode="json")
     for field, then in payload["config"].items():
         if field not in RESUMABLE and now.get(field) != then:

@@ -7,11 +7,9 @@ own token (a device reads only its own messages and downloads bundles). The Open
 """
 
 
-import hashlib
 import hmac
 import logging
 import os
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,7 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import generate_latest
@@ -31,11 +31,15 @@ from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand, VerifyRequest,
 from server.bridge import Bridge, Metrics
 from server.dashboard import dashboard_router
 from server.jobs_api import jobs_router
+from server.limits import JSON_BODY_BYTES, AuthenticateFirst, excerpt, invalid_request, receive_file
 from server.llm import LlmService, llm_router
 from server.store import Device, Store, StoreError
 
 log = logging.getLogger("trickle.server.http")
 MAX_BUNDLE_BYTES = 64 << 20
+ANONYMOUS_WITH_BODY = ("/v1/completions",)  # the language model's OpenAI-style route (server.llm) takes no token
+OCTET_STREAM = {"requestBody": {"required": True, "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}}
 
 
 class DeviceIn(BaseModel):
@@ -83,6 +87,7 @@ class ServerState:
     broker_url: str = ""  # what devices connect to (reported at /healthz)
     llm: LlmService | None = None  # a language model served at /v1/completions (trickle serve --llm)
     changes: int = 0  # registrations, uploads and assignments so far (the dashboard's stream pushes on each)
+    workers: Callable[[], tuple[int, int]] | None = None  # (alive, wanted) job worker processes (/readyz)
 
 
 def ota_command(bundle: dict[str, Any]) -> OtaCommand:
@@ -123,9 +128,16 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
         if on_stop:
             on_stop()
 
-    app = FastAPI(title="trickle server", version="1", lifespan=lifespan,
+    app = FastAPI(title="trickle server", version="1", lifespan=lifespan, max_body_size=JSON_BODY_BYTES,
                   description="Telemetry and results from energy-harvesting devices, bundles and OTA.")
     bearer = HTTPBearer(auto_error=False)
+
+    def known(token: str) -> bool:
+        return hmac.compare_digest(token.encode(), state.admin_token.encode()) or state.store.device_by_token(token) is not None
+
+    # a request's body is read only once its token is known (the routes then check what it may do)
+    app.add_middleware(AuthenticateFirst, known=known, anonymous=frozenset(ANONYMOUS_WITH_BODY))
+    app.add_exception_handler(RequestValidationError, invalid_request)
 
     def principal(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
         if credentials is None:
@@ -145,10 +157,31 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
 
     @app.get(ROUTES["health"])
     def health() -> dict[str, Any]:
+        """Liveness: the process answers (and whether its bridge's writer failed); /readyz tells
+        whether it can do its work."""
         connected = state.bridge.connected.is_set() if state.bridge else False
         failure = state.bridge.failure if state.bridge else None
         return {"status": "ok" if failure is None else "failing", "broker_connected": connected, "mqtt": state.broker_url,
-                "messages": state.store.message_counts(), **({"failure": failure} if failure else {})}
+                **({"failure": failure} if failure else {})}
+
+    @app.get(ROUTES["ready"])
+    def ready() -> JSONResponse:
+        """Readiness: the broker connected, the store answering, the job workers alive (when the
+        server runs any); 503 naming what is not."""
+        checks: dict[str, Any] = {"broker": state.bridge is not None and state.bridge.connected.is_set()
+                                  and state.bridge.failure is None}
+        try:
+            state.store.ping()
+            checks["store"] = True
+        except Exception as err:  # any database error: not ready, said in one line
+            checks["store"] = False
+            checks["store_error"] = excerpt(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, 200)
+        if state.workers is not None:
+            alive, wanted = state.workers()
+            checks["workers"] = alive >= wanted
+            checks["workers_alive"] = f"{alive}/{wanted}"
+        ok = all(v for k, v in checks.items() if isinstance(v, bool))
+        return JSONResponse({"status": "ready" if ok else "not ready", **checks}, status_code=200 if ok else 503)
 
     @app.get(ROUTES["metrics"], response_class=PlainTextResponse)
     def metrics() -> Response:
@@ -168,24 +201,18 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     def devices(_: Annotated[Principal, Depends(admin)]) -> list[dict[str, Any]]:
         return state.store.devices()
 
-    @app.post(ROUTES["bundles"], status_code=201, response_model=BundleOut)
-    def upload(data: Annotated[bytes, Body(media_type="application/octet-stream")],
-               _: Annotated[Principal, Depends(admin)]) -> BundleOut:
-        if len(data) > MAX_BUNDLE_BYTES:
-            raise HTTPException(413, f"bundle of {len(data)} bytes: over {MAX_BUNDLE_BYTES}")
-        state.bundle_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(suffix=".tar", dir=state.bundle_dir)
-        tmp = Path(tmp_name)
+    @app.post(ROUTES["bundles"], status_code=201, response_model=BundleOut, max_body_size=MAX_BUNDLE_BYTES,
+              openapi_extra=OCTET_STREAM)
+    async def upload(request: Request, _: Annotated[Principal, Depends(admin)]) -> BundleOut:
+        """A signed bundle's tar as the body (application/octet-stream), at most MAX_BUNDLE_BYTES."""
+        tmp, digest, _size = await receive_file(request, state.bundle_dir, ".tar")
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
             try:
-                bundle = read_trusted(tmp, state.trusted_keys)
+                bundle = await run_in_threadpool(read_trusted, tmp, state.trusted_keys)
             except BundleError as err:
                 log.warning("refused a bundle upload: %s", err)
                 raise HTTPException(400, str(err).replace(str(tmp), "upload")) from None
             version, model = bundle.manifest.bundle_version, bundle.manifest.model
-            digest = hashlib.sha256(data).hexdigest()
             target = state.bundle_dir / f"v{version}.tar"
             try:
                 state.store.add_bundle(version, model, digest, target)
@@ -243,7 +270,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     @app.exception_handler(ConfigError)
     def config_error(request: Request, err: ConfigError) -> JSONResponse:
         """A typed body's own check (a job spec's MCU, formats, bit-widths): the one-line reason."""
-        return JSONResponse({"detail": str(err)}, status_code=422)
+        return JSONResponse({"detail": excerpt(str(err), 300)}, status_code=422)
     if state.llm is not None:
         app.include_router(llm_router(state.llm, state.metrics.registry))
 

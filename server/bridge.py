@@ -117,6 +117,45 @@ def _reason(err: ProtocolError) -> str:
     return "other"
 
 
+class RejectionLog:
+    """Rejected messages in the log without flooding it: the first of each reason is logged with
+    its detail at once, later ones are summed into one line per ``every_s`` (counts per reason).
+    The Prometheus counters stay exact; this is only what a person reads."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
+        self.logger, self.every_s = logger, every_s
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._pending: dict[str, int] = {}
+        self._last: str = ""
+        self._since = time.monotonic()
+
+    def note(self, reason: str, detail: str) -> None:
+        with self._lock:
+            if reason not in self._seen:
+                self._seen.add(reason)
+                self.logger.warning("rejected %s (%s)", detail[:300], reason)
+            else:
+                self._pending[reason] = self._pending.get(reason, 0) + 1
+                self._last = detail[:300]
+            self._flush_due()
+
+    def flush_due(self) -> None:
+        """Write the summary if its interval is over (called when idle, so a flood's tail is told)."""
+        with self._lock:
+            self._flush_due()
+
+    def _flush_due(self) -> None:
+        now = time.monotonic()
+        if now - self._since < self.every_s:
+            return
+        if self._pending:
+            counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self._pending.items()))
+            self.logger.warning("rejected %d more messages in %.0f s (%s); the last: %s",
+                                sum(self._pending.values()), now - self._since, counts, self._last)
+        self._pending, self._since = {}, now
+
+
 class Bridge:
     def __init__(self, store: Store, broker: str, server_token: str, metrics: Metrics | None = None,
                  max_batch: int = 2000, ack_every_s: float = 0.05, tls: TlsFiles | None = None) -> None:
@@ -135,7 +174,9 @@ class Bridge:
             self._client.tls_set_context((tls or TlsFiles()).context())
         self._client.reconnect_delay_set(1, 5)
         self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._rejections = RejectionLog(log)
         self._writer = threading.Thread(target=self._write_loop, name="trickle-bridge-writer", daemon=True)
         self.connected = threading.Event()
         self.failure: str | None = None  # why the writer stopped (a bug), reported at /healthz
@@ -184,6 +225,19 @@ class Bridge:
             callback()
         log.info("bridge connected to %s:%d", self.address.host, self.address.port)
 
+    def _on_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason: mqtt.ReasonCode,
+                       properties: object) -> None:
+        """The broker is gone (or closed the session): not ready until paho's reconnect succeeds."""
+        was = self.connected.is_set()
+        self.connected.clear()
+        if was:
+            log.warning("bridge lost the broker %s:%d (%s); reconnecting", self.address.host, self.address.port, reason)
+
+    def _reject(self, reason: str, where: str, err: ProtocolError) -> None:
+        """Count a refused message (exactly) and log it (rate-limited: a summary per interval)."""
+        self.metrics.rejected.labels(reason).inc()
+        self._rejections.note(reason, f"{where}: {err}")
+
     def _token_of(self, fleet: str, device: str) -> str | None:
         known = self._tokens.get(device)
         if known is None:
@@ -204,8 +258,7 @@ class Bridge:
             where, message = decode(msg.topic, payload, self._token_of)
         except ProtocolError as err:
             reason = _reason(err)
-            self.metrics.rejected.labels(reason).inc()
-            log.warning("rejected a message on %s (%s): %s", msg.topic, reason, err)
+            self._reject(reason, f"a message on {msg.topic}", err)
             client.ack(msg.mid, msg.qos)
             if msg.topic.endswith(tuple(f"/{kind}" for kind in REQUEST_KINDS)):
                 self._refuse(msg.topic, payload, 401 if reason in ("signature", "unknown_device") else 400, str(err))
@@ -223,17 +276,13 @@ class Bridge:
         try:
             items = decode_batch(msg.topic, bytes(msg.payload), self._token_of)
         except ProtocolError as err:
-            reason = _reason(err)
-            self.metrics.rejected.labels(reason).inc()
-            log.warning("rejected a batch on %s (%s): %s", msg.topic, reason, err)
+            self._reject(_reason(err), f"a batch on {msg.topic}", err)
             client.ack(msg.mid, msg.qos)
             return
         unit = []
         for item in items:
             if isinstance(item, ProtocolError):
-                reason = _reason(item)
-                self.metrics.rejected.labels(reason).inc()
-                log.warning("rejected a message in a batch on %s (%s): %s", msg.topic, reason, item)
+                self._reject(_reason(item), f"a message in a batch on {msg.topic}", item)
                 continue
             where, message, payload = item
             self._received[where.kind].inc()
@@ -286,6 +335,7 @@ class Bridge:
                 item = self._queue.get(timeout=self.ack_every_s)
             except queue.Empty:
                 self._send_acks()
+                self._rejections.flush_due()
                 continue
             if item is None:
                 break

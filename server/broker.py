@@ -19,8 +19,12 @@ from typing import Any
 
 from amqtt.broker import Broker
 from amqtt.contexts import Action, BaseContext
+from amqtt.errors import AMQTTError, MQTTError, NoDataError
+from amqtt.mqtt.connack import NOT_AUTHORIZED, ConnackPacket
+from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
+from amqtt.utils import gen_client_id
 
 from edge.protocol import device_topics
 from server.bridge import SERVER_USER
@@ -29,8 +33,16 @@ from server.store import Device, open_store, token_sha256
 log = logging.getLogger("trickle.server.broker")
 
 
+def client_id_allowed(user: str, client_id: str) -> bool:
+    """A device's MQTT client id is its name, or its name, a dot and a suffix of its own (a second
+    session of the same device, e.g. ``trickle edge generate`` beside the agent). Names have no
+    dot, so no device can present another's client id, nor the bridge's."""
+    return client_id == user or (client_id.startswith(user + ".") and len(client_id) <= len(user) + 33)
+
+
 class DeviceAuth(BaseAuthPlugin):
-    """Username = device id, password = its token; the bridge logs in as ``trickle-server``."""
+    """Username = device id, password = its token, client id = the device id (``client_id_allowed``);
+    the bridge logs in as ``trickle-server`` with the server's own token and client id."""
 
     @dataclass
     class Config:
@@ -42,13 +54,21 @@ class DeviceAuth(BaseAuthPlugin):
         self._store = open_store(self.config.db_path)  # the server's store: an SQLite path or a PostgreSQL URL
 
     async def authenticate(self, *, session: Session) -> bool | None:
-        user, password = session.username or "", session.password or ""
-        if user == SERVER_USER:
-            return token_sha256(password) == self.config.server_token_sha256
+        user, password, client_id = session.username or "", session.password or "", session.client_id or ""
+        if user == SERVER_USER or client_id == SERVER_USER:
+            ok = user == client_id == SERVER_USER and hmac.compare_digest(token_sha256(password),
+                                                                          self.config.server_token_sha256)
+            if not ok:
+                log.warning("broker refused a connection as %r with client id %r (the bridge's identity)", user, client_id)
+            return ok
         device = self._store.device(user)
         ok = device is not None and hmac.compare_digest(password.encode(), device.token.encode())
         if not ok:
             log.warning("broker refused a connection as %r (unknown device or bad token)", user)
+        elif not client_id_allowed(user, client_id):
+            log.warning("broker refused device %r connecting with client id %r (a device's client id is its name)",
+                        user, client_id)
+            ok = False
         return ok
 
 
@@ -88,6 +108,46 @@ class _Snapshots(dict[str, list[Any]]):
         return [(key, list(value)) for key, value in super().items()]
 
 
+class _IdentityBroker(Broker):
+    """amqtt 0.12.1 (pinned) looks a CONNECT's client id up in its sessions, deletes the stored one
+    (clean session) or takes it over, and only then authenticates: anyone naming the bridge's client
+    id took its session and its subscriptions. Here the CONNECT is authenticated first, on a session
+    of its own; a refused one gets CONNACK 5 (not authorized) and touches no stored session."""
+
+    async def _initialize_client_session(self, reader: Any, writer: Any, remote_address: str,
+                                         remote_port: int) -> tuple[BrokerProtocolHandler, Session]:
+        try:
+            handler, incoming = await BrokerProtocolHandler.init_from_connect(reader, writer, self.plugins_manager)
+        except (AMQTTError, MQTTError, NoDataError) as exc:
+            await writer.close()
+            raise AMQTTError(exc) from exc
+        if not await self._authenticate(incoming, None):
+            await ConnackPacket.build(0, NOT_AUTHORIZED).to_stream(writer)
+            await writer.close()
+            raise MQTTError(f"refused {remote_address}:{remote_port} (user {incoming.username!r}, "
+                            f"client id {incoming.client_id!r})")
+        # from here on as amqtt does it, for an authenticated identity
+        if incoming.clean_session:
+            if incoming.client_id:
+                await self._delete_session(incoming.client_id)
+            else:
+                incoming.client_id = gen_client_id()
+            incoming.parent = 0
+            session = incoming
+        elif incoming.client_id in self._sessions:
+            session, _ = self._sessions[incoming.client_id]
+            for name in ("will_flag", "will_message", "will_topic", "will_qos", "keep_alive", "username", "password"):
+                setattr(session, name, getattr(incoming, name))
+            session.parent = 1
+        else:
+            incoming.parent = 0
+            session = incoming
+        delay = self.config.get("timeout-disconnect-delay", 0)
+        if session.keep_alive > 0 and isinstance(delay, int):
+            session.keep_alive += delay
+        return handler, session
+
+
 class EmbeddedBroker:
     """amqtt on HOST:PORT in a background thread."""
 
@@ -107,7 +167,7 @@ class EmbeddedBroker:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._broker = Broker(self._config, loop=self._loop)
+            self._broker = _IdentityBroker(self._config, loop=self._loop)
             # amqtt 0.12 walks its subscription table across awaits while broadcasting; a client
             # subscribing meanwhile made it raise and drop that (already acknowledged) message.
             self._broker._subscriptions = _Snapshots(self._broker._subscriptions)

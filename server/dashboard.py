@@ -21,6 +21,7 @@ status was not offline.
 
 import asyncio
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -86,6 +87,38 @@ def fleet_snapshot(state: "ServerState", who: "Principal", page: int = 0, per_pa
             "bundles": bundles, "assignments": assignments, "jobs": jobs}
 
 
+class SnapshotCache:
+    """Fleet snapshots shared between viewers. A view (who, page, search) is computed by one thread
+    at a time while the others wait and share it; a snapshot is reused while nothing changed
+    (``changes``, the caller's change counter, equal; at most ``max_age_s``) or, under a steady
+    stream of changes, for ``ttl_s``: ten viewers of a busy fleet cost one aggregate per ``ttl_s``."""
+
+    def __init__(self, compute: Callable[..., dict[str, Any]], ttl_s: float = 2.0, max_age_s: float = 30.0) -> None:
+        self.compute, self.ttl_s, self.max_age_s = compute, ttl_s, max_age_s
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[Any, ...], tuple[float, Any, dict[str, Any]]] = {}
+        self._busy: dict[tuple[Any, ...], threading.Lock] = {}
+
+    def get(self, who: "Principal", page: int, per_page: int, search: str, changes: Any) -> tuple[dict[str, Any], Any]:
+        """(the snapshot, the ``changes`` it was computed under)."""
+        key = (who.admin, who.device.device if who.device else None, page, per_page, search)
+        with self._lock:
+            busy = self._busy.setdefault(key, threading.Lock())
+        with busy:
+            hit = self._entries.get(key)
+            if hit is not None:
+                age = time.monotonic() - hit[0]
+                if age < self.ttl_s or (hit[1] == changes and age < self.max_age_s):
+                    return hit[2], hit[1]
+            snapshot = self.compute(who, page, per_page, search)
+            with self._lock:
+                if len(self._entries) > 256:  # views nobody asks for any more
+                    self._entries.clear()
+                    self._busy = {key: busy}
+                self._entries[key] = (time.monotonic(), changes, snapshot)
+            return snapshot, changes
+
+
 def _job_row(job: dict[str, Any]) -> dict[str, Any]:
     spec, result = job["spec"], job["result"] or {}
     return {"id": job["id"], "kind": job["kind"], "state": job["state"], "progress": job["progress"],
@@ -112,6 +145,7 @@ def device_detail(state: "ServerState", device: str, limit: int = 5000) -> dict[
 def dashboard_router(state: "ServerState", principal: Callable[..., "Principal"], interval_s: float = 1.0) -> APIRouter:
     router = APIRouter()
     Who = Annotated[Any, Depends(principal)]  # a Principal
+    cache = SnapshotCache(lambda who, page, per_page, q: fleet_snapshot(state, who, page, per_page, q))
     Page = Annotated[int, Query(ge=0, le=100_000)]
     PerPage = Annotated[int, Query(ge=1, le=500)]
     Search = Annotated[str, Query(max_length=64)]
@@ -129,7 +163,7 @@ def dashboard_router(state: "ServerState", principal: Callable[..., "Principal"]
 
     @router.get("/v1/dashboard/fleet")
     def fleet(who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = "") -> dict[str, Any]:
-        return fleet_snapshot(state, who, page, per_page, q)
+        return cache.get(who, page, per_page, q, (state.metrics.stored_count, state.changes))[0]
 
     @router.get("/v1/dashboard/stream", include_in_schema=False)  # endless: not for generated clients (or fuzzers)
     async def stream(request: Request, who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = ""
@@ -141,9 +175,9 @@ def dashboard_router(state: "ServerState", principal: Callable[..., "Principal"]
                 jobs = await run_in_threadpool(state.store.jobs_version) if who.admin else None
                 version = (state.metrics.stored_count, state.changes, jobs)  # what the page shows changed
                 if version != last or time.monotonic() - sent >= RESEND_S:
-                    snapshot = await run_in_threadpool(fleet_snapshot, state, who, page, per_page, q)
+                    snapshot, seen = await run_in_threadpool(cache.get, who, page, per_page, q, version)
                     yield f"event: fleet\ndata: {json.dumps(snapshot)}\n\n"
-                    last, sent = version, time.monotonic()
+                    last, sent = seen, time.monotonic()  # a shared snapshot of an older version: sent again when fresh
                 await asyncio.sleep(interval_s)
 
         return StreamingResponse(events(), media_type="text/event-stream",

@@ -2,8 +2,15 @@
 
     trickle serve --workers 2                    # the server starts two workers and watches them
     trickle worker --state-dir runs/server       # or workers of their own (same state dir and --store)
-    POST /v1/jobs {"kind": "distill", "teacher": "runs/train/digits-fp32/checkpoint.pt",
-                   "dataset": "digits", "keep_ratio": 0.5, "then_assign": "field"}
+    POST /v1/checkpoints  (body: trickle train's checkpoint.pt)  -> {"teacher": "checkpoint:SHA256"}
+    POST /v1/jobs {"kind": "distill", "teacher": "checkpoint:SHA256", "dataset": "digits",
+                   "keep_ratio": 0.5, "then_assign": "field"}
+
+A job names its inputs by what the server holds, never by a file path: a teacher is a checkpoint
+uploaded to the server (content-addressed, checked as weights only on upload), a finished job
+(``job:ID``) or the job that made a bundle (``bundle:V``); a data set is a built-in one, ``ucr:NAME``,
+or a file or folder the operator put in STATE_DIR/datasets. Every checkpoint is loaded with
+``torch.load(weights_only=True)`` (``models.weights``): no file becomes code.
 
 A job is ``queued`` -> ``running`` (a worker claimed it, atomically, and beats a heartbeat every
 second) -> ``done`` | ``failed`` (with its error) | ``cancelled``. Each worker runs one job at a
@@ -48,6 +55,8 @@ from server.store import JobNotFinished, Store, VersionTaken
 
 log = logging.getLogger("trickle.server.jobs")
 Selection = Literal["mdslr", "random", "hard", "easy", "full"]  # models.distill.SELECTIONS (a test keeps them equal)
+TEACHER_PATTERN = r"^(checkpoint:[0-9a-f]{64}|job:[0-9]{1,18}|bundle:[0-9]{1,18})$"
+DATASET_PATTERN = r"^(ucr:)?[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$"  # a name, never a path
 
 
 class JobError(TrickleError):
@@ -71,12 +80,12 @@ class DistillJob(Config):
     (models.distill), export it as a signed bundle, register it and optionally assign it."""
 
     kind: Literal["distill"] = "distill"
-    teacher: str = Field(min_length=1, max_length=4096)
-    """A checkpoint on the server (trickle train's checkpoint.pt; a path the server can read), or
-    ``bundle:V``: the checkpoint of the job that made bundle V here."""
-    dataset: str = Field("digits", min_length=1, max_length=4096)
-    """What the teacher was trained on: fsdd, basic_motions, digits, or the user's data as trickle
-    train accepts it (a path the server can read)."""
+    teacher: str = Field(pattern=TEACHER_PATTERN)
+    """``checkpoint:SHA256`` (a checkpoint uploaded with POST /v1/checkpoints), ``job:ID`` (the
+    student a finished job trained here) or ``bundle:V`` (that of the job that made bundle V here)."""
+    dataset: str = Field("digits", pattern=DATASET_PATTERN)
+    """What the teacher was trained on: fsdd, basic_motions, digits, ucr:NAME, or the name of a file
+    or folder in the server's STATE_DIR/datasets (the user's data as trickle train accepts it)."""
     keep_ratio: float = Field(0.5, gt=0, le=1)
     """Share of the training set the student sees (per class ⌊N/C·r⌋)."""
     selection: Selection = "mdslr"
@@ -143,20 +152,41 @@ def signing_key(state_dir: Path) -> tuple[Path, Path]:
     return private, public
 
 
+def checkpoint_store(state_dir: Path) -> Path:
+    """Where uploaded checkpoints are kept, each as SHA256.pt."""
+    return state_dir / "checkpoints"
+
+
 def resolve_teacher(spec: DistillJob, store: Store, state_dir: Path) -> Path:
-    """The teacher's checkpoint file, or JobError naming what is missing."""
-    if spec.teacher.startswith("bundle:"):
-        text = spec.teacher.split(":", 1)[1]
-        version = int(text) if text.isdigit() else -1
-        made = store.job_by_bundle(version) if 0 < version < 2**62 else None
-        if made is None:
-            raise JobError(f"teacher {spec.teacher!r}: no job on this server made bundle {text} (a bundle holds no "
-                           "training checkpoint; give the checkpoint's path)")
-        return state_dir / "jobs" / str(made["id"]) / "checkpoint.pt"
-    path = Path(spec.teacher)
-    if not path.is_file():
-        raise JobError(f"teacher {spec.teacher!r}: no such checkpoint file on the server")
-    return path
+    """The teacher's checkpoint file on this server, or JobError naming what is missing."""
+    kind, _, ref = spec.teacher.partition(":")
+    if kind == "checkpoint":
+        path = checkpoint_store(state_dir) / f"{ref}.pt"
+        if not path.is_file():
+            raise JobError(f"teacher {spec.teacher!r}: no checkpoint with that sha256 was uploaded here "
+                           "(POST /v1/checkpoints)")
+        return path
+    job_id = int(ref)
+    made = (store.job_by_bundle(job_id) if kind == "bundle" else store.job(job_id)) if 0 < job_id < 2**62 else None
+    if made is None or made["state"] != "done":
+        what = f"no job on this server made bundle {ref}" if kind == "bundle" else f"job {ref} has not finished here"
+        raise JobError(f"teacher {spec.teacher!r}: {what} (a bundle holds no training checkpoint; upload the "
+                       "checkpoint with POST /v1/checkpoints)")
+    return state_dir / "jobs" / str(made["id"]) / "checkpoint.pt"
+
+
+def resolve_dataset(spec: DistillJob, state_dir: Path) -> str:
+    """The data set as ``TrainConfig`` takes it: a built-in name or ucr:NAME as given, else the
+    file or folder of that name in STATE_DIR/datasets (JobError when there is none)."""
+    from models.datasets import DATASETS
+
+    if spec.dataset in DATASETS or spec.dataset.startswith("ucr:"):
+        return spec.dataset
+    path = state_dir / "datasets" / spec.dataset
+    if not path.exists():
+        raise JobError(f"dataset {spec.dataset!r}: not a built-in data set ({', '.join(DATASETS)}, ucr:NAME) "
+                       f"and not in the server's {state_dir / 'datasets'}")
+    return str(path.resolve())
 
 
 # ---- running one job ------------------------------------------------------------------------
@@ -203,19 +233,19 @@ def run_distill(spec: DistillJob, ctx: JobContext) -> None:
 
     torch.set_num_threads(1)
     teacher_path = resolve_teacher(spec, ctx.store, ctx.state_dir)
-    teacher, _ = load_checkpoint(teacher_path)
+    teacher, _ = load_checkpoint(teacher_path)  # weights only: never code
     if not isinstance(teacher, SwitchableNet):
         raise JobError(f"teacher {spec.teacher!r}: a user's own network (models.custom) cannot be distilled; "
                        "train the built-in CNN as the teacher")
-    cfg = TrainConfig(dataset=spec.dataset, method=spec.method, epochs=spec.epochs, seed=spec.seed, q_min=spec.q_min,
-                      q_max=spec.q_max, mcu=spec.mcu)
+    cfg = TrainConfig(dataset=resolve_dataset(spec, ctx.state_dir), method=spec.method, epochs=spec.epochs,
+                      seed=spec.seed, q_min=spec.q_min, q_max=spec.q_max, mcu=spec.mcu)
     ctx.progress(0.02, "loading data")
     data = cfg.load_data()
     if teacher.arch.n_classes != data.n_classes or tuple(teacher.arch.input_shape) != tuple(data.input_shape):
         raise JobError(f"teacher {spec.teacher!r} takes {tuple(teacher.arch.input_shape)} into "
                        f"{teacher.arch.n_classes} classes; data set {spec.dataset!r} is {tuple(data.input_shape)} "
                        f"into {data.n_classes}")
-    ctx.log(f"distilling {teacher_path} on {data.name}: {spec.selection} keeps {spec.keep_ratio:.0%}, "
+    ctx.log(f"distilling {spec.teacher} on {data.name}: {spec.selection} keeps {spec.keep_ratio:.0%}, "
             f"student width {spec.width}, {spec.method} for {spec.epochs} epochs")
 
     def on_epoch(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
@@ -454,6 +484,10 @@ class JobSupervisor:
         for job in self.store.unannounced_jobs():
             self.announce(job)
             self.store.mark_announced(int(job["id"]))
+
+    def alive(self) -> tuple[int, int]:
+        """(worker processes running, workers wanted)."""
+        return sum(proc.poll() is None for proc in self.procs), self.workers
 
     def reap(self) -> None:
         """Queue again (or fail) the jobs of workers that are gone."""

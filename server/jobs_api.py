@@ -1,5 +1,6 @@
 """The HTTP routes of the job queue (admin only): submit, list, inspect, read the log, cancel.
 
+    POST /v1/checkpoints               trickle train's checkpoint.pt as the body -> {"teacher": "checkpoint:SHA256"}
     POST /v1/jobs                      a JobSpec (server.jobs.DistillJob)  -> 201 the job
     GET  /v1/jobs?state=running        the newest jobs, newest first
     GET  /v1/jobs/{id}                 state, progress, step, attempts, worker, error, result
@@ -13,12 +14,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 
+from edge.errors import DataError
 from edge.protocol import ROUTES
-from models.datasets import DATASETS
-from server.jobs import JobError, JobSpec, resolve_teacher
+from server.jobs import JobError, JobSpec, checkpoint_store, resolve_dataset, resolve_teacher
+from server.limits import receive_file
 from server.store import Store
+
+MAX_CHECKPOINT_BYTES = 64 << 20
+OCTET_STREAM = {"requestBody": {"required": True, "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}}
+
+
+def _check_checkpoint(path: Path) -> None:
+    """A checkpoint trickle train wrote, loaded as weights only (never code): DataError if not."""
+    from models.checkpoint import load_checkpoint
+
+    load_checkpoint(path)
 
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 
@@ -32,17 +46,30 @@ def jobs_router(store: Store, state_dir: Path, admin: Callable[..., Any]) -> API
             raise HTTPException(404, f"job {job_id} does not exist")
         return job
 
+    @router.post(ROUTES["checkpoints"], status_code=201, max_body_size=MAX_CHECKPOINT_BYTES, openapi_extra=OCTET_STREAM)
+    async def upload_checkpoint(request: Request) -> dict[str, Any]:
+        """A teacher for jobs: trickle train's checkpoint.pt as the body. It is loaded as weights only
+        (a file that would need code to load is refused) and kept under its sha256."""
+        folder = checkpoint_store(state_dir)
+        tmp, digest, size = await receive_file(request, folder, ".pt")
+        try:
+            await run_in_threadpool(_check_checkpoint, tmp)
+        except DataError:
+            raise HTTPException(400, "not a checkpoint trickle train wrote (it must load as weights only)") from None
+        else:
+            tmp.replace(folder / f"{digest}.pt")
+        finally:
+            tmp.unlink(missing_ok=True)
+        return {"teacher": f"checkpoint:{digest}", "sha256": digest, "bytes": size}
+
     @router.post(ROUTES["jobs"], status_code=201)
     def submit(spec: JobSpec) -> dict[str, Any]:
         """Queue a job; a worker runs it (trickle serve --workers N, or trickle worker)."""
-        try:
-            resolve_teacher(spec, store, state_dir)  # a missing teacher is the submitter's mistake, now
+        try:  # a missing teacher or data set is the submitter's mistake, now
+            resolve_teacher(spec, store, state_dir)
+            resolve_dataset(spec, state_dir)
         except JobError as err:
             raise HTTPException(422, str(err)) from None
-        # paths as the server sees them: a worker may run in another directory
-        absolute = {k: str(Path(v).resolve()) for k, v in (("teacher", spec.teacher), ("dataset", spec.dataset))
-                    if not v.startswith(("bundle:", "ucr:")) and v not in DATASETS and Path(v).exists()}
-        spec = spec.model_copy(update=absolute)
         return existing(store.add_job(spec.kind, spec.model_dump_json()))
 
     @router.get(ROUTES["jobs"])

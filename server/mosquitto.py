@@ -7,8 +7,9 @@ the state folder) may read and write every trickle topic. Passwords are the toke
 
 - ``passwords``: ``user:$7$ITERATIONS$SALT$HASH`` per line, mode 0600;
 - ``acl``: a ``user`` block per account with its ``topic read|write|readwrite`` lines;
-- ``mosquitto.conf``: the lines that use them (``allow_anonymous false``, ``password_file``,
-  ``acl_file``), to include in a broker's configuration beside its listeners.
+- ``mosquitto.conf``: the lines that use them (``allow_anonymous false``, ``use_username_as_clientid
+  true``: a client's id is the user it authenticated as, ``password_file``, ``acl_file``), to include
+  in a broker's configuration beside its listeners.
 
 Registering a device later needs the files written again and Mosquitto told (SIGHUP reloads both).
 The password file is 0600: make it readable by the user Mosquitto runs as (``chown mosquitto``).
@@ -63,8 +64,10 @@ def write_mosquitto_config(store: Store, server_token: str, folder: Path) -> lis
     paths = [folder / "passwords", folder / "acl", folder / "mosquitto.conf"]
     write_secret(paths[0], "\n".join(passwords) + "\n")
     write_atomic(paths[1], acl_text(store))
-    write_atomic(paths[2], f"# include beside your listeners\nallow_anonymous false\npassword_file {paths[0].resolve()}\n"
-                           f"acl_file {paths[1].resolve()}\n")
+    # the client id is the authenticated user: no device can take the bridge's session, or another
+    # device's, by naming its client id (one MQTT session per device through Mosquitto)
+    write_atomic(paths[2], f"# include beside your listeners\nallow_anonymous false\nuse_username_as_clientid true\n"
+                           f"password_file {paths[0].resolve()}\nacl_file {paths[1].resolve()}\n")
     return paths
 
 

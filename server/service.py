@@ -192,6 +192,8 @@ class Service:
         signing_key(state_dir)  # what the server's own bundles (jobs) are signed with
         self.jobs = JobSupervisor(self.store, state_dir, config.store, config.workers, self._announce_job,
                                   stale_s=config.job_stale_s, max_attempts=config.job_attempts)
+        if config.workers:
+            self.state.workers = self.jobs.alive
         self.app = create_app(self.state, on_start=self._start_link, on_stop=self._stop_link)
         self._uvicorn: uvicorn.Server | None = None
 

@@ -86,6 +86,28 @@ UPDATE messages SET state = body::jsonb->>'event' WHERE kind = 'event' AND state
     # the job queue (server.jobs): one row a job, its log lines beside it
     (5, {"sqlite": _JOBS_SQL.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT"),
          "postgresql": _JOBS_SQL.format(serial="BIGSERIAL PRIMARY KEY")}),
+    # a message is keyed by (the device that sent it, its key): a key is the device's own name space,
+    # so nothing one device publishes can shadow, replace or acknowledge another's message; and
+    # tokens are looked up by their hash through an index
+    (6, {"sqlite": """
+CREATE TABLE messages_by_owner (
+    key TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL, ts_s DOUBLE PRECISION NOT NULL,
+    received_s DOUBLE PRECISION NOT NULL, stored_s DOUBLE PRECISION NOT NULL, body TEXT NOT NULL,
+    correct INTEGER, bundle_version BIGINT, state TEXT, PRIMARY KEY (device, key));
+INSERT INTO messages_by_owner SELECT key, device, kind, ts_s, received_s, stored_s, body, correct, bundle_version, state
+    FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages_by_owner RENAME TO messages;
+CREATE INDEX messages_by_device ON messages (device, kind, ts_s);
+CREATE INDEX messages_by_kind_time ON messages (kind, ts_s);
+CREATE INDEX messages_by_received ON messages (kind, received_s);
+CREATE INDEX messages_by_device_received ON messages (device, received_s);
+CREATE UNIQUE INDEX IF NOT EXISTS devices_by_token ON devices (token_sha256);
+""", "postgresql": """
+ALTER TABLE messages DROP CONSTRAINT messages_pkey;
+ALTER TABLE messages ADD PRIMARY KEY (device, key);
+CREATE UNIQUE INDEX IF NOT EXISTS devices_by_token ON devices (token_sha256);
+"""}),
 )
 RESERVED_USER = "trickle-server"  # the bridge's MQTT user (server.bridge.SERVER_USER)
 MESSAGE_COLUMNS = "key, device, kind, ts_s, received_s, stored_s, body, correct, bundle_version, state"
@@ -297,6 +319,10 @@ class Store:
     def stored_times(self, kind: str) -> list[tuple[str, float]]:
         """(key, stored_s) of every message of ``kind`` (what the link benchmark times)."""
         return [(k, float(t)) for k, t in self._all("SELECT key, stored_s FROM messages WHERE kind = ?", (kind,))]
+
+    def ping(self) -> None:
+        """A round trip to the database (``/readyz``); raises when it cannot be reached."""
+        self._one("SELECT 1")
 
     def message_counts(self) -> dict[str, int]:
         return {kind: int(n) for kind, n in self._all("SELECT kind, COUNT(*) FROM messages GROUP BY kind")}

@@ -117,8 +117,9 @@ def test_the_page_shows_what_the_database_holds_live_and_assigns_a_bundle(embedd
              "the OTA column")
 
     # a job (no workers here: it waits in the queue) shows up live and is cancelled from the page
-    spec = {"kind": "distill", "teacher": str(trained_bundle("digits", "nexume", epochs=3).checkpoint),
-            "dataset": "digits", "keep_ratio": 0.3, "selection": "random"}
+    checkpoint = trained_bundle("digits", "nexume", epochs=3).checkpoint.read_bytes()
+    teacher = httpx.post(server.url + "/v1/checkpoints", content=checkpoint, headers=server.admin, timeout=60).json()
+    spec = {"kind": "distill", "teacher": teacher["teacher"], "dataset": "digits", "keep_ratio": 0.3, "selection": "random"}
     job_id = httpx.post(server.url + "/v1/jobs", json=spec, headers=server.admin, timeout=10).json()["id"]
     row = page.locator(f'tr[data-job="{job_id}"] td')
     wait_for(lambda: row.count() and row.nth(3).inner_text() == "queued", 30, "the queued job on the page")

@@ -22,7 +22,17 @@ def teacher(trained_bundle: TrainedBundle) -> Path:
     return trained_bundle("digits", "nexume", epochs=3).checkpoint
 
 
+def upload_teacher(server: ServerProc, checkpoint: Path) -> str:
+    """The teacher reference of a checkpoint uploaded to the server (POST /v1/checkpoints)."""
+    r = httpx.post(server.url + "/v1/checkpoints", content=checkpoint.read_bytes(), headers=server.admin, timeout=60)
+    assert r.status_code == 201, r.text
+    return str(r.json()["teacher"])
+
+
 def submit(server: ServerProc, **spec: Any) -> httpx.Response:
+    """POST a distill job; a teacher given as a local checkpoint file is uploaded first."""
+    if isinstance(spec.get("teacher"), Path):
+        spec["teacher"] = upload_teacher(server, spec["teacher"])
     return httpx.post(server.url + "/v1/jobs", json={"kind": "distill", **spec}, headers=server.admin, timeout=10)
 
 
@@ -58,14 +68,16 @@ def test_a_distill_job_over_http_reaches_the_fleet_by_ota(tmp_path: Path, bundle
         wait_for(lambda: server.messages("s1", "result"), 60, "the agent's first results")
 
         # bad specs are refused with the reason, and only the admin may submit
-        missing = submit(server, teacher=str(tmp_path / "nope.pt"))
-        assert missing.status_code == 422 and "no such checkpoint file" in missing.text
-        assert submit(server, teacher=str(teacher), q_min=8, q_max=4).status_code == 422
-        assert "must be among" in submit(server, teacher=str(teacher), formats=["gguf"]).text
+        a_path = submit(server, teacher=str(teacher))  # a job names what the server holds, never a file path
+        assert a_path.status_code == 422 and "teacher" in a_path.text
+        missing = submit(server, teacher="checkpoint:" + "0" * 64)
+        assert missing.status_code == 422 and "no checkpoint with that sha256" in missing.text
+        assert submit(server, teacher=teacher, q_min=8, q_max=4).status_code == 422
+        assert "must be among" in submit(server, teacher=teacher, formats=["gguf"]).text
         device = {"Authorization": f"Bearer {token.read_text()}"}
-        assert httpx.post(server.url + "/v1/jobs", json={"teacher": str(teacher)}, headers=device).status_code == 403
+        assert httpx.post(server.url + "/v1/jobs", json={"teacher": "job:1"}, headers=device).status_code == 403
 
-        r = submit(server, teacher=str(teacher), dataset="digits", keep_ratio=0.5, epochs=2, formats=["onnx"],
+        r = submit(server, teacher=teacher, dataset="digits", keep_ratio=0.5, epochs=2, formats=["onnx"],
                    then_assign="field")
         assert r.status_code == 201, r.text
         job_id = r.json()["id"]
@@ -95,7 +107,7 @@ def test_killed_workers_resume_then_fail_a_job_and_never_half_register(tmp_path:
     server = ServerProc(tmp_path / "server", free_port(), "embedded", free_port(), extra=["--workers", "1"])
     server.start()
     try:
-        job_id = submit(server, teacher=str(teacher), epochs=400, formats=["onnx"]).json()["id"]
+        job_id = submit(server, teacher=teacher, epochs=400, formats=["onnx"]).json()["id"]
 
         def kill_when_training(attempt: int) -> None:
             running = wait_for(lambda: (j := job(server, job_id))["attempts"] == attempt
@@ -113,8 +125,8 @@ def test_killed_workers_resume_then_fail_a_job_and_never_half_register(tmp_path:
         assert not list((server.data / "bundles").glob("v*.tar"))
 
         # cancel: a running job stops at its next epoch, a queued one at once
-        long_id = submit(server, teacher=str(teacher), epochs=400, formats=["onnx"]).json()["id"]
-        queued_id = submit(server, teacher=str(teacher), epochs=1, formats=["onnx"]).json()["id"]
+        long_id = submit(server, teacher=teacher, epochs=400, formats=["onnx"]).json()["id"]
+        queued_id = submit(server, teacher=teacher, epochs=1, formats=["onnx"]).json()["id"]
         wait_for(lambda: job(server, long_id)["step"].startswith("epoch"), 120, "the long job training")
         r = httpx.post(f"{server.url}/v1/jobs/{queued_id}/cancel", headers=server.admin)
         assert r.status_code == 200 and r.json()["state"] == "cancelled"
@@ -130,7 +142,7 @@ def test_killed_workers_resume_then_fail_a_job_and_never_half_register(tmp_path:
 def test_a_restarted_server_runs_queued_jobs_once(tmp_path: Path, teacher: Path) -> None:
     server = ServerProc(tmp_path / "server", free_port(), "embedded", free_port())  # no workers: the job waits
     server.start()
-    job_id = submit(server, teacher=str(teacher), epochs=1, formats=["onnx"]).json()["id"]
+    job_id = submit(server, teacher=teacher, epochs=1, formats=["onnx"]).json()["id"]
     server.stop()
     server.extra = ["--workers", "1"]
     server.start()
@@ -143,7 +155,9 @@ def test_a_restarted_server_runs_queued_jobs_once(tmp_path: Path, teacher: Path)
     # a teacher may be the checkpoint a job made
     second = submit(server, teacher="bundle:1", epochs=1, formats=["onnx"])
     assert second.status_code == 201, second.text
+    assert submit(server, teacher=f"job:{job_id}", epochs=1, formats=["onnx"]).status_code == 201
     assert submit(server, teacher="bundle:7").status_code == 422
+    assert submit(server, teacher="job:99").status_code == 422
     server.stop()
 
 
@@ -162,7 +176,7 @@ def test_a_stopped_server_hands_its_running_job_back(tmp_path: Path, teacher: Pa
     server = ServerProc(tmp_path / "server", free_port(), "embedded", free_port(), extra=["--workers", "1"])
     server.start()
     try:
-        job_id = submit(server, teacher=str(teacher), epochs=400, formats=["onnx"]).json()["id"]
+        job_id = submit(server, teacher=teacher, epochs=400, formats=["onnx"]).json()["id"]
         wait_for(lambda: job(server, job_id)["step"].startswith("epoch"), 120, "the job training")
     finally:
         server.stop()  # SIGTERM: the worker stops at its next epoch and hands the job back

@@ -24,7 +24,7 @@ from tests.server.conftest import Bundles, Mosquitto, ServerProc, agent_cmd, nee
 
 def _client(url: str, user: str | None = None, password: str | None = None) -> mqtt.Client:
     host, port = url.removeprefix("mqtt://").split(":")
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"test-{user}-{time.time_ns()}")
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=user or f"anon-{time.time_ns()}")
     if user is not None:
         client.username_pw_set(user, password)
     client.connect(host, int(port))
