@@ -31,7 +31,7 @@ from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand, VerifyRequest,
 from server.bridge import Bridge, Metrics
 from server.dashboard import dashboard_router
 from server.jobs_api import jobs_router
-from server.limits import JSON_BODY_BYTES, AuthenticateFirst, excerpt, invalid_request, receive_file
+from server.limits import AuthenticateFirst, excerpt, invalid_request, receive_file
 from server.llm import LlmService, llm_router
 from server.store import Device, Store, StoreError
 
@@ -128,7 +128,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
         if on_stop:
             on_stop()
 
-    app = FastAPI(title="trickle server", version="1", lifespan=lifespan, max_body_size=JSON_BODY_BYTES,
+    app = FastAPI(title="trickle server", version="1", lifespan=lifespan,
                   description="Telemetry and results from energy-harvesting devices, bundles and OTA.")
     bearer = HTTPBearer(auto_error=False)
 

@@ -5,8 +5,9 @@ route's cap, and no error quotes more than a short excerpt of what was sent.
   ones must carry a known bearer token (the admin's or a device's), checked from its headers
   alone; otherwise it is answered 401 before a byte of its body is read. Which principal may use
   which route is still each route's own dependency.
-- Caps (FastAPI's ``max_body_size``: Content-Length checked first, then the bytes counted as they
-  arrive): ``JSON_BODY_BYTES`` for the whole app, more on the routes that take files.
+- Caps (Starlette's body limit: Content-Length checked first, then the bytes counted as they
+  arrive): ``JSON_BODY_BYTES`` for every route, more where a route sets FastAPI's ``max_body_size``
+  (those that take files).
 - ``receive_file``: a body streamed to a temporary file and hashed on the way, in O(chunk) memory.
 - ``invalid_request``: 422 replies with at most ``MAX_ERRORS`` errors, each with a short excerpt.
 """
@@ -24,6 +25,7 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 JSON_BODY_BYTES = 64 << 10  # a JSON request's body, unless its route allows more
@@ -48,10 +50,12 @@ def bearer(scope: Scope) -> str | None:
 
 class AuthenticateFirst:
     """Refuse (401) a request with a body whose bearer token is missing or unknown, before reading
-    the body; ``known(token)`` says whether a token is the admin's or a device's."""
+    the body; ``known(token)`` says whether a token is the admin's or a device's. Then the body is
+    read through Starlette's limit, ``default_cap`` unless the route sets its own ``max_body_size``."""
 
-    def __init__(self, app: ASGIApp, known: Callable[[str], bool], anonymous: frozenset[str] = frozenset()) -> None:
-        self.app, self.known, self.anonymous = app, known, anonymous
+    def __init__(self, app: ASGIApp, known: Callable[[str], bool], anonymous: frozenset[str] = frozenset(),
+                 default_cap: int = JSON_BODY_BYTES) -> None:
+        self.app, self.known, self.anonymous = RequestBodyLimitMiddleware(app, default_cap), known, anonymous
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in BODY_METHODS and scope["path"] not in self.anonymous:

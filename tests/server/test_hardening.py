@@ -349,8 +349,9 @@ def test_readyz_follows_the_database(tmp_path: Path) -> None:
                      "/readyz to see the store gone")
             assert time.monotonic() - t0 <= 5
             assert httpx.get(server.url + "/readyz").json()["store"] is False
+            # restart on a stopped cluster starts it with the options it last ran with (postmaster.opts)
             subprocess.run(["runuser", "-u", "postgres", "--", cluster[0], "-D", cluster[1], "-w", "-l",
-                            str(Path(cluster[1]) / "restart.log"), "start"], check=True, capture_output=True)
+                            str(Path(cluster[1]) / "restart.log"), "restart"], capture_output=True, timeout=60)
             wait_for(lambda: httpx.get(server.url + "/readyz", timeout=5).status_code == 200, 20,
                      "/readyz after the store is back")
         finally:

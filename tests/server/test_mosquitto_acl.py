@@ -24,11 +24,11 @@ from tests.server.conftest import ServerProc, needs_mosquitto, wait_for
 class Client:
     """A paho client that records what it receives."""
 
-    def __init__(self, port: int, user: str, password: str) -> None:
+    def __init__(self, port: int, user: str, password: str, client_id: str | None = None) -> None:
         self.received: list[tuple[str, bytes]] = []
         self.connected = threading.Event()
         self.reason: int | None = None
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{user}-{free_port()}")
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"t-{user}-{free_port()}")
         self.c.username_pw_set(user, password)
         self.c.on_message = lambda c, u, m: self.received.append((m.topic, m.payload))
         self.c.on_connect = self._on_connect
@@ -66,8 +66,8 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
     try:
         server_token = read_or_create_token(state / "server.token")
         wait_for(lambda: port_open(port), 10, "mosquitto")
-        watcher = Client(port, SERVER_USER, server_token)
-        node_a, node_b = Client(port, "node-a", a.token), Client(port, "node-b", b.token)
+        watcher = Client(port, SERVER_USER, server_token, SERVER_USER)  # the bridge's identity
+        node_a, node_b = Client(port, "node-a", a.token, "node-a"), Client(port, "node-b", b.token, "node-b")
         intruder = Client(port, "node-a", "not-the-token")
         clients += [watcher, node_a, node_b, intruder]
         for c in clients:
@@ -84,6 +84,19 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
         wait_for(lambda: (topic("lab", "node-b", "ota"), b"for-b") in node_b.received, 10, "node-b's command")
         assert all(payload != b"forged" for _, payload in watcher.received)
         assert node_a.received == []
+
+        # a device naming the bridge's client id, or another device's, takes nobody's session:
+        # Mosquitto makes its client id its user name (use_username_as_clientid)
+        thieves = [Client(port, "node-a", a.token, SERVER_USER), Client(port, "node-a", a.token, "node-b")]
+        clients += thieves
+        for thief in thieves:
+            assert thief.connected.wait(10)
+        time.sleep(0.5)
+        assert watcher.c.is_connected() and node_b.c.is_connected()
+        node_b.c.publish(topic("lab", "node-b", "telemetry"), b"still-here", qos=1).wait_for_publish(10)
+        wait_for(lambda: (topic("lab", "node-b", "telemetry"), b"still-here") in watcher.received, 10,
+                 "the bridge's session still receiving")
+        assert all(not t.received for t in thieves)
     finally:
         for c in clients:
             c.close()
