@@ -22,6 +22,12 @@ bench/results/link.json (goals in GOALS):
   p99_latency_s_at_half_load: the same with publishers at half the measured capacity.
 - lost: published - distinct keys stored; duplicated: keys stored more than once (every run; both must be 0).
 - ratio_vs_raw_mosquitto: messages_per_second_stored / the raw Mosquitto rate.
+- device_route_p99_s_under_dashboard_load: a mixed load on one server (embedded broker, SQLite
+  holding 100 devices' 60,000 messages): 100 device clients call their own routes (their results,
+  the bundle list) while 10 dashboard viewers poll the fleet snapshot, for 30 s; the p99 of the
+  device calls (device_route_p50_s_under_dashboard_load beside it; dashboard_snapshots_served).
+- unauthenticated_300mb_rss_growth_mb: the server's peak RSS growth (psutil, sampled every 10 ms)
+  while a client without a token sends a 300 MB body to the bundle upload route.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ from server.service import free_port
 RESULTS = Path(__file__).parent / "results"
 GOALS = {"messages_per_second_stored": (">=", 5000.0), "embedded_messages_per_second_stored": (">=", 2000.0),
          "postgres_messages_per_second_stored": (">=", 5000.0), "p99_latency_s_at_half_load": ("<=", 0.2),
-         "lost": ("<=", 0), "duplicated": ("<=", 0)}
+         "lost": ("<=", 0), "duplicated": ("<=", 0), "device_route_p99_s_under_dashboard_load": ("<=", 0.5),
+         "unauthenticated_300mb_rss_growth_mb": ("<=", 50.0)}
 
 
 def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -241,6 +248,115 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int,
             "p99_latency_s": float(np.percentile(latency, 99)) if len(latency) else None}
 
 
+def _seed(state: Path, devices: list[tuple[str, str]], per_device: int) -> None:
+    """Results and telemetry for every device, straight into the server's store (what the
+    dashboard aggregates)."""
+    from server.store import Incoming, open_store
+
+    store = open_store(state / "trickle.sqlite")
+    now = time.time()
+    for device, _ in devices:
+        rows = [Incoming(f"{device}:result:{i}", device, "result", now - i, now - i,
+                         json.dumps({"key": f"{device}:result:{i}", "correct": i % 3 != 0}), i % 3 != 0, 1)
+                for i in range(per_device)]
+        rows += [Incoming(f"{device}:telemetry:{i}", device, "telemetry", now - i, now - i, "{}")
+                 for i in range(per_device // 5)]
+        store.add_messages(rows)
+    store.close()
+
+
+def _mixed_load(folder: Path, seconds: float, n_devices: int = 100, n_viewers: int = 10) -> dict[str, Any]:
+    """Device routes under dashboard load (see the module's docstring)."""
+    import asyncio
+    import threading
+
+    data = folder / "mixed"
+    proc, url = _server(data, "embedded", free_port())
+    try:
+        devices = _register(url, data, n_devices)
+        _seed(data, devices, 500)
+        admin = {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
+        stop = threading.Event()
+        snapshots = [0]
+
+        def viewer() -> None:
+            with httpx.Client(timeout=120) as client:
+                while not stop.is_set():
+                    client.get(url + "/v1/dashboard/fleet", headers=admin).raise_for_status()
+                    snapshots[0] += 1
+
+        async def device(name: str, token: str, until: float, times: list[float]) -> None:
+            headers = {"Authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient(timeout=120) as client:
+                for i in range(10**9):
+                    if time.monotonic() >= until:
+                        return
+                    route = f"/v1/devices/{name}/result?limit=50" if i % 2 == 0 else "/v1/bundles"
+                    t0 = time.perf_counter()
+                    (await client.get(url + route, headers=headers)).raise_for_status()
+                    times.append(time.perf_counter() - t0)
+                    await asyncio.sleep(0.2)  # a device polls; it does not hammer
+
+        async def devices_run() -> list[float]:
+            times: list[float] = []
+            until = time.monotonic() + seconds
+            await asyncio.gather(*(device(d, t, until, times) for d, t in devices))
+            return times
+
+        viewers = [threading.Thread(target=viewer, daemon=True) for _ in range(n_viewers)]
+        for t in viewers:
+            t.start()
+        try:
+            times = asyncio.run(devices_run())
+        finally:
+            stop.set()
+            for t in viewers:
+                t.join(120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return {"device_calls": len(times), "device_route_p50_s": float(np.percentile(times, 50)),
+            "device_route_p99_s": float(np.percentile(times, 99)), "dashboard_snapshots_served": snapshots[0],
+            "devices": n_devices, "viewers": n_viewers, "seconds": seconds}
+
+
+def _unauthenticated_upload(folder: Path, megabytes: int = 300) -> float:
+    """The server's peak RSS growth (MB) while an unauthenticated client sends a ``megabytes`` body."""
+    import threading
+
+    import psutil
+
+    proc, url = _server(folder / "upload", "embedded", free_port())
+    try:
+        server = psutil.Process(proc.pid)
+        before = server.memory_info().rss
+        peak = [before]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.01):
+                peak[0] = max(peak[0], server.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(f"POST /v1/bundles HTTP/1.1\r\nHost: bench\r\nContent-Length: {megabytes << 20}\r\n\r\n".encode())
+            chunk = bytes(1 << 20)
+            try:
+                for _ in range(megabytes):
+                    s.sendall(chunk)
+            except OSError:  # refused and closed: the server reads no more
+                pass
+        time.sleep(0.5)
+        done.set()
+        sampler.join()
+        return (peak[0] - before) / 2**20
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
 def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     n, m = (4, 500) if quick else (10, 3000)
     if shutil.which("mosquitto") is None:
@@ -270,6 +386,11 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
             broker.wait(10)
         print(f"server with its embedded broker: {n} devices x {m} messages ...", flush=True)
         runs.append(_run("embedded", "embedded", free_port(), folder, n, m))
+        seconds = 5.0 if quick else 30.0
+        print(f"device routes under dashboard load: 100 devices, 10 viewers, {seconds:g} s ...", flush=True)
+        mixed = _mixed_load(folder, seconds)
+        print("a 300 MB body without a token ...", flush=True)
+        upload_growth = _unauthenticated_upload(folder)
     by = {r["broker"]: r for r in runs}
     main_run = by["mosquitto"]
     out: dict[str, Any] = {
@@ -282,6 +403,9 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
         "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
         "raw_mosquitto_messages_per_second": raw,
         "ratio_vs_raw_mosquitto": main_run["messages_per_second_stored"] / raw,
+        "device_route_p99_s_under_dashboard_load": mixed["device_route_p99_s"],
+        "device_route_p50_s_under_dashboard_load": mixed["device_route_p50_s"], "mixed_load": mixed,
+        "unauthenticated_300mb_rss_growth_mb": upload_growth,
         "runs": runs, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
     }
     rows = [(r["broker"], f"{r['messages_per_second_stored']:.0f}", f"{r['p50_latency_s']:.4f}", f"{r['p99_latency_s']:.4f}",

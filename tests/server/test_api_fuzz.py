@@ -29,7 +29,8 @@ def test_no_request_gets_a_server_error(tmp_path: Path) -> None:
         def fuzz(case: schemathesis.Case) -> None:
             for headers in ({"Authorization": f"Bearer {ADMIN}"}, {}):  # as the admin, and with no token
                 response = case.call(headers=headers)
-                assert response.status_code < 500, (
+                not_ready = case.formatted_path == "/readyz" and response.status_code == 503  # no broker here: its answer
+                assert response.status_code < 500 or not_ready, (
                     f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}")
 
         fuzz()
