@@ -31,15 +31,13 @@ from edge.protocol import DEVICE_KINDS, ROUTES, Name, OtaCommand, VerifyRequest,
 from server.bridge import Bridge, Metrics
 from server.dashboard import dashboard_router
 from server.jobs_api import jobs_router
-from server.limits import AuthenticateFirst, excerpt, invalid_request, receive_file
+from server.limits import OCTET_STREAM, AuthenticateFirst, excerpt, invalid_request, receive_file
 from server.llm import LlmService, llm_router
 from server.store import Device, Store, StoreError
 
 log = logging.getLogger("trickle.server.http")
 MAX_BUNDLE_BYTES = 64 << 20
 ANONYMOUS_WITH_BODY = ("/v1/completions",)  # the language model's OpenAI-style route (server.llm) takes no token
-OCTET_STREAM = {"requestBody": {"required": True, "content": {"application/octet-stream": {
-    "schema": {"type": "string", "format": "binary"}}}}}
 
 
 class DeviceIn(BaseModel):

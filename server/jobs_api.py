@@ -20,12 +20,10 @@ from fastapi.concurrency import run_in_threadpool
 from edge.errors import DataError
 from edge.protocol import ROUTES
 from server.jobs import JobError, JobSpec, checkpoint_store, resolve_dataset, resolve_teacher
-from server.limits import receive_file
+from server.limits import OCTET_STREAM, receive_file
 from server.store import Store
 
 MAX_CHECKPOINT_BYTES = 64 << 20
-OCTET_STREAM = {"requestBody": {"required": True, "content": {"application/octet-stream": {
-    "schema": {"type": "string", "format": "binary"}}}}}
 
 
 def _check_checkpoint(path: Path) -> None:

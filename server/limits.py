@@ -32,6 +32,9 @@ JSON_BODY_BYTES = 64 << 10  # a JSON request's body, unless its route allows mor
 MAX_ERRORS = 5
 EXCERPT_CHARS = 80
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# the OpenAPI request body of a route that streams a file (application/octet-stream)
+OCTET_STREAM = {"requestBody": {"required": True, "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}}
 
 
 def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
