@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,8 +38,9 @@ def _guarded(method: F) -> F:
         try:
             return method(self, *args, **kwargs)
         except sqlite3.DatabaseError as err:
-            if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
-                raise
+            busy = isinstance(err, sqlite3.OperationalError) and "locked" in str(err)
+            if busy or isinstance(err, (sqlite3.IntegrityError, sqlite3.ProgrammingError)):
+                raise  # a busy file or a row it cannot take, not a damaged file
             raise OutboxDamaged(f"{self.path}: the outbox is damaged ({err}); {RECOVER_HINT}") from None
     return run  # type: ignore[return-value]
 
@@ -83,6 +84,23 @@ class Outbox:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    @_guarded
+    def put_many(self, messages: Iterable[tuple[str, str, bytes]]) -> int:
+        """Queue many (key, topic, payload) in one transaction, one fsync: a bulk producer (a
+        simulated fleet's backlog) pays for one durable write, not one per message. A key already
+        queued is kept as it was; all or none are queued. Returns how many were new."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                before = self._db.total_changes
+                self._db.executemany("INSERT OR IGNORE INTO outbox (key, topic, payload) VALUES (?, ?, ?)", messages)
+                added = self._db.total_changes - before
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return added
 
     @_guarded
     def pending(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, bytes]]:

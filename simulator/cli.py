@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     paths = write_outputs(result, out, plots=not args.no_plots)
     report = None
     if args.live and bundle is not None:
-        report = publish_live(result, bundle, args.live, args.admin_token_file, args.broker, out / "live")
+        report = publish_live(result, bundle, args.live, args.admin_token_file, args.broker, out / "live",
+                              disable_progress=args.no_progress)
     if args.json:
         live = None if report is None else {"messages": report.messages, "devices": report.devices, "seconds": report.seconds}
         print(json.dumps({"summary": result.summary, "wall_s": wall_s, "written": [str(p) for p in paths], "live": live},
@@ -152,15 +153,17 @@ def _bundle_model(args: argparse.Namespace) -> tuple[Any, Any]:
     return bundle, inference_model(bundle, x, y)
 
 
-def publish_live(result: Any, bundle: Any, server: str, token_file: Path, broker: str | None, state_dir: Path) -> Any:
+def publish_live(result: Any, bundle: Any, server: str, token_file: Path, broker: str | None, state_dir: Path,
+                 disable_progress: bool = False) -> Any:
     import httpx
 
-    from simulator.live import publish
+    from simulator.live import progress_bars, publish
 
     try:
         broker = broker or httpx.get(server.rstrip("/") + "/healthz", timeout=10).json()["mqtt"]
-        return publish(result, server, broker, token_file.read_text().strip(), result.scenario.name.replace("_", "-"),
-                       bundle.manifest.labels, bundle.manifest.bundle_version, state_dir)
+        with progress_bars(disable=disable_progress or None) as progress:
+            return publish(result, server, broker, token_file.read_text().strip(), result.scenario.name.replace("_", "-"),
+                           bundle.manifest.labels, bundle.manifest.bundle_version, state_dir, progress=progress)
     except (httpx.HTTPError, OSError, KeyError, ValueError) as err:  # ValueError: /healthz did not answer JSON
         raise LinkError(f"--live {server}: publishing failed: {err}") from None
 

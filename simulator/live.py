@@ -9,10 +9,14 @@ Keys are ``{device}:result:{sensing event}``, so publishing a run twice stores i
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -25,6 +29,8 @@ from edge.outbox import Outbox
 from edge.protocol import ROUTES, Message, Result, Telemetry, encode, topic
 from simulator.fleet import SimulationResult
 from simulator.summary import sample_indices
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total): see deliver
 
 
 class LiveError(LinkError):
@@ -109,32 +115,49 @@ def node_messages(result: SimulationResult, fleet: str, labels: list[str], bundl
 
 
 def publish(result: SimulationResult, server: str, broker: str, admin_token: str, fleet: str, labels: list[str],
-            bundle_version: int, state_dir: Path, timeout_s: float = 600.0) -> LiveReport:
+            bundle_version: int, state_dir: Path, timeout_s: float = 600.0, progress: Progress | None = None
+            ) -> LiveReport:
     """Publish every node's messages; returns when the server has acknowledged every one."""
     per_device = node_messages(result, fleet, labels, bundle_version)
     tokens = register(server, admin_token, fleet, [r.node_id for r in result.nodes], state_dir)
-    seconds = deliver(per_device, tokens, server, broker, fleet, state_dir, timeout_s)
+    seconds = deliver(per_device, tokens, server, broker, fleet, state_dir, timeout_s, progress)
     return LiveReport(len(per_device), sum(len(m) for m in per_device.values()), seconds)
 
 
 def deliver(per_device: dict[str, list[tuple[str, Message]]], tokens: dict[str, str], server: str, broker: str,
-            fleet: str, state_dir: Path, timeout_s: float = 600.0) -> float:
+            fleet: str, state_dir: Path, timeout_s: float = 600.0, progress: Progress | None = None) -> float:
     """Send each device's messages through its own store-and-forward link (outbox, end-to-end
-    acks), all devices at once; returns the seconds until the server acknowledged the last one."""
+    acks), all devices at once; returns the seconds until the server acknowledged the last one.
+
+    Each device's backlog is queued in one outbox transaction (one fsync, not one per message).
+    ``progress(stage, done, total)`` is told how many messages are ``"queued"`` on disk, then how
+    many the server has ``"acknowledged"`` (a message left queued by an earlier, interrupted run
+    is sent and counted too)."""
+    total = sum(len(m) for m in per_device.values())
     links = []
+    queued = 0
     for device, messages in per_device.items():
         outbox = Outbox(state_dir / "outbox" / f"{device}.sqlite")
-        for kind, message in messages:
-            outbox.put(message.key, topic(fleet, device, kind), encode(message, tokens[device]))
+        outbox.put_many((m.key, topic(fleet, device, kind), encode(m, tokens[device])) for kind, m in messages)
         links.append((Link(outbox, device, tokens[device], broker, fleet), outbox))
+        queued += len(messages)
+        if progress is not None:
+            progress("queued", queued, total)
+    backlog = sum(len(outbox) for _, outbox in links)
     start = time.perf_counter()
     for link, _ in links:
         link.start()
+    shown = -1.0
 
     @retry(retry=retry_if_result(lambda drained: not drained), stop=stop_after_delay(timeout_s), wait=wait_fixed(0.05),
            retry_error_callback=lambda state: False)
     def drained() -> bool:
-        return all(link.drained() for link, _ in links)
+        nonlocal shown
+        left = [len(outbox) for _, outbox in links]
+        if progress is not None and (time.monotonic() - shown >= 0.25 or not any(left)):
+            progress("acknowledged", backlog - sum(left), backlog)
+            shown = time.monotonic()
+        return not any(left)
 
     try:
         if not drained():
@@ -145,3 +168,25 @@ def deliver(per_device: dict[str, list[tuple[str, Message]]], tokens: dict[str, 
         for link, outbox in links:
             link.stop()
             outbox.close()
+
+
+@contextlib.contextmanager
+def progress_bars(disable: bool | None = None) -> Iterator[Progress]:
+    """A ``progress`` for :func:`deliver` that draws one tqdm bar per stage on stderr (``disable``:
+    None draws them on a terminal only)."""
+    from tqdm import tqdm
+
+    bars: dict[str, Any] = {}
+    try:
+        def update(stage: str, done: int, total: int) -> None:
+            bar = bars.get(stage)
+            if bar is None:
+                bar = bars[stage] = tqdm(total=total, unit="msg", desc=f"messages {stage}", file=sys.stderr,
+                                         disable=disable, leave=False)
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield update
+    finally:
+        for bar in bars.values():
+            bar.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -224,26 +225,86 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def _hours_axis(result: SimulationResult) -> tuple[float, str]:
+    return _time_unit(result.scenario.run.duration_s)
+
+
+ENVELOPE_BINS = 600  # the fleet panel's time bins
+WINDOW_CYCLES = 12  # the node panel shows about this many charge/discharge cycles
+
+
+def representative_window(result: SimulationResult, traced: list[Any]) -> tuple[Any, float, float]:
+    """(node, start_s, end_s): the traced node with the median number of power failures, and a
+    window in the middle of the run holding about ``WINDOW_CYCLES`` of its cycles (the whole run
+    when it has fewer), so its sawtooth is drawn wide enough to read."""
     d = result.scenario.run.duration_s
-    return (3600.0, "time (h)") if d >= 3 * 3600 else ((60.0, "time (min)") if d >= 180 else (1.0, "time (s)"))
+    ranked = sorted(traced, key=lambda r: (r.stats.power_cycles, r.node_id))
+    node = ranked[(len(ranked) - 1) // 2]
+    cycles = node.stats.power_cycles
+    width = d if cycles <= WINDOW_CYCLES else max(d * WINDOW_CYCLES / cycles, min(d, 1.0))
+    start = max(0.0, d / 2 - width / 2)
+    return node, start, min(d, start + width)
+
+
+def voltage_envelope(result: SimulationResult, traced: list[Any], bins: int = ENVELOPE_BINS
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(bin edges, lowest, median, highest) storage voltage of the traced nodes per time bin: the
+    lowest and highest any node reached in the bin (the voltage held from its last event counts)
+    and the median over nodes of each node's mean event voltage in the bin."""
+    d = result.scenario.run.duration_s
+    edges = np.linspace(0.0, d, bins + 1)
+    lo, hi, mean = (np.full((len(traced), bins), np.nan) for _ in range(3))
+    for row, r in enumerate(traced):
+        t, v = np.asarray(r.trace["time_s"], float), np.asarray(r.trace["voltage_v"], float)
+        if not len(t):
+            continue
+        k = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+        held_at = np.searchsorted(t, edges[:-1], side="right") - 1  # the value each bin starts with
+        held = np.where(held_at >= 0, v[np.maximum(held_at, 0)], np.nan)
+        lo[row], hi[row] = held, held
+        np.fmin.at(lo[row], k, v)
+        np.fmax.at(hi[row], k, v)
+        sums, counts = np.bincount(k, v, bins), np.bincount(k, None, bins)
+        mean[row] = np.where(counts > 0, sums / np.maximum(counts, 1), held)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a bin before any node's first event
+        return edges, np.nanmin(lo, axis=0), np.nanmedian(mean, axis=0), np.nanmax(hi, axis=0)
 
 
 def _voltage_figure(result: SimulationResult, traced: list[Any]) -> Any:
+    """Two panels: the fleet's envelope over the whole run, and a readable window of one
+    representative node (the window is shaded in the fleet panel)."""
     import matplotlib.pyplot as plt
 
     st = result.scenario.storage
     scale, label = _hours_axis(result)
-    fig, ax = plt.subplots(figsize=(10, 4))
-    for r in traced:
-        t = np.asarray(r.trace["time_s"]) / scale
-        ax.plot(t, r.trace["voltage_v"], lw=0.8, label=f"node {r.node_id} (x{r.harvest_scale:.2f})")
-    for v, name in ((st.v_on_v, "v_on"), (st.v_off_v, "v_off"), (st.v_max_v, "v_max")):
-        ax.axhline(v, ls="--", lw=0.6, color="grey")
-        ax.text(0, v, f" {name}", va="bottom", fontsize=7, color="grey")
-    ax.set(xlabel=label, ylabel="capacitor voltage (V)", title=f"{result.scenario.name}: storage voltage (at events)")
-    ax.legend(fontsize=7, loc="upper right")
+    fig, (fleet, one) = plt.subplots(2, 1, figsize=(10, 6.5), gridspec_kw={"height_ratios": [1, 1.2]})
+    edges, lo, mid, hi = voltage_envelope(result, traced)
+    centres = (edges[:-1] + edges[1:]) / 2 / scale
+    fleet.fill_between(centres, lo, hi, step="mid", color="#9ecae1", lw=0, label="lowest to highest node")
+    fleet.plot(centres, mid, lw=0.9, color="#08519c", label="median node (mean per bin)")
+    node, a, b = representative_window(result, traced)
+    fleet.axvspan(a / scale, b / scale, color="#f4a259", alpha=0.25, lw=0, label="window shown below")
+    fleet.set(xlim=(0, result.scenario.run.duration_s / scale), xlabel=label, ylabel="voltage (V)",
+              title=f"{result.scenario.name}: storage voltage of {len(traced)} traced nodes, whole run")
+    fleet.legend(fontsize=7, loc="upper right")
+
+    t, v = np.asarray(node.trace["time_s"], float), np.asarray(node.trace["voltage_v"], float)
+    i0, i1 = max(int(np.searchsorted(t, a, side="right")) - 1, 0), int(np.searchsorted(t, b, side="right")) + 1
+    w_scale, w_label = _time_unit(b - a)
+    one.plot(t[i0:i1] / w_scale, v[i0:i1], lw=0.9, color="#2a9d8f", drawstyle="default")
+    for level, name in ((st.v_on_v, "v_on"), (st.v_off_v, "v_off"), (st.v_max_v, "v_max")):
+        one.axhline(level, ls="--", lw=0.6, color="grey")
+        one.text(a / w_scale, level, f" {name}", va="bottom", fontsize=7, color="grey")
+    one.set(xlim=(a / w_scale, b / w_scale), xlabel=w_label, ylabel="voltage (V)",
+            title=f"node {node.node_id} (median power failures: {node.stats.power_cycles}; harvest x"
+                  f"{node.harvest_scale:.2f}), {(b - a) / w_scale:.3g} {w_label.split('(')[1].rstrip(')')} "
+                  "from the middle of the run, at events")
     fig.tight_layout()
     return fig
+
+
+def _time_unit(span_s: float) -> tuple[float, str]:
+    return (3600.0, "time (h)") if span_s >= 3 * 3600 else ((60.0, "time (min)") if span_s >= 180 else (1.0, "time (s)"))
 
 
 def _timeline_figure(result: SimulationResult, traced: list[Any]) -> Any:
@@ -340,16 +401,28 @@ def write_html(result: SimulationResult, path: Path) -> Path:
     scale, label = _hours_axis(result)
     if traced:
         fig = go.Figure()
-        for r in traced:
+        edges, lo, mid, hi = voltage_envelope(result, traced)
+        centres = (edges[:-1] + edges[1:]) / 2 / scale
+        fig.add_trace(go.Scatter(x=centres, y=lo, mode="lines", line={"width": 0, "shape": "hvh"}, showlegend=False,
+                                 hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=centres, y=hi, mode="lines", fill="tonexty", line={"width": 0, "shape": "hvh"},
+                                 fillcolor="rgba(158,202,225,0.6)", name="fleet: lowest to highest"))
+        fig.add_trace(go.Scatter(x=centres, y=mid, mode="lines", line={"width": 1, "color": "#08519c"},
+                                 name="fleet: median node"))
+        node, a, b = representative_window(result, traced)
+        for r in traced:  # the chosen node (nearly) whole, the others thinned and shown on a click
             assert r.trace is not None
             t, v = np.asarray(r.trace["time_s"]), np.asarray(r.trace["voltage_v"])
-            step = max(1, len(t) // HTML_POINTS)
-            fig.add_trace(go.Scattergl(x=t[::step] / scale, y=v[::step], mode="lines", name=f"node {r.node_id}",
-                                       line={"width": 1}))
+            step = max(1, len(t) // (HTML_POINTS * (25 if r is node else 1)))
+            fig.add_trace(go.Scattergl(x=t[::step] / scale, y=v[::step], mode="lines", line={"width": 1},
+                                       name=f"node {r.node_id}" + (" (median failures)" if r is node else ""),
+                                       visible=True if r is node else "legendonly"))
         st = result.scenario.storage
         for value, name in ((st.v_on_v, "v_on"), (st.v_off_v, "v_off")):
             fig.add_hline(y=value, line_dash="dash", line_color="grey", annotation_text=name)
-        fig.update_layout(title="storage voltage (traced nodes)", xaxis_title=label, yaxis_title="V")
+        fig.update_layout(title=f"storage voltage: the fleet's envelope, and node {node.node_id} (zoom out for the "
+                                "whole run)", xaxis_title=label, yaxis_title="V",
+                          xaxis_range=[a / scale, b / scale])
         figures.append(("voltage", fig))
     parts = {"harvested": s["harvested_j"], "to the load": s["load_j"], "wasted at the clamp": s["wasted_j"],
              "leaked": s["leaked_j"], "input converter": s["input_loss_j"], "output converter": s["output_loss_j"],

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from simulator.bundle_model import inference_model
     from simulator.config import load_scenario, scenario_path
     from simulator.fleet import simulate
-    from simulator.live import deliver, device_name, node_messages, register
+    from simulator.live import deliver, device_name, node_messages, progress_bars, register
     from simulator.report import write_outputs
     from simulator.workload import InferenceModel
 
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
         if broker is not None:
             write_mosquitto_config(service.store, service.server_token, out / "mosquitto")
             broker.reload()
-        seconds = deliver(per_device, tokens, config.url, config.broker_url, "demo", out / "live")
+        with progress_bars() as progress:
+            seconds = deliver(per_device, tokens, config.url, config.broker_url, "demo", out / "live", progress=progress)
         messages = sum(len(m) for m in per_device.values())
         keys = {m.key for msgs in per_device.values() for kind, m in msgs if kind == "result"}
         stored = _stored(config.url, admin, [device_name("demo", r.node_id) for r in result.nodes], keys)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,21 @@ def test_the_outbox_keeps_messages_and_state_across_reopening(tmp_path: Path) ->
     assert box.get_state("cursor") == "2" and len(box) == 2
     assert box.delete_keys(["k1", "nope"]) == 1
     assert [p for _, _, p in box.pending()] == [b"two"]
+    box.close()
+
+
+def test_a_bulk_enqueue_is_one_transaction_and_all_or_nothing(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    box.put("k0", "t", b"zero")
+    statements: list[str] = []
+    box._db.set_trace_callback(statements.append)
+    assert box.put_many((f"k{i}", "t", b"x") for i in range(5000)) == 4999  # k0 was queued: kept as it was
+    box._db.set_trace_callback(None)
+    assert [s for s in statements if s.startswith(("BEGIN", "COMMIT"))] == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert len(box) == 5000 and box.pending(limit=1)[0][2] == b"zero"
+    with pytest.raises(sqlite3.ProgrammingError):  # one row SQLite cannot store queues none of the batch
+        box.put_many([("new-1", "t", b"x"), ("new-2", "t", object())])  # type: ignore[list-item]
+    assert len(box) == 5000
     box.close()
 
 
