@@ -141,7 +141,8 @@ class Telemetry(Message):
     voltage_v: float | None = Field(None, ge=0, le=100)
     harvested_j: float | None = Field(None, ge=0)
     consumed_j: float | None = Field(None, ge=0)
-    power_cycles: int | None = Field(None, ge=0)
+    power_cycles: int | None = Field(None, ge=0)  # power failures since the device was first started
+    on_time_s: float | None = Field(None, ge=0)  # time powered since then
     metrics: dict[Name, float] = Field(default_factory=dict, max_length=32)
 
 

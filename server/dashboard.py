@@ -2,9 +2,12 @@
 build step, no third-party script: its charts are SVG drawn by ``dashboard.js``) over three routes.
 
 - ``GET /v1/dashboard/fleet?page=&per_page=&q=``: one snapshot: totals (devices, online, results
-  in the last hour, accuracy where verdicts are known, messages rejected by reason), results per
-  hour over a day, one page of devices (last seen, the bundle each reports running, its assignment
-  and OTA state, results, accuracy), the bundle registry and the assignments.
+  received in the last hour, accuracy where verdicts are known, messages rejected by reason),
+  results over the devices' own time (``Store.results_over_time``: a simulated fleet's virtual
+  clock on an axis of its own, real clocks over the last day), one page of devices in natural
+  order (last seen, the bundle each reports running, its assignment and OTA state, results,
+  accuracy, power failures and time powered from its newest telemetry), the bundle registry and
+  the assignments.
 - ``GET /v1/dashboard/stream?...``: the same snapshot as server-sent events, pushed when something
   was stored, registered, uploaded or assigned (checked every ``interval`` seconds, in memory) and
   at least every 30 s; each viewer's snapshot is its own page's queries (devices paged first, then
@@ -74,16 +77,16 @@ def fleet_snapshot(state: "ServerState", who: "Principal", page: int = 0, per_pa
         row["ota"] = _ota_state(assigned, row["running_version"], row["last_event"])
     if who.admin:
         totals = store.fleet_totals(now, ONLINE_S)
-        hours = store.results_per_hour(now)
+        over_time = store.results_over_time(now)
         bundles = store.bundles()
         jobs = [_job_row(j) for j in store.jobs(limit=JOBS_SHOWN)]
     else:
         totals = {"devices": len(rows), "online": sum(r["online"] for r in rows),
                   "results": sum(r["results"] for r in rows), "results_last_hour": sum(r["results_last_hour"] for r in rows),
                   "labelled": sum(r["labelled"] for r in rows), "correct": sum(r["correct"] for r in rows)}
-        hours, bundles, assignments, jobs = [], [], {}, []
+        over_time, bundles, assignments, jobs = [], [], {}, []
     return {"now_s": now, "admin": who.admin, "totals": totals, "rejected": _rejected(state) if who.admin else {},
-            "results_per_hour": hours, "page": page, "per_page": per_page, "matching": matching, "devices": rows,
+            "results_over_time": over_time, "page": page, "per_page": per_page, "matching": matching, "devices": rows,
             "bundles": bundles, "assignments": assignments, "jobs": jobs}
 
 
@@ -132,7 +135,7 @@ def device_detail(state: "ServerState", device: str, limit: int = 5000) -> dict[
     record = state.store.device(device)
     if record is None:
         raise HTTPException(404, f"no registered device {device!r}")
-    telemetry = [{k: m.get(k) for k in ("ts_s", "voltage_v", "harvested_j", "consumed_j", "power_cycles")}
+    telemetry = [{k: m.get(k) for k in ("ts_s", "voltage_v", "harvested_j", "consumed_j", "power_cycles", "on_time_s")}
                  for m in state.store.messages(device, "telemetry", limit=limit, newest=True)]
     results = [{k: m.get(k) for k in ("ts_s", "label", "correct", "variant", "latency_s", "bundle_version")}
                for m in state.store.messages(device, "result", limit=limit, newest=True)]

@@ -72,11 +72,20 @@ def register(server: str, admin_token: str, fleet: str, node_ids: list[int], sta
     return tokens
 
 
+def on_time_until(boots: np.ndarray, failures: np.ndarray, t: float) -> float:
+    """Seconds powered before ``t``: the k-th on-period runs from ``boots[k]`` to ``failures[k]``
+    (to ``t`` while it has not failed)."""
+    started = boots[boots < t]
+    ends = np.minimum(np.append(failures, np.full(max(len(started) - len(failures), 0), np.inf))[: len(started)], t)
+    return float(np.sum(ends - started))
+
+
 def node_messages(result: SimulationResult, fleet: str, labels: list[str], bundle_version: int,
                   telemetry_every_s: float = 600.0) -> dict[str, list[tuple[str, Message]]]:
     """(kind, message) per device: a result per finished task; a telemetry every
-    ``telemetry_every_s`` of simulated time (power failures so far, and the capacitor's voltage
-    where the node's trace was recorded, ``nodes.record_traces``); a final telemetry of the node."""
+    ``telemetry_every_s`` of simulated time (power failures and time powered so far, and the
+    capacitor's voltage where the node's trace was recorded, ``nodes.record_traces``); a final
+    telemetry of the node (its totals, as ``results.json`` has them)."""
     model = result.model
     if model is None:
         raise LiveError("a live simulation needs a model (a bundle) to report results")
@@ -96,6 +105,7 @@ def node_messages(result: SimulationResult, fleet: str, labels: list[str], bundl
                 variant=f"int{v.bits}-d{round(v.drop * 100):02d}", bundle_version=bundle_version, latency_s=latency_s,
                 correct=bool(in_time and v.correct[sample]))))
         failures = np.zeros(0) if r.off_at_s is None else np.asarray(r.off_at_s)
+        boots = np.zeros(0) if r.on_at_s is None else np.asarray(r.on_at_s)
         trace_t = np.asarray(r.trace["time_s"]) if r.trace else None
         trace_v = np.asarray(r.trace["voltage_v"]) if r.trace else None
         for k, t in enumerate(np.arange(telemetry_every_s, result.scenario.run.duration_s, telemetry_every_s)):
@@ -103,12 +113,12 @@ def node_messages(result: SimulationResult, fleet: str, labels: list[str], bundl
             if trace_t is not None and trace_v is not None and len(trace_t):
                 voltage = float(trace_v[max(int(np.searchsorted(trace_t, t, side="right")) - 1, 0)])
             messages.append(("telemetry", Telemetry(key=f"{device}:telemetry:{k}", device=device, ts_s=float(t),
-                                                    voltage_v=voltage,
+                                                    voltage_v=voltage, on_time_s=on_time_until(boots, failures, t),
                                                     power_cycles=int(np.searchsorted(failures, t, side="right")))))
         st = r.stats
         messages.append(("telemetry", Telemetry(
             key=f"{device}:telemetry:final", device=device, ts_s=result.scenario.run.duration_s, voltage_v=st.v_final_v,
-            harvested_j=st.harvested_j, consumed_j=st.load_j, power_cycles=st.power_cycles,
+            harvested_j=st.harvested_j, consumed_j=st.load_j, power_cycles=st.power_cycles, on_time_s=st.on_time_s,
             metrics={"completed": float(st.completed), "missed": float(st.missed), "lost_off": float(st.lost_off)})))
         out[device] = messages
     return out

@@ -53,11 +53,11 @@ def _number(page: Any, testid: str) -> str:
     return str(page.locator(f'[data-testid="{testid}"]').inner_text())
 
 
-def _simulated_fleet(bundles: Bundles, nodes: int) -> Any:
+def _simulated_fleet(bundles: Bundles, nodes: int, traces: int = 3, scenario: str | None = None) -> Any:
     from edge.bundle import read_bundle
     from edge.runtime import Runtime
     from simulator.bundle_model import inference_model
-    from simulator.config import load_scenario
+    from simulator.config import load_scenario, scenario_path
     from simulator.fleet import simulate
 
     bundle = read_bundle(bundles.v1)
@@ -65,9 +65,10 @@ def _simulated_fleet(bundles: Bundles, nodes: int) -> Any:
         raw, y = data["x"], data["y"]
     runtime = Runtime(bundle)
     model = inference_model(bundle, np.stack([runtime.preprocess(r) for r in raw]), y)
-    scenario = load_scenario(None, name="dash", run={"duration_s": 8 * 3600.0, "seed": 0, "workers": 1},
-                             nodes={"count": nodes})
-    return bundle, simulate(scenario, model=model)
+    config = load_scenario(scenario and scenario_path(scenario), name="dash",
+                           run={"duration_s": 8 * 3600.0, "seed": 0, "workers": 1},
+                           nodes={"count": nodes, "record_traces": traces})
+    return bundle, simulate(config, model=model)
 
 
 def test_the_page_shows_what_the_database_holds_live_and_assigns_a_bundle(embedded_server: ServerProc, bundles: Bundles,
@@ -170,3 +171,69 @@ def test_a_thousand_devices_page_without_freezing(embedded_server: ServerProc, b
     waited_ms = page.evaluate("() => new Promise(r => { const t = performance.now(); "
                               "setTimeout(() => r(performance.now() - t), 0); })")
     assert waited_ms < 200
+
+
+def test_a_simulated_fleet_reads_in_its_own_time_and_matches_its_results_json(
+        embedded_server: ServerProc, bundles: Bundles, browser: Any, tmp_path: Path) -> None:
+    """A simulate --live fleet publishes 8 virtual hours in seconds: its charts count them on a
+    simulated-time axis of their own (not one receipt-time bar), every axis has a title and units,
+    the voltage axis never magnifies a small change into a cliff, devices sort as people count,
+    and each device's power failures and on-time equal the simulation's results.json."""
+    from simulator.live import publish
+    from simulator.report import write_outputs
+
+    server = embedded_server
+    admin_token = (server.data / "admin.token").read_text().strip()
+    bundle, result = _simulated_fleet(bundles, nodes=12, traces=12, scenario="rf_scarce")
+    write_outputs(result, tmp_path / "sim", plots=False)
+    expected = {f"dash-n{n['node_id']}": n for n in json.loads((tmp_path / "sim" / "results.json").read_text())["nodes"]}
+    assert sum(n["power_cycles"] > 100 for n in expected.values()) >= 3  # nodes that live on the edge
+    seen: list[tuple[str, int, int]] = []
+    report = publish(result, server.url, server.broker_url, admin_token, "dash", bundle.manifest.labels, 1,
+                     tmp_path / "live", progress=lambda stage, done, total: seen.append((stage, done, total)))
+    # each device's backlog was queued in one step, then acknowledged to the last message
+    queued = [s for s in seen if s[0] == "queued"]
+    assert len(queued) == 12 and queued[-1] == ("queued", report.messages, report.messages)
+    assert [s for s in seen if s[0] == "acknowledged"][-1] == ("acknowledged", report.messages, report.messages)
+
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    _sign_in(page, server, admin_token)
+    wait_for(lambda: page.locator("tbody#devices tr").count() == 12, 30, "12 devices")
+    order = [page.locator("tbody#devices tr").nth(k).get_attribute("data-device") for k in range(12)]
+    assert order == [f"dash-n{k}" for k in range(12)]  # n2 before n10
+    for device, node in expected.items():
+        row = page.locator(f'tr[data-device="{device}"] td')
+        wait_for(lambda: row.nth(9).inner_text() != "–", 20, f"{device}'s telemetry")
+        assert row.nth(9).inner_text() == str(node["power_cycles"])
+        assert float(row.nth(10).get_attribute("data-seconds")) == pytest.approx(node["on_time_s"], rel=1e-12)
+    # results over the fleet's own 8 h, on a simulated-time axis
+    figure = page.locator('#results-charts figure[data-clock="virtual"]')
+    assert "simulated time" in figure.locator("figcaption").inner_text()
+    assert figure.locator("text.x-title").text_content() == "simulated time (h since the start)"
+    assert figure.locator("text.y-title").text_content() == "results"
+    heights = [float(h) for h in figure.locator("rect.bar").evaluate_all("bars => bars.map(b => b.getAttribute('height'))")]
+    assert len(heights) >= 24 and sum(h > 0 for h in heights) >= 12
+    assert page.locator('#results-charts figure[data-clock="wall"]').count() == 0
+    _screenshot(page, tmp_path, "dashboard-simulated.png")
+
+    # one device: its axes, a voltage range no narrower than 0.5 V, its figures
+    page.goto(f"{server.url}/#/device/dash-n3")
+    node = expected["dash-n3"]
+    wait_for(lambda: _number(page, "device-failures") == str(node["power_cycles"]), 20, "the device page")
+    voltage = page.locator("svg#voltage")
+    wait_for(lambda: voltage.locator("polyline.series").count() == 1, 20, "the voltage chart")
+    assert float(voltage.get_attribute("data-y-max")) - float(voltage.get_attribute("data-y-min")) >= 0.5
+    assert voltage.locator("text.y-title").text_content() == "voltage (V)"
+    for chart in ("voltage", "failures", "timeline"):
+        assert page.locator(f"svg#{chart} text.x-title").text_content().startswith("simulated time")
+        assert page.locator(f"svg#{chart} text.x-tick").count() >= 3
+    assert page.locator("svg#failures text.y-title").text_content() == "power failures"
+    _screenshot(page, tmp_path, "dashboard-simulated-device.png")
+
+    # an unknown route and a device that cannot exist: a plain "not found"
+    for hash_ in ("#/nowhere", "#/device/no%20such!", "#/device/dash-n99"):
+        page.goto(f"{server.url}/{hash_}")
+        wait_for(lambda: page.locator("#not-found").is_visible(), 20, f"not found for {hash_}")
+        assert "[object Object]" not in page.locator("main").inner_text()
+        assert page.locator("#fleet-view").is_hidden() and page.locator("#device-view").is_hidden()
+        assert page.locator("#error").is_hidden()

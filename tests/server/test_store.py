@@ -68,6 +68,33 @@ def test_the_dashboard_aggregates_page_first_and_filter_literally(store: Store) 
         store.add_device("trickle-server", "f")
 
 
+def test_the_dashboard_pages_in_natural_order_with_each_devices_newest_telemetry(store: Store) -> None:
+    for k in (10, 2, 1, 0, 11):
+        store.add_device(f"n{k}", "f")
+    store.add_messages([  # by the device's time, not by arrival: the final telemetry arrived first
+        Incoming("n2:t:final", "n2", "telemetry", 28800.0, 50.0, '{"power_cycles": 7, "on_time_s": 123.5}'),
+        Incoming("n2:t:0", "n2", "telemetry", 600.0, 60.0, '{"power_cycles": 1, "on_time_s": 9.0}')])
+    matching, page = store.fleet_page(100.0, 300.0, offset=1, limit=3)
+    assert matching == 5 and [r["device"] for r in page] == ["n1", "n2", "n10"]
+    assert (page[1]["power_cycles"], page[1]["on_time_s"]) == (7, 123.5)
+    assert (page[0]["power_cycles"], page[0]["on_time_s"]) == (None, None)
+
+
+def test_results_are_counted_in_the_devices_own_time(store: Store) -> None:
+    store.add_device("sim", "f")
+    store.add_device("real", "f")
+    now = 1_800_000_000.0  # 2027-01-15T08:00:00Z, on the hour
+    virtual = [Incoming(f"sim:r:{i}", "sim", "result", 60.0 * i + 1.0, now, "{}") for i in range(480)]  # 8 h, 1/min
+    real = [Incoming(f"real:r:{i}", "real", "result", now - 3600.0 * i - 1.0, now, "{}") for i in (0, 0.5, 3, 30)]
+    store.add_messages(virtual + real)
+    virtual_series, wall = store.results_over_time(now)
+    assert virtual_series == {"clock": "virtual", "start_s": 0.0, "bin_s": 600.0, "counts": [10] * 48}
+    assert wall["clock"] == "wall" and wall["start_s"] == now - 24 * 3600.0 and wall["bin_s"] == 3600.0
+    assert wall["counts"][-1] == 2 and wall["counts"][-4] == 1 and sum(wall["counts"]) == 3  # 30 h ago: out
+    store.add_messages([Incoming("sim:r:late", "sim", "result", 8 * 3600.0 - 0.5, now, "{}")])
+    assert store.results_over_time(now)[0]["counts"][-1] == 11  # the last instant falls in the last bin
+
+
 def test_devices_tokens_and_duplicates(store: Store) -> None:
     a = store.add_device("a", "north")
     store.add_device("b", "south")
