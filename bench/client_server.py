@@ -7,7 +7,7 @@ The server is ``trickle serve --llm runs/lm/base --draft runs/lm/draft-moa`` in 
 (with its embedded MQTT broker); the device side runs here, one thread. Methods:
 
 - **MoA client–server**: the MoA draft's bundle (``export.lm_draft``, onnxruntime) with
-  ``edge.generate`` (adaptive K), states from the server, over HTTP and over MQTT (through the
+  ``edge.llm.generate`` (adaptive K), states from the server, over HTTP and over MQTT (through the
   server's embedded broker);
 - **EAGLE-style client–server**: the EAGLE-style draft's bundle (``runs/lm/draft-eagle``), fed the
   target's last hidden states of the verified tokens by the server, over HTTP;
@@ -40,9 +40,9 @@ import numpy as np
 import torch
 
 from bench.netem import NetemProxy
-from edge.errors import ConfigError
-from edge.files import data_root, write_atomic
-from edge.tables import markdown_table
+from edge.core.errors import ConfigError
+from edge.core.files import data_root, write_atomic
+from edge.core.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
 DOCS = Path(__file__).parent.parent / "docs" / "results"
@@ -61,10 +61,10 @@ GOALS = {
 
 
 class IndependentDraft:
-    """The independent draft as an ``edge.generate.DraftModel`` (transformers, incremental cache)."""
+    """The independent draft as an ``edge.llm.generate.DraftModel`` (transformers, incremental cache)."""
 
     def __init__(self, folder: Path, target: Any) -> None:
-        from models.draft import load_drafter
+        from models.lm.draft import load_drafter
 
         self.drafter: Any = load_drafter(folder, target)
 
@@ -76,7 +76,7 @@ class IndependentDraft:
 
 
 def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[bytes], str, str, int]:
-    from server.service import free_port
+    from server.ports import free_port
 
     port, mqtt = free_port(), free_port()
     log = (state / "serve.log").open("wb")
@@ -100,7 +100,7 @@ def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[byt
 
 def _cs(draft: Any, port: int, token: str, prompts: list[list[int]], new: int, rtt: float, bps: float,
         mqtt: bool = False) -> dict[str, Any]:
-    from edge.generate import HttpLink, Link, MqttLink, generate
+    from edge.llm.generate import HttpLink, Link, MqttLink, generate
 
     tokens = calls = 0
     seconds = 0.0
@@ -131,7 +131,7 @@ def _api(url: str, tok: Any, prompts: list[list[int]], new: int, rtt: float, bps
 
 def _offline_nll(target: Any, draft: Any, url: str, token: str, prompts: list[list[int]]) -> float:
     """Mean target NLL per token of OFFLINE_TOKENS drafted alone after one verified round."""
-    from edge.generate import HttpLink, generate
+    from edge.llm.generate import HttpLink, generate
 
     port = int(url.rsplit(":", 1)[1])
     nll, count = 0.0, 0
@@ -162,8 +162,8 @@ def _verify_counts(url: str) -> tuple[float, float]:
 
 def _throughput(draft_dir: Path, url: str, token: str, prompts: list[list[int]], new: int, clients: int) -> float:
     """Tokens/s of ``clients`` devices generating at once (threads here; each its own draft)."""
-    from edge.generate import HttpLink, generate
-    from edge.lm_draft import OnnxMoADraft
+    from edge.llm.draft import OnnxMoADraft
+    from edge.llm.generate import HttpLink, generate
 
     drafts = [OnnxMoADraft(draft_dir) for _ in range(clients)]
     done: list[int] = []
@@ -184,9 +184,9 @@ def _throughput(draft_dir: Path, url: str, token: str, prompts: list[list[int]],
 
 def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS, corpus: Path | None = None) -> dict[str, Any]:
     from bench.speculative import _prompts
-    from edge.lm_draft import OnnxEagleDraft, OnnxMoADraft
+    from edge.llm.draft import OnnxEagleDraft, OnnxMoADraft
     from export.lm_draft import export_eagle_draft, export_moa_draft
-    from models.draft import load_target
+    from models.lm.draft import load_target
 
     torch.set_num_threads(1)
     corpus = corpus or data_root() / "shakespeare" / "plays"
@@ -219,7 +219,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                     rows.append({"method": method, "rtt_ms": rtt * 1e3, "mbit_s": bps / 1e6, **figures})
                     print(f"{method:28s} rtt {rtt * 1e3:5.0f} ms {bps / 1e6:4.0f} Mbit/s  "
                           f"{rows[-1]['tokens_per_second']:6.1f} tok/s", flush=True)
-            from edge.generate import generate
+            from edge.llm.generate import generate
 
             t0 = time.perf_counter()
             alone = sum(len(generate(moa, None, p, new).tokens) for p in prompts)

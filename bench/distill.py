@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from edge.files import write_atomic
-from edge.tables import markdown_table
+from edge.core.files import write_atomic
+from edge.core.tables import markdown_table
 from models.distill import Selection, distill
-from models.nexume import TrainConfig, accuracy, train
-from models.switchable import FLOAT_BITS
+from models.nexume.switchable import FLOAT_BITS
+from models.nexume.train import TrainConfig, accuracy, train
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -91,7 +91,7 @@ def run_dataset(dataset: str, quick: bool, seeds: tuple[int, ...], bar: Any, epo
 
 def ddp_speedup(quick: bool) -> dict[str, Any]:
     """The digits teacher's training: one process against torchrun's two."""
-    from models.parallel import launch
+    from models.nexume.launch import launch
 
     cfg = teacher_config("digits", quick)
     one = train(cfg, cfg.load_data()).train_time_s

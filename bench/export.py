@@ -33,14 +33,15 @@ from typing import Any
 
 import torch
 
-from edge.backends import FORMAT_BACKEND, load_backend, quiet
-from edge.bundle import read_bundle
-from edge.files import write_atomic
-from edge.tables import console_table
+from edge.classify.backends import FORMAT_BACKEND, load_backend, quiet
+from edge.contract.bundle import read_bundle
+from edge.core.files import write_atomic
+from edge.core.tables import console_table
 from export.bundle import export_bundle
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.datasets import DatasetError, load
-from models.nexume import TrainConfig, train
+from models.data.base import DatasetError
+from models.data.datasets import load
+from models.nexume.checkpoint import load_checkpoint, save_checkpoint
+from models.nexume.train import TrainConfig, train
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent

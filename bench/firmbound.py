@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge.files import write_atomic
-from edge.tables import markdown_table
+from edge.core.files import write_atomic
+from edge.core.tables import markdown_table
 from models.firmbound import (
     LOSS_L,
     backward_induction,
@@ -253,11 +253,11 @@ def choose_on_validation(x: np.ndarray, y: np.ndarray, quick: bool) -> tuple[int
 def load_real(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x, y, x_test, y_test): a UCR/UEA set, or FSDD as 13 MFCCs over 63 frames."""
     if name == "FSDD":
-        from models.datasets import load
+        from models.data.datasets import load
 
         d = load("fsdd")
         return d.x_train, d.y_train, d.x_test, d.y_test
-    from models.userdata import UserData, load_user
+    from models.data.userdata import UserData, load_user
 
     data = load_user(f"ucr:{name}", UserData(pad=True))
     return data.x_train, data.y_train, data.x_test, data.y_test
@@ -314,7 +314,7 @@ def simulated_node(name: str, dre: Any, rule: Any, x: np.ndarray, xt: np.ndarray
     stop where the exported (integer) rule stops, against the same bundle deciding at T."""
     import tempfile
 
-    from edge.bundle import read_bundle
+    from edge.contract.bundle import read_bundle
     from export.early import export_early
     from models.firmbound import FirmboundClassifier
     from simulator.bundle_model import early_model

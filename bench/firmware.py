@@ -30,9 +30,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from edge.bundle import read_bundle
-from edge.files import write_atomic
-from edge.tables import console_table
+from edge.contract.bundle import read_bundle
+from edge.core.files import write_atomic
+from edge.core.tables import console_table
 from export.bundle import export_bundle
 from export.cgen import generate
 from export.flash import (
@@ -47,9 +47,9 @@ from export.flash import (
     write_sources,
 )
 from export.intmodel import PoolLayer
-from models.checkpoint import save_checkpoint
-from models.datasets import load
-from models.nexume import TrainConfig, train
+from models.data.datasets import load
+from models.nexume.checkpoint import save_checkpoint
+from models.nexume.train import TrainConfig, train
 
 RESULTS = Path(__file__).parent / "results"
 GOALS = {

@@ -47,11 +47,11 @@ import httpx
 import numpy as np
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from edge.errors import LinkError
-from edge.files import write_atomic
-from edge.protocol import Message, Telemetry, encode, topic
-from edge.tables import console_table
-from server.service import free_port
+from edge.contract.protocol import Message, Telemetry, encode, topic
+from edge.core.errors import LinkError
+from edge.core.files import write_atomic
+from edge.core.tables import console_table
+from server.ports import free_port
 
 RESULTS = Path(__file__).parent / "results"
 GOALS = {"messages_per_second_stored": (">=", 5000.0), "embedded_messages_per_second_stored": (">=", 2000.0),
@@ -209,7 +209,7 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int,
          rate_per_s: float | None = None) -> dict[str, Any]:
     """One configuration: the server on ``broker`` (and ``store``, default SQLite), n devices x m
     messages, published as fast as the publishers go (or paced at ``rate_per_s``)."""
-    from server.store import open_store
+    from server.store.store import open_store
 
     data = folder / name
     proc, url = _server(data, broker, broker_port, store)
@@ -251,7 +251,7 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int,
 def _seed(state: Path, devices: list[tuple[str, str]], per_device: int) -> None:
     """Results and telemetry for every device, straight into the server's store (what the
     dashboard aggregates)."""
-    from server.store import Incoming, open_store
+    from server.store.store import Incoming, open_store
 
     store = open_store(state / "trickle.sqlite")
     now = time.time()
@@ -375,7 +375,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
             print(f"server behind Mosquitto at half that load ({half:.0f} msg/s) ...", flush=True)
             # three times the messages: the run lasts longer than the store's background checkpoint period (10 s)
             runs.append(_run("mosquitto-half-load", f"mqtt://127.0.0.1:{port}", port, folder, n, 3 * m, rate_per_s=half))
-            from server.pgtemp import available, temporary_postgres
+            from server.store.pgtemp import available, temporary_postgres
 
             if available():
                 print(f"server behind Mosquitto, PostgreSQL store: {n} devices x {m} messages ...", flush=True)

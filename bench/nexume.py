@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from edge.files import data_root, write_atomic
-from edge.tables import markdown_table
-from models.datasets import DATASETS, Dataset, load
-from models.evaluate import inference_model
-from models.nexume import TrainConfig, calibrate_int8, train
-from models.switchable import SwitchableNet
+from edge.core.files import data_root, write_atomic
+from edge.core.tables import markdown_table
+from models.data.base import Dataset
+from models.data.datasets import DATASETS, load
+from models.nexume.evaluate import inference_model
+from models.nexume.switchable import SwitchableNet
+from models.nexume.train import TrainConfig, calibrate_int8, train
 from simulator.config import Scenario, load_scenario, scenario_path
 from simulator.fleet import simulate
 from simulator.workload import InferenceModel

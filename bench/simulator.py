@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import simulator.node
-from edge.files import write_atomic
-from edge.tables import console_table
+from edge.core.files import write_atomic
+from edge.core.tables import console_table
 from simulator.config import Scenario, build_scenario, load_scenario, scenario_path
 from simulator.devices import MCUS
 from simulator.fleet import simulate

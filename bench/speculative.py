@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 
-from edge.errors import ConfigError
-from edge.files import data_root, write_atomic
-from edge.tables import markdown_table
+from edge.core.errors import ConfigError
+from edge.core.files import data_root, write_atomic
+from edge.core.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
 DOCS = Path(__file__).parent.parent / "docs" / "results"
 RUNS = Path("runs") / "lm"
 K, K_MAX = 5, 8
-TREE = (5, 2, 2)  # depth, branch, width (models.speculative.Tree)
+TREE = (5, 2, 2)  # depth, branch, width (models.lm.speculative.Tree)
 MODES = ("chain", "adaptive", "tree")
 DRAFT_STEPS = 400
 SAMPLING_T = 0.8
@@ -53,7 +53,7 @@ GOALS = {
 
 def _prompts(tok: Any, corpus: Path, n: int, tokens: int) -> list[list[int]]:
     """``n`` prompts of ``tokens`` tokens from the middle of the held-out plays."""
-    from models.lm import find_plays, read_texts
+    from models.lm.target import find_plays, read_texts
 
     held = read_texts(find_plays(corpus).held_out)
     out = []
@@ -73,7 +73,7 @@ def _time(fn: Any) -> tuple[Any, float]:
 
 def _run(method: str, mode: str, target: Any, drafter: Any, prompts: list[list[int]], new: int,
          temperature: float) -> dict[str, Any]:
-    from models.speculative import Tree, speculative_generate
+    from models.lm.speculative import Tree, speculative_generate
 
     modes: dict[str, dict[str, Any]] = {"chain": {"k": K}, "adaptive": {"k": K_MAX, "adaptive": True},
                                         "tree": {"tree": Tree(*TREE)}, "none": {}}
@@ -108,8 +108,8 @@ def _hf(method: str, target: Any, prompts: list[list[int]], new: int, assistant:
 
 
 def _models(quick: bool, work: Path, corpus: Path) -> tuple[Path, dict[str, Path]]:
-    from models.draft import train_draft
-    from models.lm import LMConfig, train_lm
+    from models.lm.draft import train_draft
+    from models.lm.target import LMConfig, train_lm
 
     if quick:
         target = work / "target"
@@ -135,8 +135,8 @@ def _best(rows: list[dict[str, Any]], method: str, temperature: float) -> dict[s
 
 
 def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS, corpus: Path | None = None) -> dict[str, Any]:
-    from models.draft import load_drafter, load_target
-    from models.speculative import NoDrafter
+    from models.lm.draft import load_drafter, load_target
+    from models.lm.speculative import NoDrafter
 
     torch.set_num_threads(1)
     corpus = corpus or data_root() / "shakespeare" / "plays"

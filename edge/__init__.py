@@ -1,6 +1,6 @@
 """The device runtime: bundle loading and verification, inference backends, the DynInfer policy,
-the link to the server; and the plumbing every tier shares (``edge.errors``, ``edge.config``,
-``edge.files``). Never imports torch (an import-linter contract keeps it so)."""
+the link to the server; and the plumbing every tier shares (``edge.core.errors``, ``edge.core.config``,
+``edge.core.files``). Never imports torch (an import-linter contract keeps it so)."""
 
 
 

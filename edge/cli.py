@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge.backends import BACKENDS
-from edge.errors import ConfigError, DataError
+from edge.classify.backends import BACKENDS
+from edge.core.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from edge.bundle import Bundle
-    from edge.runtime import Runtime
+    from edge.classify.runtime import Runtime
+    from edge.contract.bundle import Bundle
 
 RUN_HELP = """Run the device agent: read SOURCE, infer with the bundle, publish results and telemetry.
 
@@ -33,7 +33,7 @@ self-tested on the test vectors they carry (older bundles: on the first samples 
 and rolled back if the self-test fails. SOURCE: an .npz with 'x' (raw samples) and optionally
 'y' (labels), or a folder of .npy/.csv/.txt/.wav files.
 
-Options: defaults < the --config file (TOML, keys are the fields of edge.agent.AgentConfig:
+Options: defaults < the --config file (TOML, keys are the fields of edge.agent.agent.AgentConfig:
 device, token_file (or token), server, broker, state_dir, fleet, bundle, source, period_s, count,
 telemetry_every, trusted_keys, backend, exit_when_done, max_in_flight, resend_s) < the flags
 given < --set FIELD=VALUE items (the value in TOML syntax)."""
@@ -51,7 +51,7 @@ INPUT files hold one raw example each, as the sensor gives it (the manifest's ra
 the model's input. --features skips pre-processing (the input is already the model's input).
 The variant is the most accurate one, --variant NAME, or DynInfer's choice for the energy that
 --voltage-v/--capacitance-f leave above --v-cut-v, priced for --mcu. --backend executorch loads
-the export tier's backend (it needs torch; see edge/backends.py); the others run without.
+the export tier's backend (it needs torch; see edge/classify/backends.py); the others run without.
 --self-test runs every variant on the test vectors the bundle carries and compares them with the
 outputs recorded at export, as a device does before it switches to a new bundle.
 --early (a bundle with an early-decision rule, export.early): each INPUT is a whole series,
@@ -170,8 +170,8 @@ def run_edge(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     import sys
 
-    from edge.generate import HttpLink, Link, MqttLink, generate
-    from edge.lm_draft import load_lm_draft
+    from edge.llm.draft import load_lm_draft
+    from edge.llm.generate import HttpLink, Link, MqttLink, generate
 
     if args.server is not None and args.broker is not None:
         raise ConfigError("--server/--broker", (args.server, args.broker), "give one: verify over HTTP or over MQTT")
@@ -229,8 +229,8 @@ def run_agent(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from edge.agent import Agent, AgentConfig
-    from edge.config import load_config
+    from edge.agent.agent import Agent, AgentConfig
+    from edge.core.config import load_config
     if args.token_file is not None and not args.token_file.exists():
         raise ConfigError("--token-file", str(args.token_file), "no such file")
     flags = {"device": args.device_id, "token_file": args.token_file, "fleet": args.fleet, "server": args.server,
@@ -259,9 +259,9 @@ def run_agent(args: argparse.Namespace) -> int:
 def infer(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from edge.bundle import read_trusted
-    from edge.preprocess import read_input
-    from edge.runtime import Runtime
+    from edge.classify.preprocess import read_input
+    from edge.classify.runtime import Runtime
+    from edge.contract.bundle import read_trusted
 
     if args.capacitance_f <= 0 or args.v_cut_v < 0:
         raise ConfigError("--capacitance-f/--v-cut-v", (args.capacitance_f, args.v_cut_v), "must be > 0 and >= 0")
@@ -300,7 +300,7 @@ def infer(args: argparse.Namespace) -> int:
 def _infer_early(bundle: Bundle, inputs: list[Path], as_json: bool) -> int:
     import numpy as np
 
-    from edge.early import EarlyDecider
+    from edge.classify.early import EarlyDecider
 
     if not inputs:
         raise ConfigError("INPUT", None, "give series files to decide on")
@@ -351,7 +351,7 @@ def add_keygen_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
-    """Make an Ed25519 key pair for signing bundles (trickle's key file format, see edge/bundle.py).
+    """Make an Ed25519 key pair for signing bundles (trickle's key file format, see edge/contract/bundle.py).
 
         trickle keygen keys/            # writes keys/signing.key (mode 0600) and keys/signing.pub
 
@@ -362,7 +362,7 @@ def run_keygen(args: argparse.Namespace) -> int:
     if private.exists() and not args.force:
         raise ConfigError("folder", str(args.folder), f"{private} exists; pass --force to replace it "
                           "(bundles it signed will no longer verify)")
-    from edge.bundle import generate_keypair
+    from edge.contract.bundle import generate_keypair
 
     generate_keypair(private, public)
     if args.json:

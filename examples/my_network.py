@@ -26,13 +26,12 @@ def tiny_cnn(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
 
 def main(out: Path) -> dict[str, object]:
     """Train on BasicMotions with DynFit, export the bundle, simulate a node running it, flash the host."""
-    from edge.bundle import read_bundle
+    from edge.contract.bundle import read_bundle
     from export.bundle import export_bundle
     from export.flash import flash
-    from models.checkpoint import save_checkpoint
-    from models.custom import fit
-    from models.datasets import load
-    from models.nexume import TrainConfig
+    from models.data.datasets import load
+    from models.nexume.checkpoint import save_checkpoint
+    from models.nexume.train import TrainConfig, fit
     from simulator.bundle_model import inference_model
     from simulator.config import load_scenario, scenario_path
     from simulator.fleet import simulate

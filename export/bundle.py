@@ -5,7 +5,7 @@
 Each stage is a plain function over plain values (ExecuTorch's export flow is the model):
 ``load_checkpoint`` → ``export_file`` (bytes per format) → ``check_parity`` (with the device
 backend of that format: onnxruntime, ExecuTorch runtime, LiteRT) → ``manifest`` →
-``edge.bundle.pack`` → folder or tar. The same checkpoint and options give byte-identical files.
+``edge.contract.bundle.pack`` → folder or tar. The same checkpoint and options give byte-identical files.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge.backends import Backend, load_backend, quiet
-from edge.bundle import load_private_key, pack, write_bundle
-from edge.errors import ExportError
-from edge.manifest import SCHEMA_VERSION, Layer, Preprocessing, Tensor, TestVectorsInfo, Variant
-from edge.vectors import FILE as VECTORS_FILE
-from edge.vectors import TestVectors
+from edge.classify.backends import Backend, load_backend, quiet
+from edge.contract.bundle import load_private_key, pack, write_bundle
+from edge.contract.manifest import SCHEMA_VERSION, Layer, Preprocessing, Tensor, TestVectorsInfo, Variant
+from edge.contract.vectors import FILE as VECTORS_FILE
+from edge.contract.vectors import TestVectors
+from edge.core.errors import ExportError
 from export.formats import FILE_FORMATS, FLOAT_FORMATS, FORMATS, TEST_VECTORS
-from models.checkpoint import load_checkpoint
-from models.datasets import Dataset, dataset_name
-from models.nexume import TrainConfig, calibrate_int8, deployable_variants, drop_levels, variant_energy_j
-from models.switchable import FLOAT_BITS, SwitchableNet
+from models.data.base import Dataset
+from models.data.datasets import dataset_name
+from models.nexume.checkpoint import load_checkpoint
+from models.nexume.switchable import FLOAT_BITS, SwitchableNet
+from models.nexume.train import TrainConfig, calibrate_int8, deployable_variants, drop_levels, variant_energy_j
 from simulator.devices import MCUS
 
 OPSET = 17
@@ -189,8 +190,8 @@ def variant_plan(method: str, formats: Sequence[str], drops: Sequence[float] | N
 
 def manifest(payload: dict[str, Any], model: SwitchableNet, data: Dataset, variants: list[VariantFiles],
              bundle_version: int, creator: str, vectors: int) -> dict[str, Any]:
-    """The manifest's fields, typed, but for ``files``: ``edge.bundle.pack`` adds their hashes and
-    validates the whole as an ``edge.manifest.Manifest``."""
+    """The manifest's fields, typed, but for ``files``: ``edge.contract.bundle.pack`` adds their hashes and
+    validates the whole as an ``edge.contract.manifest.Manifest``."""
     cfg = payload["config"]
     entries = []
     for v in variants:

@@ -3,7 +3,7 @@
     sources, info = generate(bundle)        # {"model.c": ..., "model.h": ...}, what was generated
 
 Every array is ``alignas(16) const`` (flash on a microcontroller). The test vectors are the
-bundle's own (``edge.vectors``; or the inputs given) quantized to int8, and the expected logits
+bundle's own (``edge.contract.vectors``; or the inputs given) quantized to int8, and the expected logits
 are onnxruntime's outputs of the integer graph (``export.intmodel.integer_onnx``), or for a model
 imported from TFLite, TFLite Micro's own interpreter's outputs, so a board checks itself bit for bit.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from edge.bundle import Bundle
-from edge.manifest import Variant
-from edge.vectors import TestVectors
+from edge.contract.bundle import Bundle
+from edge.contract.manifest import Variant
+from edge.contract.vectors import TestVectors
 from export.intmodel import (
     ConvLayer,
     DenseLayer,
@@ -64,7 +64,7 @@ def expected_logits(bundle: Bundle, variant: Variant, model: IntModel, x_q: np.n
 
 
 def bundle_inputs(bundle: Bundle) -> np.ndarray:
-    """The model inputs of the bundle's own test vectors (``edge.vectors``)."""
+    """The model inputs of the bundle's own test vectors (``edge.contract.vectors``)."""
     info = bundle.manifest.test_vectors
     if info is None:
         raise IntModelError("the bundle carries no test vectors (it predates them): export it again, "
@@ -262,10 +262,10 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
     """C sources of a bundle's integer early rule (``early.integer``): the int8 frame model as the one
     variant (its test vectors: the first series' frames, onnxruntime's integer graph the oracle),
     the rule, and test series (raw (n, channels, T); by default the bundle's own) with the
-    decisions ``edge.early`` takes on them, which the board must take too."""
+    decisions ``edge.classify.early`` takes on them, which the board must take too."""
     import io
 
-    from edge.early import EarlyDecider
+    from edge.classify.early import EarlyDecider
 
     early = bundle.manifest.early
     if early is None or early.integer is None:
@@ -325,7 +325,7 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
         "/* [frame][1][class]: onnxruntime's outputs of the integer graph (the oracle) */\n"
         "extern const int32_t tn_expected_flat[];\nextern const tn_early tn_early_rule;\n"
         "/* [series][t][channel]: int8 samples */\nextern const int8_t tn_early_series_flat[];\n"
-        "/* [series][2]: edge.early's decision (samples taken, class) */\nextern const uint32_t tn_early_expected[];\n"
+        "/* [series][2]: edge.classify.early's decision (samples taken, class) */\nextern const uint32_t tn_early_expected[];\n"
         "#endif\n"
     )
     info = {"variants": [{"name": "frame", "macs": model.macs, "energy_nj": 0, "accuracy_permille": 0}],

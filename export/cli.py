@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edge.errors import ConfigError, DataError
+from edge.core.errors import ConfigError, DataError
 from export.formats import BOARDS, FORMATS, TEST_VECTORS
 
 
@@ -178,7 +178,7 @@ def run_flash(args: argparse.Namespace) -> int:
     A bundle with an early-decision rule in integers (FIRMBOUND, export.early with calibration
     series) builds its int8 frame model and the rule (tn_early_update), streams the bundle's test
     series (or --inputs SERIES.npy, (N, channels, T) raw) sample by sample and checks every decision
-    (samples taken, class) against edge.early's integer rule.
+    (samples taken, class) against edge.classify.early's integer rule.
     Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm for mps2-an386.
     """
     if args.vectors is not None and args.vectors < 1:
@@ -187,7 +187,7 @@ def run_flash(args: argparse.Namespace) -> int:
         raise ConfigError("--record", str(args.record), "needs --board mps2-an386 (instructions are counted under QEMU)")
     if args.key is not None and args.record is None:
         raise ConfigError("--key", str(args.key), "signs the --record copy; give --record OUT")
-    from edge.bundle import load_private_key, read_trusted
+    from edge.contract.bundle import load_private_key, read_trusted
     from export.flash import flash, record
 
     bundle = read_trusted(args.bundle, args.trust)
@@ -230,9 +230,10 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
     if "series" in report:  # an early-rule bundle
         print(f"{model} on {board}: the int8 frame model and the early rule on {report['series']} test series")
         for i, (got, want) in enumerate(zip(report["decisions"], report["expected_decisions"])):
-            mark = "" if got is not None and tuple(got) == tuple(want) else f"  (edge.early: {want[0]} samples, class {want[1]})"
+            same = got is not None and tuple(got) == tuple(want)
+            mark = "" if same else f"  (edge.classify.early: {want[0]} samples, class {want[1]})"
             print(f"  series {i}: " + (f"decided after {got[0]} samples, class {got[1]}" if got else "no decision") + mark)
-        verdict = "the same as edge.early's" if report["mismatches"] == 0 else f"{report['mismatches']} DIFFER"
+        verdict = "the same as edge.classify.early's" if report["mismatches"] == 0 else f"{report['mismatches']} DIFFER"
         print(f"  decisions: {verdict}")
         return
     print(f"{model} on {board}: {report['vectors']} test vectors x {len(report['variants'])} variants")

@@ -1,4 +1,4 @@
-"""A FIRMBOUND classifier as a bundle a device decides early with (``edge.early``).
+"""A FIRMBOUND classifier as a bundle a device decides early with (``edge.classify.early``).
 
     path = export_early(clf, Path("bundles/gestures-early"), labels=["idle", "wave"], key=key)
 
@@ -11,7 +11,7 @@ count with pieces that never win) and the horizon, context, cost and loss.
 The rule must be CFL's (a GP's continuation value has no closed form to ship).
 
 Given calibration series, the bundle also carries the rule in integers for the firmware
-(``early.integer`` in the manifest; ``edge.early`` runs it bit for bit as the firmware does): the
+(``early.integer`` in the manifest; ``edge.classify.early`` runs it bit for bit as the firmware does): the
 frame model quantized after training (int8 per-channel weights, int8 activations ranged on the
 calibration frames; ``frame-int8.npz``), the pieces and c, L in fixed point (``rule-q.npy``) and
 an exp table (``exp-q16.npy``); and the first calibration series as the firmware's test series
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge.bundle import load_private_key, pack, write_bundle
-from edge.errors import ExportError
-from edge.manifest import SCHEMA_VERSION
+from edge.contract.bundle import load_private_key, pack, write_bundle
+from edge.contract.manifest import SCHEMA_VERSION
+from edge.core.errors import ExportError
 from export.intmodel import Q31, FCLayer, IntModel, Layer
 from models.firmbound import ConvexContinuation, FirmboundClassifier, stack_frames
 from simulator.devices import MCUS

@@ -2,7 +2,7 @@
 
 It lives in the export tier, not in ``edge``: the ExecuTorch runtime on PyPI
 (``executorch.runtime``) is a pybind11 module that links libtorch and takes ``torch.Tensor``
-inputs, and ``edge`` never imports torch. ``edge.backends`` finds it through the
+inputs, and ``edge`` never imports torch. ``edge.classify.backends`` finds it through the
 ``trickle.backends`` entry point (pyproject.toml) when a caller asks for ``executorch``. On a
 device the C++ ExecuTorch runtime runs the same ``.pte`` without torch.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.backends import BackendError, quiet
+from edge.classify.backends import BackendError, quiet
 
 
 class ExecuTorchBackend:

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edge.bundle import Bundle
-from edge.errors import FlashError
-from edge.manifest import Measured, MeasuredLayer
+from edge.contract.bundle import Bundle
+from edge.contract.manifest import Measured, MeasuredLayer
+from edge.core.errors import FlashError
 from export.formats import BOARDS
 
 FIRMWARE = Path(__file__).resolve().parent.parent / "firmware"
@@ -333,7 +333,7 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
 def record(bundle: Bundle, report: dict[str, Any], out: Path, key: Ed25519PrivateKey | None) -> Path:
     """A copy of ``bundle`` at ``out`` whose variants carry the instructions ``report`` measured,
     with bundle_version + 1 (it is a new bundle to a device), signed with ``key``."""
-    from edge.bundle import pack, write_bundle
+    from edge.contract.bundle import pack, write_bundle
 
     if "size" not in report or any("layers" not in v for v in report["variants"]):
         raise FlashError("only a profiled mps2-an386 run has instruction counts to record")

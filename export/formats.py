@@ -6,4 +6,4 @@ FILE_FORMATS = {"onnx": {"onnx": ".onnx"}, "onnx-int8": {"onnx-int8": ".onnx"},
                 "pte": {"pte-xnnpack": ".xnnpack.pte", "pte-portable": ".portable.pte"}, "tflite": {"tflite": ".tflite"}}
 FLOAT_FORMATS = ("onnx", "pte", "tflite")
 BOARDS = ("host", "mps2-an386")  # what trickle flash builds for
-TEST_VECTORS = 32  # test examples a bundle carries by default (edge.vectors)
+TEST_VECTORS = 32  # test examples a bundle carries by default (edge.contract.vectors)

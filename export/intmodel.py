@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.errors import BundleError
+from edge.core.errors import BundleError
 
 Q31 = 1 << 31
 EXACT_FLOAT_SUM = 1 << 24  # below this, float32 sums of integers are exact in any order
@@ -167,7 +167,7 @@ class IntModel:
 
     def quantize_input(self, x: np.ndarray) -> np.ndarray:
         if self.input_gather is not None:
-            from edge.backends import quantize_tflite
+            from edge.classify.backends import quantize_tflite
 
             return quantize_tflite(x, self.input_scale, self.input_zero_point)
         q = np.rint(np.asarray(x, dtype=np.float32) / np.float32(self.input_scale))

@@ -3,7 +3,7 @@
     manifest = export_moa_draft(Path("runs/lm/draft-moa"), Path("runs/lm/base"), Path("drafts/moa"),
                                 key=Path("keys/signing.key"))
 
-Graphs (float32, dynamic lengths; ``edge.lm_draft.OnnxMoADraft`` runs them):
+Graphs (float32, dynamic lengths; ``edge.llm.draft.OnnxMoADraft`` runs them):
 
 - ``moa_self_kv``: tokens (1, m), start → the Self-Attention's keys and values (1, h, m, d) of
   those tokens at positions start..;
@@ -12,9 +12,9 @@ Graphs (float32, dynamic lengths; ``edge.lm_draft.OnnxMoADraft`` runs them):
   the cached keys and values → logits (1, V') of the next token over the draft vocabulary.
 
 The token embedding and the draft vocabulary's rows of the LM head are constants in the graphs.
-Parity: the drafted logits of ``models.moa.MoADrafter`` (torch) and of the ONNX graphs after a
+Parity: the drafted logits of ``models.lm.moa.MoADrafter`` (torch) and of the ONNX graphs after a
 held-out sequence, at every path length up to 6, must agree to ``PARITY_ATOL``, else ExportError
-and nothing is written. The bundle (``edge.manifest.LmDraftManifest``) is a folder, or a
+and nothing is written. The bundle (``edge.contract.manifest.LmDraftManifest``) is a folder, or a
 deterministic tar when ``out`` ends in .tar; a folder replaces an earlier bundle there at once.
 """
 
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.bundle import MANIFEST, LmDraftBundle, LmDraftManifest, load_private_key, pack, write_bundle
-from edge.errors import ExportError
-from edge.lm_draft import TOKENIZER, OnnxMoADraft
+from edge.contract.bundle import MANIFEST, LmDraftBundle, LmDraftManifest, load_private_key, pack, write_bundle
+from edge.core.errors import ExportError
+from edge.llm.draft import TOKENIZER, OnnxMoADraft
 
 PARITY_ATOL = 1e-3
 OPSET = 18
@@ -126,7 +126,7 @@ def _prepare(draft_dir: Path, target_dir: Path, kind: type, what: str) -> tuple[
                                                                             np.ndarray]:
     """(target, drafter, its float32 exportable draft, the embedding, the draft vocabulary's head
     rows, those rows' token ids) of the draft in ``draft_dir``, which must be a ``kind``."""
-    from models.draft import load_drafter, load_target
+    from models.lm.draft import load_drafter, load_target
 
     torch.set_num_threads(1)
     target, _ = load_target(target_dir)
@@ -154,7 +154,7 @@ def _manifest(model: str, hidden: int, heads: int, drafter: Any, rows: np.ndarra
 
 def _verified(target: Any, drafter: Any, ids: list[int], keep_hidden: bool) -> Any:
     """The target's cache after ``ids`` (all but the last fed), the drafter prepared on it."""
-    from models.speculative import _CachedLM
+    from models.lm.speculative import _CachedLM
 
     lm = _CachedLM(target, keep_hidden=keep_hidden)
     lm.reset()
@@ -169,7 +169,7 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | N
                      parity_ids: list[int] | None = None) -> LmDraftManifest:
     """Write the device form of the MoA draft in ``draft_dir`` (for the target in ``target_dir``)
     to the bundle ``out`` (signed with ``key``); return its manifest (with the parity measured)."""
-    from models.moa import MoADrafter
+    from models.lm.moa import MoADrafter
 
     signer = load_private_key(key) if key is not None else None
     target, drafter, moa, embed, head, rows = _prepare(draft_dir, target_dir, MoADrafter,
@@ -257,8 +257,8 @@ def export_eagle_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path |
     and values → their keys and values, the predicted next features (1, m, H) and the last
     position's logits over the draft vocabulary); the device feeds the target's features of the
     verified tokens, then its own predicted features along a drafted path."""
-    from edge.lm_draft import OnnxEagleDraft
-    from models.eagle import EagleDrafter
+    from edge.llm.draft import OnnxEagleDraft
+    from models.lm.eagle import EagleDrafter
 
     signer = load_private_key(key) if key is not None else None
     target, drafter, eagle, embed, head, rows = _prepare(draft_dir, target_dir, EagleDrafter,

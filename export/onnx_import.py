@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from edge.bundle import load_private_key, pack, write_bundle
-from edge.errors import BundleError, DataError
-from edge.manifest import SCHEMA_VERSION
-from edge.vectors import FILE as VECTORS_FILE
-from edge.vectors import TestVectors
+from edge.contract.bundle import load_private_key, pack, write_bundle
+from edge.contract.manifest import SCHEMA_VERSION
+from edge.contract.vectors import FILE as VECTORS_FILE
+from edge.contract.vectors import TestVectors
+from edge.core.errors import BundleError, DataError
 from export.bundle import compact_onnx, ort_logits
 from simulator.devices import MCUS
 

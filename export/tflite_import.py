@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from edge.bundle import load_private_key, pack, write_bundle
-from edge.errors import BundleError
-from edge.manifest import SCHEMA_VERSION
-from edge.vectors import FILE as VECTORS_FILE
-from edge.vectors import TestVectors
+from edge.contract.bundle import load_private_key, pack, write_bundle
+from edge.contract.manifest import SCHEMA_VERSION
+from edge.contract.vectors import FILE as VECTORS_FILE
+from edge.contract.vectors import TestVectors
+from edge.core.errors import BundleError
 from export.intmodel import (
     ConvLayer,
     DepthwiseLayer,
@@ -426,7 +426,7 @@ def import_tflite(model_path: Path, examples: Path, out: Path, labels: list[str]
                   progress: Callable[[str], None] | None = None) -> Path:
     """Write the bundle of the int8 TFLite classifier at ``model_path``; returns its path."""
     from edge import __version__
-    from edge.backends import BackendError, LiteRtBackend
+    from edge.classify.backends import BackendError, LiteRtBackend
     from export.onnx_import import _calibration, class_names
 
     data = model_path.read_bytes()
@@ -453,7 +453,7 @@ def import_tflite(model_path: Path, examples: Path, out: Path, labels: list[str]
     n_classes = len(names)
     # LiteRT's optimized kernels against TFLite Micro's reference ones, on the same int8 inputs
     scale, zp = graph.act(int(g.inputs[0]))
-    from edge.backends import quantize_tflite
+    from edge.classify.backends import quantize_tflite
 
     reference = tflm_outputs(data, quantize_tflite(x, scale, zp))
     agreement = float((reference.argmax(1) == logits.argmax(1)).mean())

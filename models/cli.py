@@ -14,7 +14,7 @@ MCU of every variant (bit-width x dropout level) on the test split.
 lm writes a Llama (transformers' save_pretrained: config.json, model.safetensors, tokenizer.json)
 that AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT) load, OUT/train.json (validation
 loss on the four held-out plays, perplexity, an example generation) and OUT/checkpoint/ (every
-few minutes; --resume continues from it). See models/lm.py.
+few minutes; --resume continues from it). See models/lm/target.py.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 ALGORITHMS = ("nexume", "lm", "draft")
-DATASETS = ("fsdd", "basic_motions", "digits")  # models.datasets.DATASETS (a test keeps them equal)
-METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.Method
-LM_SIZES = ("tiny", "small", "base")  # models.lm.Size
-DRAFT_KINDS = ("moa", "eagle", "independent")  # models.draft.KINDS
+DATASETS = ("fsdd", "basic_motions", "digits")  # models.data.datasets.DATASETS (a test keeps them equal)
+METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.train.Method
+LM_SIZES = ("tiny", "small", "base")  # models.lm.target.Size
+DRAFT_KINDS = ("moa", "eagle", "independent")  # models.lm.draft.KINDS
 ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad", "model", "nproc",
                    "nnodes", "node_rank", "rdzv_endpoint"),
         "lm": ("size",),
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PKG.MODULE:FUNCTION",
                    help="nexume only: your network instead of the built-in CNN: a function of (input shape, number of "
                         "classes) returning a torch.nn.Module; its Conv1d/Conv2d/Linear layers become switchable-"
-                        "precision ones (models.custom)")
+                        "precision ones (models.nexume.custom)")
     p.add_argument("--method", choices=METHODS,
                    help="nexume only: nexume (default; DynFit), uniform (energy-unaware ablation), qat8 (fixed 8-bit QAT) "
                         "or fp32")
@@ -82,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="lm and draft: continue from OUT/checkpoint/ (same config; --minutes and --steps may change)")
     p.add_argument("--seed", type=int, help="seeds initialisation, batching and (nexume) the energy draws (default 0)")
     p.add_argument("--config", type=Path, metavar="FILE",
-                   help="TOML file of TrainConfig fields (nexume, models/nexume.py) or LMConfig fields (lm, models/lm.py)")
+                   help="TOML file of TrainConfig fields (nexume, models/nexume/train.py) or LMConfig fields "
+                        "(lm, models/lm/target.py)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="any TrainConfig (nexume) or LMConfig (lm) field, value in TOML syntax (repeatable), e.g. "
                         "--set d_max=0.4 --set harvest_scenario='\"indoor_office\"' or --set lr=2e-3")
@@ -95,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_applies(args: argparse.Namespace) -> None:
     """An option of the other algorithm is a mistake, not something to ignore."""
-    from edge.errors import ConfigError
+    from edge.core.errors import ConfigError
 
     for algorithm, names in ONLY.items():
         given = [n for n in names if getattr(args, n) not in (None, False)]
@@ -107,8 +108,8 @@ def check_applies(args: argparse.Namespace) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from edge.config import load_config
-    from models.nexume import TrainConfig
+    from edge.core.config import load_config
+    from models.nexume.train import TrainConfig
 
     flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed", "label_column", "id_column",
                                            "time_column", "model")}
@@ -124,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
 def run_draft(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from edge.errors import ConfigError
-    from models.draft import Kind, train_draft
-    from models.lm import default_corpus
+    from edge.core.errors import ConfigError
+    from models.lm.draft import Kind, train_draft
+    from models.lm.target import default_corpus
 
     if args.target is None:
         raise ConfigError("--target", None, "trickle train draft needs the target LM folder")
@@ -155,9 +156,9 @@ def run_draft(args: argparse.Namespace) -> int:
 def run_nexume(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from models.checkpoint import save_checkpoint
-    from models.datasets import dataset_name
-    from models.nexume import train
+    from models.data.datasets import dataset_name
+    from models.nexume.checkpoint import save_checkpoint
+    from models.nexume.train import train
 
     cfg = config_from_args(args)
     data = cfg.load_data(args.data)  # also before torchrun: a bad data set is one clear error here, not each rank's
@@ -177,7 +178,7 @@ def run_nexume(args: argparse.Namespace) -> int:
 
 
 def run_torchrun(args: argparse.Namespace, cfg: Any, name: str, out: Path) -> int:
-    from models.parallel import launch
+    from models.nexume.launch import launch
 
     nproc = args.nproc or 1
     print(f"training {cfg.method} in {nproc} process(es) per node through torchrun ...", file=sys.stderr)
@@ -206,8 +207,8 @@ def _report(args: argparse.Namespace, what: str, seconds: float, variants: list[
 def run_lm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from edge.config import load_config
-    from models.lm import LMConfig, default_corpus, train_lm
+    from edge.core.config import load_config
+    from models.lm.target import LMConfig, default_corpus, train_lm
 
     flags = {k: getattr(args, k) for k in ("size", "minutes", "steps", "seed")}
     cfg = load_config(LMConfig, args.config, args.set, flags, source="lm config")

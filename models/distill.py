@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.datasets import Dataset
-from models.nexume import TrainConfig, TrainResult, train
-from models.switchable import FLOAT_BITS, Arch, SwitchableNet
+from models.data.base import Dataset
+from models.nexume.switchable import FLOAT_BITS, Arch, SwitchableNet
+from models.nexume.train import TrainConfig, TrainResult, train
 
 Selection = Literal["mdslr", "random", "hard", "easy", "full"]
 SELECTIONS: tuple[Selection, ...] = ("mdslr", "random", "hard", "easy", "full")

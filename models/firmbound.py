@@ -34,7 +34,7 @@ import torch
 from sktime.classification.early_classification.base import BaseEarlyClassifier
 from torch import nn
 
-from edge.errors import ConfigError, DataError
+from edge.core.errors import ConfigError, DataError
 
 LOSS_L = 10.0  # the misclassification loss L (the paper's PENALTY_L)
 
@@ -114,7 +114,7 @@ def fit_density_ratio(x: np.ndarray, y: np.ndarray, context: int = 1, hidden: in
     """Train the SPRT-TANDEM estimator on series X (n, channels, T) with labels y."""
     torch.manual_seed(seed)
     classes, y_idx = np.unique(y, return_inverse=True)
-    x = np.asarray(x, dtype=np.float32)  # float32 throughout, as on the device (edge.preprocess)
+    x = np.asarray(x, dtype=np.float32)  # float32 throughout, as on the device (edge.classify.preprocess)
     mean = x.mean(axis=(0, 2), dtype=np.float64).astype(np.float32)
     std = (x.std(axis=(0, 2), dtype=np.float64) + 1e-6).astype(np.float32)
     z = ((x - mean[None, :, None]) / std[None, :, None]).astype(np.float32)

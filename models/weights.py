@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge.errors import DataError
+from edge.core.errors import DataError
 
 # data-only constructors a checkpoint may name besides tensors and plain containers: numpy scalars
 # and their dtypes (pre-processing statistics saved as numpy floats); none of them runs code

@@ -90,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge.config import load_config
+    from edge.core.config import load_config
     from server.service import ServeConfig, Service
 
     flags = {"state_dir": args.state_dir, "store": args.store, "broker_ca_file": args.broker_ca_file,
@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
              "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue, "workers": args.workers}
     config = load_config(ServeConfig, args.config, args.set, flags)
     if args.write_mosquitto_config is not None:
-        from server.mosquitto import write_mosquitto_config
+        from server.mqtt.mosquitto import write_mosquitto_config
         from server.service import read_or_create_token
-        from server.store import open_store
+        from server.store.store import open_store
 
         store = open_store(config.store or config.state_dir / "trickle.sqlite")
         paths = write_mosquitto_config(store, read_or_create_token(config.state_dir / "server.token"),
@@ -155,9 +155,9 @@ def run_worker(args: argparse.Namespace) -> int:
     server's store (--store) and its state dir (bundles, signing key) on a shared file system.
     Progress and logs: GET /v1/jobs/{id} and /v1/jobs/{id}/logs.
     """
-    from server.jobs import run_worker as work
-    from server.jobs import signing_key
-    from server.store import open_store
+    from server.jobs.queue import run_worker as work
+    from server.jobs.queue import signing_key
+    from server.store.store import open_store
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     store = open_store(args.store or os.environ.get("TRICKLE_STORE") or args.state_dir / "trickle.sqlite")

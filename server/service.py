@@ -12,9 +12,7 @@ and the bridge stores and acknowledges what it holds before it disconnects.
 from __future__ import annotations
 
 import logging
-import random
 import secrets
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,15 +23,16 @@ import uvicorn
 from pydantic import Field, field_validator, model_validator
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from edge.bundle import load_public_key
-from edge.config import Config
-from edge.errors import ConfigError, LinkError
-from edge.files import write_secret
-from edge.protocol import TlsFiles
-from server.app import ServerState, create_app, notify_assignment, ota_command
-from server.bridge import Bridge, BrokerAddress, Metrics
-from server.jobs import JobSupervisor, signing_key
-from server.store import open_store
+from edge.contract.bundle import load_public_key
+from edge.contract.protocol import TlsFiles
+from edge.core.config import Config
+from edge.core.errors import ConfigError, LinkError
+from edge.core.files import write_secret
+from server.api.app import create_app, notify_assignment, ota_command
+from server.api.state import ServerState
+from server.jobs.queue import JobSupervisor, signing_key
+from server.mqtt.bridge import Bridge, BrokerAddress, Metrics
+from server.store.store import open_store
 
 log = logging.getLogger("trickle.server")
 
@@ -135,29 +134,6 @@ def read_or_create_token(path: Path) -> str:
     return token
 
 
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something accepts TCP connections on ``host:port`` now."""
-    with socket.socket() as s:
-        return s.connect_ex((host, port)) == 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, below the kernel's ephemeral range (32768+ on Linux), so that an outgoing
-    connection's local port cannot take it between now and the server binding it."""
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(20000, 32768)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # a crowded range: whatever the kernel gives
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class Service:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -171,12 +147,12 @@ class Service:
         self.bridge.on_connected.append(self._announce_assignments)
         llm = None
         if config.llm is not None:
-            from server.llm import LlmService
+            from server.llm.completions import LlmService
 
             llm = LlmService.load(config.llm, config.llm_draft, config.llm_concurrency, config.llm_queue,
                                   k=config.llm_draft_k, adaptive=config.llm_adaptive_k, tree=config.llm_tree)
         if llm is not None:
-            from server.verify import answer
+            from server.llm.verify import answer
 
             service = llm
             self.bridge.on_verify = lambda device, request: answer(service.sessions(), device, request)
@@ -185,7 +161,7 @@ class Service:
                                  config.broker_url, llm)
         self.broker = None
         if config.broker == "embedded":
-            from server.broker import EmbeddedBroker
+            from server.mqtt.broker import EmbeddedBroker
 
             self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, config.store or state_dir / "trickle.sqlite",
                                          self.server_token)

@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from edge.errors import ConfigError, DataError
+from edge.core.errors import ConfigError, DataError
 
 # compiled with mypyc by `make native` when a C compiler is there; TRICKLE_PURE_PYTHON=1 runs their source
 NATIVE_MODULES = ("capacitor", "node")

@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from edge.bundle import Bundle
-from edge.errors import BundleError, DataError
-from edge.runtime import Runtime
+from edge.classify.runtime import Runtime
+from edge.contract.bundle import Bundle
+from edge.core.errors import BundleError, DataError
 from simulator.workload import EarlyTask, InferenceModel, LayerSpec, ModelVariant
 
 
@@ -40,12 +40,12 @@ def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str =
 
 def early_model(bundle: Bundle, series: np.ndarray, y: np.ndarray, integer: bool | None = None,
                 full_length: bool = False) -> InferenceModel:
-    """An early-decision bundle (``edge.early``) as the nodes' task: per sample, sense and run the
+    """An early-decision bundle (``edge.classify.early``) as the nodes' task: per sample, sense and run the
     frame model; the rule's decision on each raw test series (n, channels, T) says how many samples
     its task takes and whether it is right. ``integer``: the rule in integers (the firmware's;
     default when the bundle has it), else in float. ``full_length``: ignore the rule, sense all T
     samples and decide at the end (the baseline a rule saves against)."""
-    from edge.early import EarlyDecider
+    from edge.classify.early import EarlyDecider
 
     early = bundle.manifest.early
     if early is None:

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge.errors import ConfigError, DataError, LinkError
-from edge.files import DATA_ENV
+from edge.core.errors import ConfigError, DataError, LinkError
+from edge.core.files import DATA_ENV
 
 if TYPE_CHECKING:
     from simulator.config import Scenario
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    from edge.config import apply_sets
+    from edge.core.config import apply_sets
     from simulator.config import load_scenario, scenario_path
 
     overrides: dict[str, dict[str, Any]] = {}
@@ -132,8 +132,8 @@ def _bundle_model(args: argparse.Namespace) -> tuple[Any, Any]:
         return None, None
     import numpy as np
 
-    from edge.bundle import read_trusted
-    from edge.runtime import Runtime
+    from edge.classify.runtime import Runtime
+    from edge.contract.bundle import read_trusted
     from simulator.bundle_model import inference_model
 
     if args.samples is None or not args.samples.exists():
@@ -176,7 +176,7 @@ def _progress(scenario: Scenario, disable: bool) -> Any:
 
 
 def _print_summary(s: dict[str, Any], wall_s: float) -> None:
-    from edge.tables import console_table
+    from edge.core.tables import console_table
 
     node_s = s["nodes"] * s["duration_s"]
     rows = [

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from edge.config import Config, merge, read_toml, validate
-from edge.errors import ConfigError
+from edge.core.config import Config, merge, read_toml, validate
+from edge.core.errors import ConfigError
 from simulator.harvesters import HarvesterConfig, PanelHarvester
 from simulator.network import NetworkConfig
 from simulator.power import InputConfig, OutputConfig, Thresholds, thresholds

@@ -1,7 +1,7 @@
 """Where the simulator finds the real data named in a scenario.
 
 Relative paths resolve against the working directory first, then against
-``edge.files.data_root()``: ``$TRICKLE_DATA``, else ``shared/data`` beside the checkout.
+``edge.core.files.data_root()``: ``$TRICKLE_DATA``, else ``shared/data`` beside the checkout.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from edge.errors import DataError
-from edge.files import data_root
+from edge.core.errors import DataError
+from edge.core.files import data_root
 
 
 def resolve_data_file(path: str | os.PathLike[str], field: str) -> Path:

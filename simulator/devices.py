@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 
 # Cycles of a sub-byte MAC relative to int8 (NExUME's energy-per-operation-at-precision): packed
 # operands halve (4 bit) or quarter (2 bit) the loads per MAC, unpacking adds shifts and masks.

@@ -17,55 +17,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from edge.dyninfer import Variant, choose_variant, usable_energy_j
-from edge.errors import ConfigError, DataError
+from edge.classify.dyninfer import Variant, choose_variant, usable_energy_j
+from edge.core.errors import ConfigError, DataError
 from simulator import network
 from simulator.config import Scenario
 from simulator.data import resolve_data_file
 from simulator.harvesters import build_curves, build_trace
-from simulator.node import END, Node, NodeSpec, NodeStats, PowerPath, apply_event, next_event
+from simulator.node import END, Node, NodeSpec, PowerPath, apply_event, next_event
 from simulator.power import curve_regions, mppt_point
 from simulator.reference import run_fixed_step
+from simulator.results import NodeResult, SimulationResult
 from simulator.summary import sample_indices, summarize
 from simulator.trace import PowerTrace
 from simulator.workload import InferenceModel, Phase, build_plan, jit_load_phases, program_phases
 
 _NODE_STREAM = 1  # rng stream of per-node draws; the network uses its own
-
-
-@dataclass
-class NodeResult:
-    node_id: int
-    harvest_scale: float
-    stats: NodeStats
-    packets: np.ndarray  # (n, 3): start_s, airtime_s, deadline_s
-    trace: dict[str, list[float] | list[int]] | None = None
-    task_log: np.ndarray | None = None  # (k, 3) int: sensing event, variant, within deadline
-    task_done_s: np.ndarray | None = None  # (k,) when each logged task finished
-    task_latency_s: np.ndarray | None = None  # (k,) finish - sensing event
-    on_at_s: np.ndarray | None = None  # when each on-period began (the load connected at v_on)
-    off_at_s: np.ndarray | None = None  # when each ended in a power failure
-
-    def periods(self) -> tuple[np.ndarray, np.ndarray]:
-        """(on-periods, off-periods) in s: every complete on-time (boot to power failure) and every
-        complete off-time (power failure to the next boot); the charge from t = 0 and a period cut
-        by the end of the run are not periods."""
-        on = np.zeros(0) if self.on_at_s is None else self.on_at_s
-        off = np.zeros(0) if self.off_at_s is None else self.off_at_s
-        ended = off[: len(on)]  # the k-th failure ends the k-th on-period
-        return ended - on[: len(ended)], on[1 : len(off) + 1] - off[: max(len(on) - 1, 0)]
-
-
-@dataclass
-class SimulationResult:
-    scenario: Scenario
-    nodes: list[NodeResult]
-    distances_m: np.ndarray
-    resolution: network.Resolution
-    harvest: PowerTrace
-    model: InferenceModel | None = None
-    summary: dict[str, float | int] = field(default_factory=dict)
-    plan_energy_j: tuple[float, ...] = ()  # load energy of each variant's plan, run through without a failure
 
 
 @dataclass(frozen=True)
@@ -86,7 +52,7 @@ class _Shared:
 
 @dataclass(frozen=True)
 class DynInferChooser:
-    """Picks a variant from the capacitor voltage with edge.dyninfer, as a device would."""
+    """Picks a variant from the capacitor voltage with edge.classify.dyninfer, as a device would."""
 
     variants: tuple[Variant, ...]
     capacitance_f: float

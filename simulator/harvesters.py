@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from edge.config import Config
-from edge.errors import ConfigError, DataError
+from edge.core.config import Config
+from edge.core.errors import ConfigError, DataError
 from simulator.data import resolve_data_dir, resolve_data_file
 from simulator.radio import received_power_w
 from simulator.trace import PowerTrace

@@ -1,5 +1,5 @@
 """Simulated nodes on the real link: every result of a simulation is published to the server over
-MQTT by its node's own device identity, through the device's store-and-forward link (``edge.link``).
+MQTT by its node's own device identity, through the device's store-and-forward link (``edge.agent.link``).
 
 Virtual time: a result's ``ts_s`` is the simulated time it was produced; the publishing itself
 runs as fast as the link takes it. Devices are ``{fleet}-n{node_id}``, registered on first use
@@ -22,12 +22,12 @@ import httpx
 import numpy as np
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from edge.errors import LinkError
-from edge.files import write_secret
-from edge.link import Link
-from edge.outbox import Outbox
-from edge.protocol import ROUTES, Message, Result, Telemetry, encode, topic
-from simulator.fleet import SimulationResult
+from edge.agent.link import Link
+from edge.agent.outbox import Outbox
+from edge.contract.protocol import ROUTES, Message, Result, Telemetry, encode, topic
+from edge.core.errors import LinkError
+from edge.core.files import write_secret
+from simulator.results import SimulationResult
 from simulator.summary import sample_indices
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): see deliver

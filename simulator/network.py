@@ -18,8 +18,8 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from edge.config import Config
-from edge.errors import ConfigError, DataError
+from edge.core.config import Config
+from edge.core.errors import ConfigError, DataError
 from simulator.devices import (
     BLE_SENSITIVITY_DBM,
     LORA_BANDWIDTHS_HZ,

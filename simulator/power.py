@@ -33,8 +33,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from edge.config import Config
-from edge.errors import ConfigError
+from edge.core.config import Config
+from edge.core.errors import ConfigError
 
 # TI SLUSBH2G (bq25570 datasheet, March 2019), §6.5 Electrical Characteristics unless noted.
 BQ25570_SOURCE = (

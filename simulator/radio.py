@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 
 SPEED_OF_LIGHT_M_S = 299_792_458.0
 REFERENCE_DISTANCE_M = 1.0  # d0, where the Friis equation anchors the log-distance model

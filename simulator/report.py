@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from edge.files import write_atomic
-from edge.tables import markdown_table
-from simulator.fleet import SimulationResult
+from edge.core.files import write_atomic
+from edge.core.tables import markdown_table
 from simulator.node import Event, Mode
+from simulator.results import SimulationResult
 from simulator.summary import PACKET_OUTCOMES, period_stats
 
 SCHEMA_VERSION = 1

@@ -10,8 +10,8 @@ import math
 
 from pydantic import Field, field_validator, model_validator
 
-from edge.config import Config
-from edge.errors import ConfigError
+from edge.core.config import Config
+from edge.core.errors import ConfigError
 from simulator.capacitor import (
     direction,
     equilibrium_v,

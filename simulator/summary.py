@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simulator.results import NodeResult, SimulationResult
 from simulator.workload import InferenceModel
-
-if TYPE_CHECKING:  # simulator.fleet imports this module to fill in SimulationResult.summary
-    from simulator.fleet import NodeResult, SimulationResult
 
 PACKET_OUTCOMES = ("delivered", "delivered_in_time", "collided", "lost", "below_sensitivity")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.errors import DataError
+from edge.core.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ what a power failure rolls back to:
 - ``per_layer``: task-based (Alpaca/InK-style) — each layer's output is committed.
 - ``loop_continuation``: SONIC-style — loop indices and outputs live in NVM and a
   tile of ``tile_macs`` is committed with a word store, so a failure loses at most a tile.
-- ``quanta``: NExUME's QuantaTasks (edge.dyninfer) — each layer's loop is cut into chunks
+- ``quanta``: NExUME's QuantaTasks (edge.classify.dyninfer) — each layer's loop is cut into chunks
   that fit half a full charge, neighbours are fused greedily, and each group's outputs are
   committed to NVM.
 """
@@ -26,8 +26,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from edge.config import Config
-from edge.errors import ConfigError
+from edge.core.config import Config
+from edge.core.errors import ConfigError
 from simulator.devices import MCUS, McuProfile, known_mcu
 
 Policy = Literal["restart", "jit", "per_layer", "loop_continuation", "quanta"]
@@ -59,7 +59,7 @@ def layers_from_bundle(path: str, mcu: str, variant: str | None = None) -> tuple
     """A bundle variant's layers with the cycles measured for ``mcu`` (``trickle flash --record``).
 
     ``variant`` defaults to the widest measured one. Raises ValueError naming what is missing."""
-    from edge.bundle import BundleError, read_bundle
+    from edge.contract.bundle import BundleError, read_bundle
 
     try:
         manifest = read_bundle(path).manifest
@@ -337,7 +337,7 @@ def _layer_phases(work: WorkloadConfig, mcu: McuProfile, layer: LayerSpec, bits:
 
 def _quanta_phases(mcu: McuProfile, layers: tuple[LayerSpec, ...], bits: int, budget_j: float) -> list[Phase]:
     """QuantaTasks: one output element per loop iteration; each fused group computes, then commits."""
-    from edge.dyninfer import quanta_tasks
+    from edge.classify.dyninfer import quanta_tasks
 
     iterations = [max(1, layer.output_bytes) for layer in layers]
     per_iteration_j = [layer.compute_j(mcu, bits) / n for layer, n in zip(layers, iterations)]
@@ -401,7 +401,7 @@ class ModelVariant:
 
 @dataclass(frozen=True)
 class EarlyTask:
-    """Early classification (FIRMBOUND, ``edge.early``): a task senses a sample, runs the frame
+    """Early classification (FIRMBOUND, ``edge.classify.early``): a task senses a sample, runs the frame
     model on it, and repeats until the bundle's rule stops; how many samples that takes on each
     test series."""
 

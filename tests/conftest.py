@@ -13,8 +13,8 @@ import matplotlib
 import pytest
 
 if TYPE_CHECKING:
-    from models.datasets import Dataset
-    from models.nexume import TrainResult
+    from models.data.base import Dataset
+    from models.nexume.train import TrainResult
 
 matplotlib.use("Agg")
 
@@ -33,7 +33,7 @@ def tiny_overrides() -> dict[str, dict[str, object]]:
 
 @pytest.fixture
 def shared_data() -> str:
-    from edge.files import data_root
+    from edge.core.files import data_root
 
     root = data_root()
     if not (root / "harvest" / "nrel").is_dir():
@@ -73,9 +73,9 @@ def trained_bundle(tmp_path_factory: pytest.TempPathFactory) -> TrainedBundle:
     def make(dataset: str, method: str = "nexume", epochs: int = 2, formats: tuple[str, ...] | str | None = None,
              as_tar: bool = False, harvest_scenario: str | None = None) -> Trained:
         from export.bundle import FORMATS, export_bundle
-        from models.checkpoint import save_checkpoint
-        from models.datasets import load
-        from models.nexume import TrainConfig, train
+        from models.data.datasets import load
+        from models.nexume.checkpoint import save_checkpoint
+        from models.nexume.train import TrainConfig, train
 
         if dataset not in datasets:
             datasets[dataset] = load(dataset)

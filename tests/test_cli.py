@@ -116,15 +116,17 @@ def test_every_option_has_help(verb: list[str]) -> None:
 def test_the_dataset_and_method_choices_match_the_models() -> None:
     from typing import get_args
 
-    from models import cli, datasets, nexume
+    from models import cli
+    from models.data import datasets
+    from models.nexume import train as nexume
 
     assert cli.DATASETS == datasets.DATASETS and get_args(nexume.Method) == cli.METHODS
 
 
 def test_flash_needs_neither_the_training_data_nor_torch() -> None:
     # trickle flash compiles the bundle's own test vectors in: nothing from models/ or torch is loaded
-    code = ("import sys, export.cli, export.flash, export.cgen, edge.runtime; "
-            "assert not {'torch', 'models.datasets', 'sklearn', 'sktime'} & set(sys.modules), sorted(sys.modules)")
+    code = ("import sys, export.cli, export.flash, export.cgen, edge.classify.runtime; "
+            "assert not {'torch', 'models.data.datasets', 'sklearn', 'sktime'} & set(sys.modules), sorted(sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
@@ -142,9 +144,9 @@ def test_train_writes_checkpoint_and_summary(tmp_path: Path) -> None:
     assert len(summary["variants"]) == 9 and summary["config"]["method"] == "nexume"
     assert (out / "checkpoint.pt").stat().st_size > 0 and re.search(r"^\| +bits \|", (out / "summary.md").read_text(), re.M)
 
-    from models.checkpoint import load_checkpoint
-    from models.datasets import load
-    from models.nexume import accuracy
+    from models.data.datasets import load
+    from models.nexume.checkpoint import load_checkpoint
+    from models.nexume.train import accuracy
 
     model, payload = load_checkpoint(out / "checkpoint.pt")
     data = load("basic_motions")
@@ -169,7 +171,7 @@ def test_keygen_then_export_a_signed_bundle(tmp_path: Path) -> None:
     proc = trickle("export", str(ckpt / "checkpoint.pt"), "--out", str(tmp_path / "b.tar"), "--tar",
                    "--key", str(keys / "signing.key"), "--formats", "onnx,onnx-int8")
     assert proc.returncode == 0, proc.stderr
-    from edge.bundle import load_public_key, read_bundle
+    from edge.contract.bundle import load_public_key, read_bundle
 
     bundle = read_bundle(tmp_path / "b.tar", [load_public_key(keys / "signing.pub")])
     assert sorted(bundle.files) == ["fp32-d00.onnx", "int8-d00.onnx", "test_vectors.npz"]

@@ -9,7 +9,7 @@ Each verb lives in its tier's ``cli.py``: ``add_<verb>_arguments(parser)`` and `
 lazily, so ``trickle <verb> --help`` answers in well under a second and a device with only the
 ``edge`` extra never imports the simulator or torch.
 
-Errors: whatever a user can cause is an ``edge.errors.TrickleError``, caught here once and
+Errors: whatever a user can cause is an ``edge.core.errors.TrickleError``, caught here once and
 printed as one line (exit status 1); argparse's usage errors exit with 2; anything else is a
 bug and keeps its traceback.
 """
@@ -22,7 +22,7 @@ import inspect
 import sys
 from collections.abc import Callable, Sequence
 
-from edge.errors import TrickleError
+from edge.core.errors import TrickleError
 
 # verb -> (tier module defining add_<verb>_arguments and run_<verb>, one-line help)
 VERBS: dict[str, tuple[str, str]] = {

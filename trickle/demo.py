@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge.errors import ConfigError, LinkError
-from edge.files import write_atomic
-from edge.tables import markdown_table
+from edge.core.errors import ConfigError, LinkError
+from edge.core.files import write_atomic
+from edge.core.tables import markdown_table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,9 +61,9 @@ class _Steps:
 
 
 def _model(out: Path, epochs: int, retrain: bool, step: _Steps) -> Path:
-    from models.checkpoint import save_checkpoint
-    from models.datasets import load
-    from models.nexume import TrainConfig, train
+    from models.data.datasets import load
+    from models.nexume.checkpoint import save_checkpoint
+    from models.nexume.train import TrainConfig, train
 
     ckpt = out / "model" / "checkpoint.pt"
     if ckpt.exists() and not retrain:
@@ -77,7 +77,7 @@ def _model(out: Path, epochs: int, retrain: bool, step: _Steps) -> Path:
 
 
 def _bundle(out: Path, ckpt: Path, step: _Steps) -> tuple[Path, Path]:
-    from edge.bundle import generate_keypair, read_bundle
+    from edge.contract.bundle import generate_keypair, read_bundle
     from export.bundle import export_bundle
 
     key, pub = out / "keys" / "signing.key", out / "keys" / "signing.pub"
@@ -100,13 +100,14 @@ def run(args: argparse.Namespace) -> int:
     import httpx
     import numpy as np
 
-    from edge.bundle import read_trusted
-    from edge.runtime import Runtime
-    from edge.vectors import npz_bytes
-    from models.datasets import load
-    from server.mosquitto import Mosquitto, write_mosquitto_config
-    from server.service import ServeConfig, Service, free_port, read_or_create_token
-    from server.store import open_store
+    from edge.classify.runtime import Runtime
+    from edge.contract.bundle import read_trusted
+    from edge.contract.vectors import npz_bytes
+    from models.data.datasets import load
+    from server.mqtt.mosquitto import Mosquitto, write_mosquitto_config
+    from server.ports import free_port
+    from server.service import ServeConfig, Service, read_or_create_token
+    from server.store.store import open_store
     from simulator.bundle_model import inference_model
     from simulator.config import load_scenario, scenario_path
     from simulator.fleet import simulate

@@ -128,7 +128,7 @@ uint32_t tn_choose_variant(const tn_model *const *variants, uint32_t n, uint32_t
  * in int32; pi_k = floor(2^16 e_k / sum e), e_k = exp_q16[max A - A_k] (0 beyond the table); stop
  * when L (2^16 - max pi) <= c 2^16 + clamp(-max_i (a_i . pi + b_i 2^16), 0, L 2^16) (the pieces,
  * c and L in Q(frac_bits), everything in int64), and at t = horizon at the latest. The same
- * integers as edge.early's integer rule, so the decisions agree bit for bit.
+ * integers as edge.classify.early's integer rule, so the decisions agree bit for bit.
  *
  * Intermittency: the samples sit in a ring and A in two slots in non-volatile memory. A step
  * writes sample t into the ring and commits `sampled` = t (one word store): from then on sample t

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from edge.agent import Agent, AgentConfig, open_outbox
-from edge.errors import DataError, LinkError
-from edge.link import Link
-from edge.outbox import Outbox, OutboxDamaged, recover_outbox
+from edge.agent.agent import Agent, AgentConfig, open_outbox
+from edge.agent.link import Link
+from edge.agent.outbox import Outbox, OutboxDamaged, recover_outbox
+from edge.core.errors import DataError, LinkError
 
 BUNDLE = Path(__file__).parent / "data" / "digits-v1-2026-11.tar"
 PUB = Path(__file__).parent / "data" / "digits-v1-2026-11.pub"

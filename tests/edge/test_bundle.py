@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.bundle import (
+from edge.contract.bundle import (
     MANIFEST,
     SIGNATURE,
     BundleError,

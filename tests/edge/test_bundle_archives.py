@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.bundle import BundleError, read_bundle, tar_bytes
+from edge.contract.bundle import BundleError, read_bundle, tar_bytes
 
 ZEROS_MB = 100  # a member within the size caps, 100 MB once inflated, ~0.1 MB compressed
 
@@ -38,11 +38,11 @@ def _zeros_tar(fh: io.BufferedWriter | gzip.GzipFile | lzma.LZMAFile, size: int)
 
 
 def _peak_rss_growth_mb(path: Path) -> tuple[float, str]:
-    """Read ``path`` with ``edge.bundle.read_bundle`` in a fresh process: (peak RSS growth in MB
+    """Read ``path`` with ``edge.contract.bundle.read_bundle`` in a fresh process: (peak RSS growth in MB
     over the process after its imports, the error it printed)."""
     code = (
         "import resource, sys\n"
-        "from edge.bundle import BundleError, read_bundle\n"
+        "from edge.contract.bundle import BundleError, read_bundle\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n"
         f"    read_bundle({str(path)!r}); print('ACCEPTED')\n"

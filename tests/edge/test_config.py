@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from edge.config import Config, apply_sets, load_config, parse_toml_value
-from edge.errors import ConfigError, TrickleError
-from edge.files import data_root, write_atomic, write_secret
+from edge.core.config import Config, apply_sets, load_config, parse_toml_value
+from edge.core.errors import ConfigError, TrickleError
+from edge.core.files import data_root, write_atomic, write_secret
 
 
 class Inner(Config):

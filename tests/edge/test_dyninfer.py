@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.dyninfer import Variant, choose_variant, quanta_tasks, usable_energy_j
+from edge.classify.dyninfer import Variant, choose_variant, quanta_tasks, usable_energy_j
 
 VARIANTS = [
     Variant(bits=8, drop=0.0, energy_j=4e-3, accuracy=0.95),

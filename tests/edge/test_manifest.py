@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.bundle import BundleError, pack, read_bundle, read_trusted, tar_bytes
-from edge.manifest import SCHEMA_FILE, Manifest, json_schema
-from edge.runtime import Runtime
+from edge.classify.runtime import Runtime
+from edge.contract.bundle import BundleError, pack, read_bundle, read_trusted, tar_bytes
+from edge.contract.manifest import SCHEMA_FILE, Manifest, json_schema
 
 DATA = Path(__file__).parent / "data"
 OLD = DATA / "digits-v1-2026-11.tar"  # written by trickle 0.1.0 before the typed manifest (commit 70f1dbb)
@@ -19,7 +19,7 @@ OLD_KEY = DATA / "digits-v1-2026-11.pub"
 
 
 def test_committed_schema_is_the_models() -> None:
-    assert SCHEMA_FILE.read_text() == json_schema(), "run: python -m edge.manifest (and commit edge/schemas/)"
+    assert SCHEMA_FILE.read_text() == json_schema(), "run: python -m edge.contract.manifest (and commit edge/contract/schemas/)"
 
 
 def test_schema_validates_a_real_manifest_with_jsonschema() -> None:
@@ -61,7 +61,7 @@ def test_typed_round_trip_is_byte_identical() -> None:
 
 
 def test_unknown_mcu_is_an_error_listing_the_known_ones() -> None:
-    from edge.errors import ConfigError
+    from edge.core.errors import ConfigError
 
     rt = Runtime(read_bundle(OLD))
     with pytest.raises(ConfigError, match=r"--mcu = 'z80': the bundle has energy costs for \['cortex-m33', "):

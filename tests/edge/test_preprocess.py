@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.preprocess import PreprocessError, apply, read_input, read_wav
+from edge.classify.preprocess import PreprocessError, apply, read_input, read_wav
 
 
 @pytest.mark.parametrize("name", ["digits", "basic_motions"])
 def test_raw_test_split_becomes_the_training_inputs_exactly(name: str) -> None:
-    from models.datasets import load
+    from models.data.datasets import load
 
     data = load(name)
     assert data.raw_test is not None
@@ -21,7 +21,7 @@ def test_raw_test_split_becomes_the_training_inputs_exactly(name: str) -> None:
 
 
 def test_fsdd_wav_becomes_the_training_mfccs_exactly(shared_data: str) -> None:
-    from models.datasets import load
+    from models.data.datasets import load
 
     data = load("fsdd", shared_data)
     first_test = Path(shared_data) / "fsdd" / "recordings" / "0_george_0.wav"  # sorted, index 0 is a test recording

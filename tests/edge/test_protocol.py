@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.outbox import Outbox
-from edge.protocol import (
+from edge.agent.outbox import Outbox
+from edge.contract.protocol import (
     MAX_PAYLOAD_BYTES,
     ProtocolError,
     Result,
@@ -104,8 +104,8 @@ def _agent_fields(**changes: object) -> dict[str, object]:
 
 
 def test_the_agent_config_keeps_its_defaults_and_reads_the_token_file(tmp_path: Path) -> None:
-    from edge.agent import AgentConfig
-    from edge.config import load_config
+    from edge.agent.agent import AgentConfig
+    from edge.core.config import load_config
 
     config = AgentConfig(**_agent_fields(trusted_keys=["k.pub"]))  # type: ignore[arg-type]
     assert config.state_dir == Path("runs/edge/n1") and config.trusted_keys == [Path("k.pub")]
@@ -131,9 +131,9 @@ def test_the_agent_config_keeps_its_defaults_and_reads_the_token_file(tmp_path: 
     ({"state": "x"}, "state = 'x': Extra inputs are not permitted"),
 ])
 def test_a_bad_agent_config_is_one_config_error(changes: dict[str, object], message: str) -> None:
-    from edge.agent import AgentConfig
-    from edge.config import load_config
-    from edge.errors import ConfigError
+    from edge.agent.agent import AgentConfig
+    from edge.core.config import load_config
+    from edge.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         load_config(AgentConfig, flags=_agent_fields(**changes))
@@ -143,7 +143,7 @@ def test_a_bad_agent_config_is_one_config_error(changes: dict[str, object], mess
 def test_the_first_samples_are_kept_once_for_self_tests(tmp_path: Path) -> None:
     import numpy as np
 
-    from edge.source import SELFTEST_VECTORS, keep_selftest_samples, stored_selftest_samples
+    from edge.agent.source import SELFTEST_VECTORS, keep_selftest_samples, stored_selftest_samples
 
     assert stored_selftest_samples(tmp_path) is None
     raws = [np.full(4, i, dtype=np.float32) for i in range(40)]
@@ -157,7 +157,7 @@ def test_the_first_samples_are_kept_once_for_self_tests(tmp_path: Path) -> None:
 
 
 def test_a_verification_call_is_signed_and_may_be_larger() -> None:
-    from edge.protocol import MAX_PAYLOAD_BYTES, MAX_REQUEST_BYTES, VerifyCall, VerifyRequest
+    from edge.contract.protocol import MAX_PAYLOAD_BYTES, MAX_REQUEST_BYTES, VerifyCall, VerifyRequest
 
     long = VerifyRequest(session="s", start=0, tokens=list(range(3000)), draft=[1, 2])
     payload = encode(VerifyCall(key="c1", device="a", ts_s=1.0, request=long), "token-a")
@@ -171,7 +171,7 @@ def test_a_verification_call_is_signed_and_may_be_larger() -> None:
 
 
 def test_a_batch_carries_signed_messages_each_checked_on_its_own() -> None:
-    from edge.protocol import MAX_BATCH_BYTES, Telemetry, decode_batch, encode, encode_batch
+    from edge.contract.protocol import MAX_BATCH_BYTES, Telemetry, decode_batch, encode, encode_batch
 
     def telemetry(device: str, i: int, token: str) -> bytes:
         return encode(Telemetry(key=f"{device}:t:{i}", device=device, ts_s=float(i), voltage_v=2.5), token)

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.backends import BackendError
-from edge.bundle import read_bundle
-from edge.errors import ConfigError, DataError
-from edge.preprocess import PreprocessError
-from edge.runtime import Runtime
+from edge.classify.backends import BackendError
+from edge.classify.preprocess import PreprocessError
+from edge.classify.runtime import Runtime
+from edge.contract.bundle import read_bundle
+from edge.core.errors import ConfigError, DataError
 from tests.conftest import TrainedBundle
 
 
@@ -28,7 +28,7 @@ def bundle_path(trained_bundle: TrainedBundle) -> Path:
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "litert", "executorch"])
 def test_every_backend_reproduces_the_manifest_accuracy_from_raw_input(bundle_path: Path, backend: str) -> None:
-    from models.datasets import load
+    from models.data.datasets import load
 
     data = load("basic_motions")
     assert data.raw_test is not None
@@ -40,7 +40,7 @@ def test_every_backend_reproduces_the_manifest_accuracy_from_raw_input(bundle_pa
 
 
 def test_backends_agree_on_the_float_variant(bundle_path: Path) -> None:
-    from models.datasets import load
+    from models.data.datasets import load
 
     data = load("basic_motions")
     bundle = read_bundle(bundle_path)
@@ -71,7 +71,7 @@ def test_bad_input_and_unknown_backend_or_variant(bundle_path: Path) -> None:
     with pytest.raises(DataError, match=r"input shape \(1, 6, 99\): the model takes \(1, 6, 100\)"):
         rt.infer_features(np.zeros((1, 6, 99), dtype=np.float32))
     with pytest.raises(BackendError, match="LiteRT cannot load the model"):
-        from edge.backends import load_backend
+        from edge.classify.backends import load_backend
 
         load_backend("tflite", b"not a flatbuffer")
 
@@ -90,8 +90,8 @@ def test_inference_runs_where_importing_torch_fails(bundle_path: Path, tmp_path:
                     raise ImportError("torch is not allowed on the device")
         sys.meta_path.insert(0, NoTorch())
         import numpy as np
-        from edge.bundle import read_bundle
-        from edge.runtime import Runtime
+        from edge.contract.bundle import read_bundle
+        from edge.classify.runtime import Runtime
         bundle = read_bundle({str(bundle_path)!r})
         x = np.load({str(tmp_path / 'x.npy')!r})
         np.save({str(tmp_path / 'ort.npy')!r}, Runtime(bundle).infer(x, variant="int8-d00"))
@@ -107,7 +107,7 @@ def test_inference_runs_where_importing_torch_fails(bundle_path: Path, tmp_path:
 def test_trickle_edge_infer(bundle_path: Path, tmp_path: Path) -> None:
     import json
 
-    from models.datasets import load
+    from models.data.datasets import load
 
     data = load("basic_motions")
     assert data.raw_test is not None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edge.speculative import (
+from edge.llm.acceptance import (
     accept_greedy,
     accept_sampling,
     accept_tests,
@@ -94,7 +94,7 @@ def test_speculative_sampling_draws_from_the_target_exactly(k: int) -> None:
 
 
 def test_a_draft_blind_to_some_tokens_still_samples_the_target_exactly() -> None:
-    """A draft vocabulary (models.speculative.DraftHead): the draft gives tokens 5..7 no probability."""
+    """A draft vocabulary (models.lm.speculative.DraftHead): the draft gives tokens 5..7 no probability."""
     blind = DRAFT.copy()
     blind[:, 5:] = 0
     assert _chi_square_p(_speculative(accept_sampling, 3, seed=21, draft=blind / blind.sum(1, keepdims=True))) > 1e-3
@@ -102,7 +102,7 @@ def test_a_draft_blind_to_some_tokens_still_samples_the_target_exactly() -> None
 
 def test_sampling_split_across_a_link_draws_from_the_target_exactly() -> None:
     """The server runs the accept tests with q of the draft tokens only; the device draws the
-    correction from the residual with its own q (edge.generate over server.verify)."""
+    correction from the residual with its own q (edge.llm.generate over server.llm.verify)."""
     device = np.random.default_rng(99)
 
     def split(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from edge.bundle import generate_keypair, load_public_key, read_bundle
-from edge.runtime import Runtime
-from edge.vectors import TestVectors
+from edge.classify.runtime import Runtime
+from edge.contract.bundle import generate_keypair, load_public_key, read_bundle
+from edge.contract.vectors import TestVectors
 from export.bundle import ExportError, check_parity, export_bundle, export_variant, ort_logits
-from models.datasets import load
+from models.data.datasets import load
 from tests.conftest import TrainedBundle
 
 
@@ -49,7 +49,7 @@ def test_fp32_bundle_is_signed_reproducible_and_matches_pytorch(checkpoint: Path
 
 
 def test_self_test_catches_a_model_that_does_not_match_its_vectors(checkpoint: Path, tmp_path: Path) -> None:
-    from edge.bundle import pack, write_bundle
+    from edge.contract.bundle import pack, write_bundle
 
     bundle = read_bundle(export_bundle(checkpoint, tmp_path / "a", formats=("onnx",), vectors=8))
     vectors = TestVectors.from_bytes(bundle.file("test_vectors.npz"))
@@ -63,7 +63,7 @@ def test_self_test_catches_a_model_that_does_not_match_its_vectors(checkpoint: P
 
 
 def test_parity_failure_is_loud(checkpoint: Path) -> None:
-    from models.checkpoint import load_checkpoint
+    from models.nexume.checkpoint import load_checkpoint
 
     model, _ = load_checkpoint(checkpoint)
     data = load("basic_motions")
@@ -81,9 +81,9 @@ def test_unknown_format_is_refused(checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_executorch_and_tflite_match_pytorch(checkpoint: Path, tmp_path: Path) -> None:
-    from edge.backends import load_backend
+    from edge.classify.backends import load_backend
     from export.bundle import backend_logits
-    from models.checkpoint import load_checkpoint
+    from models.nexume.checkpoint import load_checkpoint
 
     bundle = read_bundle(export_bundle(checkpoint, tmp_path / "b", formats=("pte", "tflite")))
     (variant,) = bundle.manifest.variants

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from edge.bundle import read_bundle
-from edge.early import EarlyDecider
-from edge.errors import DataError, ExportError
+from edge.classify.early import EarlyDecider
+from edge.contract.bundle import read_bundle
+from edge.core.errors import DataError, ExportError
 from export.early import export_early
 from models.firmbound import FirmboundClassifier, gaussian_sequences
 
@@ -60,8 +60,8 @@ def test_the_device_decides_where_the_estimator_does(fitted: FirmboundClassifier
     proc = subprocess.run([sys.executable, "-m", "trickle", "edge", "infer", str(path), str(tmp_path / "s.csv"), "--early"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "one row per channel" in proc.stderr
-    from edge.errors import BundleError
-    from edge.runtime import Runtime
+    from edge.classify.runtime import Runtime
+    from edge.core.errors import BundleError
 
     with pytest.raises(BundleError, match="decides early"):
         Runtime(bundle)
@@ -78,7 +78,7 @@ def test_a_gp_rule_does_not_export(tmp_path: Path) -> None:
 
 
 def test_the_firmware_decides_as_the_edge_does_bit_for_bit(fitted: FirmboundClassifier, tmp_path: Path) -> None:
-    """The rule in integers: edge.early's int8 path against the C firmware's tn_early_update, on the
+    """The rule in integers: edge.classify.early's int8 path against the C firmware's tn_early_update, on the
     host (sanitized, and with a power cut after every commit) and under QEMU; the edge's integer
     frame model against onnxruntime's exact integer graph; and the int8 rule against the float one."""
     import onnxruntime as ort

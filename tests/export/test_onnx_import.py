@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from edge.bundle import read_bundle
-from edge.errors import BundleError, DataError
-from edge.vectors import TestVectors
+from edge.contract.bundle import read_bundle
+from edge.contract.vectors import TestVectors
+from edge.core.errors import BundleError, DataError
 from export.onnx_import import import_onnx
 
 
@@ -71,7 +71,7 @@ def test_an_onnx_classifier_becomes_a_bundle_the_runtime_and_the_simulator_run(u
     assert m.variants[0].accuracy["onnx"] == 1.0  # the labels are the fp32 model's own answers
     assert m.variants[1].energy_j["msp430fr5994"] > 0
 
-    from edge.backends import load_backend
+    from edge.classify.backends import load_backend
 
     assert m.test_vectors is not None
     vectors = TestVectors.from_bytes(bundle.file(m.test_vectors.file))
@@ -108,7 +108,7 @@ def test_the_imported_int8_model_flashes_to_the_host_bit_exact(user_model: tuple
 
     with np.load(calib) as z:
         x = z["x"]
-    from edge.backends import load_backend
+    from edge.classify.backends import load_backend
 
     qdq = load_backend("onnx-int8", bundle.file(variant.formats["onnx-int8"]))
     ref = np.concatenate([qdq.run(x[i : i + 1]) for i in range(len(x))]).argmax(1)

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from edge.bundle import read_bundle
-from edge.vectors import TestVectors
+from edge.contract.bundle import read_bundle
+from edge.contract.vectors import TestVectors
 
 pytest.importorskip("tflite_micro")
 pytest.importorskip("ai_edge_quantizer")
@@ -61,7 +61,7 @@ def int8_tflite(net: nn.Module, shape: tuple[int, ...], path: Path, per_tensor_f
     from ai_edge_quantizer import qtyping, quantizer, recipe
     from ai_edge_quantizer.utils import tfl_interpreter_utils
 
-    from edge.backends import quiet
+    from edge.classify.backends import quiet
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((48, *shape)).astype(np.float32)
@@ -127,7 +127,7 @@ def test_the_reader_meets_what_tflm_users_deploy(models: dict[str, tuple[Path, P
 
 def test_a_tflite_classifier_bundles_runs_and_flashes_bit_exact_with_tflm(models: dict[str, tuple[Path, Path]],
                                                                           tmp_path: Path) -> None:
-    from edge.backends import load_backend
+    from edge.classify.backends import load_backend
 
     model, examples = models["conv"]
     proc = trickle("export", str(model), "--calibration", str(examples), "--out", str(tmp_path / "b"), "--labels",
@@ -165,7 +165,7 @@ def test_depthwise_pools_mean_and_mixed_granularity_are_bit_exact_on_host_and_qe
     assert len(np.unique(outputs, axis=0)) > 12  # the vectors differ: the check bites
     with np.load(examples) as z:
         x = z["x"][:24]
-    from edge.backends import quantize_tflite
+    from edge.classify.backends import quantize_tflite
     from export.tflite_import import _Graph, logits_model, read_model
 
     data = model.read_bytes()

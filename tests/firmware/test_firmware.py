@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.bundle import Bundle, read_bundle
+from edge.contract.bundle import Bundle, read_bundle
 from export.flash import build, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
 from tests.conftest import TrainedBundle
 
@@ -56,7 +56,7 @@ def test_integer_graph_agrees_with_the_qdq_model(generated: tuple[Path, dict]) -
 
 
 def _x_test(bundle: Bundle) -> np.ndarray:
-    from models.datasets import load
+    from models.data.datasets import load
 
     return load(bundle.manifest.task).x_test
 

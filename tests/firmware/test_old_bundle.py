@@ -23,7 +23,7 @@ def test_an_old_bundle_flashes_on_the_host_with_inputs_given(tmp_path: Path) -> 
     refused = _flash("--board", "host", "--out", str(tmp_path / "a"))
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1
     assert "carries no test vectors (it predates them)" in refused.stderr and "--inputs X.npy" in refused.stderr
-    from models.datasets import load
+    from models.data.datasets import load
 
     np.save(tmp_path / "x.npy", load("digits").x_test[:6])
     ok = _flash("--board", "host", "--out", str(tmp_path / "b"), "--inputs", str(tmp_path / "x.npy"))

@@ -16,10 +16,10 @@ import soundfile
 import torch
 from torch import nn
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 from examples.my_network import tiny_cnn
-from models.custom import PrecisionSwitch, build, switchable
-from models.switchable import FLOAT_BITS
+from models.nexume.custom import PrecisionSwitch, build, switchable
+from models.nexume.switchable import FLOAT_BITS
 from tests.models.test_userdata import wide_table, write_audio
 
 

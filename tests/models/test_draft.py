@@ -1,4 +1,4 @@
-"""Drafts for a trained target (models/draft.py): trained, saved, loaded back, and lossless through the verify loop."""
+"""Drafts for a trained target (models/lm/draft.py): trained, saved, loaded back, and lossless through the verify loop."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge.errors import ConfigError
-from models.draft import load_drafter, load_target, train_draft
-from models.lm import train_lm
-from models.speculative import Tree, speculative_generate
+from edge.core.errors import ConfigError
+from models.lm.draft import load_drafter, load_target, train_draft
+from models.lm.speculative import Tree, speculative_generate
+from models.lm.target import train_lm
 from tests.models.test_lm import config
 from tests.models.test_lm import corpus as corpus
 
@@ -57,14 +57,15 @@ def test_a_bad_target_or_kind_is_one_config_error(tmp_path: Path, corpus: Path) 
 
 
 def test_the_cli_kinds_are_the_trainers() -> None:
-    from models import cli, draft
+    from models import cli
+    from models.lm import draft
 
     assert cli.DRAFT_KINDS == draft.KINDS
 
 
 def test_the_server_decodes_with_moa_and_eagle_drafts_chain_tree_and_adaptive(target_dir: Path, corpus: Path,
                                                                             tmp_path: Path) -> None:
-    from server.llm import LlmService
+    from server.llm.completions import LlmService
 
     for kind in ("moa", "eagle"):
         train_draft(target_dir, kind, corpus, tmp_path / kind, steps=60)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge.errors import ConfigError, DataError
+from edge.core.errors import ConfigError, DataError
 from models.firmbound import (
     FirmboundClassifier,
     MaxAffine,

@@ -1,4 +1,4 @@
-"""The target LM (models/lm.py): a tiny Llama trained for seconds on synthetic plays, loaded back the
+"""The target LM (models/lm/target.py): a tiny Llama trained for seconds on synthetic plays, loaded back the
 way any Hugging Face tool loads it, deterministic per seed, resumable to the very same weights."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge.errors import ConfigError, DataError
-from models.lm import EOS, LMConfig, build_model, find_plays, train_lm, validation_loss
+from edge.core.errors import ConfigError, DataError
+from models.lm.target import EOS, LMConfig, build_model, find_plays, train_lm, validation_loss
 from trickle.cli import main
 
 STEPS = 80
@@ -136,7 +136,8 @@ def test_cli_trains_and_reports_json(corpus: Path, tmp_path: Path, capsys: pytes
 def test_the_cli_sizes_are_the_models() -> None:
     from typing import get_args
 
-    from models import cli, lm
+    from models import cli
+    from models.lm import target as lm
 
     assert cli.LM_SIZES == get_args(lm.Size) == tuple(lm.SIZES)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from models.moa import MoADraft, MoADrafter, bounded_segments
-from models.speculative import Tree, _CachedLM, speculative_generate
+from models.lm.moa import MoADraft, MoADrafter, bounded_segments
+from models.lm.speculative import Tree, _CachedLM, speculative_generate
 from tests.models.test_speculative import VOCAB, _greedy, _llama
 
 
@@ -87,7 +87,7 @@ def test_moa_drafts_losslessly_and_learns_the_target() -> None:
 def test_incremental_drafts_equal_a_full_forward() -> None:
     """The drafters' caches (target states, self-attention keys/values, EAGLE's features) give the
     logits a full forward over the whole sequence gives, across verified steps and drafted paths."""
-    from models.eagle import EagleDraft, EagleDrafter
+    from models.lm.eagle import EagleDraft, EagleDrafter
 
     target = _llama(0)
     moa, eagle = MoADraft.for_target(target).double(), EagleDraft.for_target(target).double()

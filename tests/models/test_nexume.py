@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from edge.errors import ConfigError
-from models.datasets import load
-from models.nexume import ConfigSearch, EnergySampler, TrainConfig, train, variant_energy_j
-from models.switchable import SwitchableNet, arch_for, kept_channels
+from edge.core.errors import ConfigError
+from models.data.datasets import load
+from models.nexume.switchable import SwitchableNet, arch_for, kept_channels
+from models.nexume.train import ConfigSearch, EnergySampler, TrainConfig, train, variant_energy_j
 
 
 def test_the_search_affords_only_what_the_energy_at_hand_pays_for() -> None:
@@ -153,7 +153,7 @@ def test_fsdd_split_by_recording_index(shared_data: str, tmp_path_factory: pytes
 
 
 def test_missing_shared_data_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from models.datasets import DatasetError
+    from models.data.base import DatasetError
 
     with pytest.raises(DatasetError, match="no WAV files in .*fsdd/recordings"):
         load("fsdd", tmp_path)

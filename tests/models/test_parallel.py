@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge.errors import ConfigError
-from models.nexume import TrainConfig, train
-from models.parallel import torchrun_command
+from edge.core.errors import ConfigError
+from models.nexume.launch import torchrun_command
+from models.nexume.train import TrainConfig, train
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:

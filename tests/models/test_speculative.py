@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.speculative import DraftTree, IndependentDrafter, Tree, _CachedLM, speculative_generate
+from models.lm.speculative import DraftTree, IndependentDrafter, Tree, _CachedLM, speculative_generate
 
 VOCAB = 64
 

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import soundfile
 
-from models.datasets import DatasetError
-from models.userdata import UserData, load_user
+from models.data.base import DatasetError
+from models.data.userdata import UserData, load_user
 
 
 def trickle(*args: str) -> subprocess.CompletedProcess[str]:

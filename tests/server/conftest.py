@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from server.service import free_port
+from server.ports import free_port
 from tests.conftest import TrainedBundle
 
 T = TypeVar("T")
@@ -52,7 +52,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory, trained_bundle: TrainedBun
     import onnx
     from onnx import numpy_helper
 
-    from edge.bundle import generate_keypair, load_private_key, pack, read_bundle, write_bundle
+    from edge.contract.bundle import generate_keypair, load_private_key, pack, read_bundle, write_bundle
     from export.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("link-bundles")
@@ -151,8 +151,8 @@ class ServerProc:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster for the session (server.pgtemp)."""
-    from server.pgtemp import available, temporary_postgres
+    """A throwaway PostgreSQL cluster for the session (server.store.pgtemp)."""
+    from server.store.pgtemp import available, temporary_postgres
 
     if not available():
         pytest.skip("apt-get install postgresql")

@@ -7,9 +7,10 @@ from pathlib import Path
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from server.app import ServerState, create_app
-from server.bridge import Metrics
-from server.store import Store
+from server.api.app import create_app
+from server.api.state import ServerState
+from server.mqtt.bridge import Metrics
+from server.store.store import Store
 
 ADMIN = "fuzz-admin-token"
 
@@ -37,7 +38,7 @@ def test_no_request_gets_a_server_error(tmp_path: Path) -> None:
 
 
 def test_the_spec_lists_every_protocol_route(tmp_path: Path) -> None:
-    from edge.protocol import ROUTES
+    from edge.contract.protocol import ROUTES
 
     app = create_app(ServerState(Store(tmp_path / "db.sqlite"), ADMIN, tmp_path / "bundles", [], Metrics()))
     assert set(ROUTES.values()) <= set(app.openapi()["paths"])

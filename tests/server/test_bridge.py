@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tenacity import stop_after_attempt
 
-from server.bridge import Bridge
-from server.store import Incoming, Store
+from server.mqtt.bridge import Bridge
+from server.store.store import Incoming, Store
 
 
 class FlakyStore(Store):

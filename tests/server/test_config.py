@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.config import load_config
-from edge.errors import ConfigError
+from edge.core.config import load_config
+from edge.core.errors import ConfigError
 from server.service import ServeConfig
 
 

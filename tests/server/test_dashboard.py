@@ -54,8 +54,8 @@ def _number(page: Any, testid: str) -> str:
 
 
 def _simulated_fleet(bundles: Bundles, nodes: int, traces: int = 3, scenario: str | None = None) -> Any:
-    from edge.bundle import read_bundle
-    from edge.runtime import Runtime
+    from edge.classify.runtime import Runtime
+    from edge.contract.bundle import read_bundle
     from simulator.bundle_model import inference_model
     from simulator.config import load_scenario, scenario_path
     from simulator.fleet import simulate

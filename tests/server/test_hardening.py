@@ -19,9 +19,9 @@ import paho.mqtt.client as mqtt
 import psutil
 import pytest
 
-from edge.protocol import Ack, Result, Telemetry, encode, topic
-from server.bridge import SERVER_USER
-from server.service import free_port, port_open
+from edge.contract.protocol import Ack, Result, Telemetry, encode, topic
+from server.mqtt.bridge import SERVER_USER
+from server.ports import free_port, port_open
 from tests.server.conftest import ServerProc, needs_mosquitto, wait_for
 
 
@@ -121,7 +121,7 @@ def test_stored_messages_are_keyed_by_device_and_old_rows_carry_over(tmp_path: P
     """Migration 6 on a database of the schema before it: rows kept, keys now per device."""
     import sqlite3
 
-    from server.store import Incoming, Store
+    from server.store.store import Incoming, Store
 
     path = tmp_path / "old.sqlite"
     store = Store(path)
@@ -177,8 +177,8 @@ def test_a_job_whose_checkpoint_asks_for_code_fails_without_running_it_or_quotin
     fails with one line that quotes nothing of the file."""
     import hashlib
 
-    from server.jobs import Worker
-    from server.store import open_store
+    from server.jobs.queue import Worker
+    from server.store.store import open_store
 
     state = tmp_path / "server"
     marker = tmp_path / "pwned"
@@ -332,7 +332,7 @@ def test_readyz_follows_the_broker_and_rejections_are_summarised(tmp_path: Path)
 
 def test_readyz_follows_the_database(tmp_path: Path) -> None:
     """PostgreSQL stopped: /readyz is 503 naming the store within 5 s, and 200 again once it is back."""
-    from server.pgtemp import available, temporary_postgres
+    from server.store.pgtemp import available, temporary_postgres
 
     if not available():
         pytest.skip("apt-get install postgresql")
@@ -359,7 +359,7 @@ def test_readyz_follows_the_database(tmp_path: Path) -> None:
 
 
 def _pg_cluster(url: str) -> tuple[str, str]:
-    """pg_ctl and the data folder of the throwaway cluster serving ``url`` (server.pgtemp)."""
+    """pg_ctl and the data folder of the throwaway cluster serving ``url`` (server.store.pgtemp)."""
     import glob
 
     import psycopg

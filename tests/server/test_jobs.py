@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.service import free_port
+from server.ports import free_port
 from tests.conftest import TrainedBundle
 from tests.server.conftest import Bundles, ServerProc, agent_cmd, start_agent, wait_for
 
@@ -165,13 +165,13 @@ def test_the_job_spec_offers_every_selection_models_distill_knows() -> None:
     from typing import get_args
 
     from models.distill import SELECTIONS
-    from server.jobs import Selection
+    from server.jobs.queue import Selection
 
     assert get_args(Selection) == SELECTIONS
 
 
 def test_a_stopped_server_hands_its_running_job_back(tmp_path: Path, teacher: Path) -> None:
-    from server.store import open_store
+    from server.store.store import open_store
 
     server = ServerProc(tmp_path / "server", free_port(), "embedded", free_port(), extra=["--workers", "1"])
     server.start()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.service import free_port
+from server.ports import free_port
 from tests.server.conftest import (
     Bundles,
     Mosquitto,

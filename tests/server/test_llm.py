@@ -15,8 +15,9 @@ import httpx
 import pytest
 import torch
 
-from edge.errors import ConfigError
-from server.service import ServeConfig, Service, free_port
+from edge.core.errors import ConfigError
+from server.ports import free_port
+from server.service import ServeConfig, Service
 
 SENTENCES = ["To be, or not to be, that is the question.", "All the world's a stage, and all the men and women merely players.",
              "Now is the winter of our discontent made glorious summer.", "O Romeo, Romeo, wherefore art thou Romeo?",

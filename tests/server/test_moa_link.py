@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from bench.netem import NetemProxy
-from edge.errors import LinkError
-from edge.generate import HttpLink, MqttLink, SessionLostError, generate
-from edge.lm_draft import OnnxMoADraft, decode_states
-from edge.protocol import ROUTES, VerifyRequest
-from server.service import ServeConfig, Service, free_port
+from edge.contract.protocol import ROUTES, VerifyRequest, decode_states
+from edge.core.errors import LinkError
+from edge.llm.draft import OnnxMoADraft
+from edge.llm.generate import HttpLink, MqttLink, SessionLostError, generate
+from server.ports import free_port
+from server.service import ServeConfig, Service
 from tests.models.test_lm import corpus as corpus
 from tests.server.test_llm import Models
 from tests.server.test_llm import models as models
@@ -28,7 +29,7 @@ from tests.server.test_verify import PROMPTS, _greedy
 @pytest.fixture(scope="module")
 def moa(models: Models, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from export.lm_draft import export_moa_draft
-    from models.draft import train_draft
+    from models.lm.draft import train_draft
 
     root = tmp_path_factory.mktemp("moa")
     train_draft(models.target, "moa", corpus, root / "draft", steps=2, batch=2, context=32, checkpoint_minutes=60)
@@ -40,7 +41,7 @@ def moa(models: Models, corpus: Path, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="module")
 def eagle(models: Models, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from export.lm_draft import export_lm_draft
-    from models.draft import train_draft
+    from models.lm.draft import train_draft
 
     root = tmp_path_factory.mktemp("eagle")
     train_draft(models.target, "eagle", corpus, root / "draft", steps=2, batch=2, context=32, checkpoint_minutes=60)
@@ -123,7 +124,7 @@ def test_the_onnx_moa_draft_over_http_is_lossless_and_gets_every_state(server: t
 
 def test_the_onnx_eagle_draft_over_http_is_lossless_on_the_targets_features(server: tuple[str, str], models: Models,
                                                                              eagle: Path) -> None:
-    from edge.lm_draft import OnnxEagleDraft, load_lm_draft
+    from edge.llm.draft import OnnxEagleDraft, load_lm_draft
 
     url, token = server
     draft = load_lm_draft(eagle)
@@ -202,7 +203,7 @@ def test_the_cli_exports_and_generates_against_the_server(server: tuple[str, str
 
 
 def test_states_survive_the_wire_to_within_int8_rounding() -> None:
-    from edge.lm_draft import encode_states
+    from edge.contract.protocol import encode_states
 
     rng = np.random.default_rng(0)
     states = rng.normal(0, 3, (7, 48)).astype(np.float32)

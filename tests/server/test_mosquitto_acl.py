@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import paho.mqtt.client as mqtt
 
-from edge.protocol import topic
-from server.bridge import SERVER_USER
-from server.service import free_port, port_open, read_or_create_token
-from server.store import open_store
+from edge.contract.protocol import topic
+from server.mqtt.bridge import SERVER_USER
+from server.ports import free_port, port_open
+from server.service import read_or_create_token
+from server.store.store import open_store
 from tests.server.conftest import ServerProc, needs_mosquitto, wait_for
 
 
@@ -119,7 +120,7 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
 
 
 def test_the_password_lines_are_mosquitto_s_format() -> None:
-    from server.mosquitto import password_line
+    from server.mqtt.mosquitto import password_line
 
     line = password_line("u", "p", salt=bytes(12))
     user, rest = line.split(":", 1)

@@ -17,8 +17,8 @@ import httpx
 import paho.mqtt.client as mqtt
 import pytest
 
-from edge.protocol import MAX_PAYLOAD_BYTES, Result, Telemetry, encode, topic
-from server.service import free_port
+from edge.contract.protocol import MAX_PAYLOAD_BYTES, Result, Telemetry, encode, topic
+from server.ports import free_port
 from tests.server.conftest import Bundles, Mosquitto, ServerProc, agent_cmd, needs_mosquitto, start_agent, wait_for
 
 

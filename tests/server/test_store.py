@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from server.pgtemp import available
-from server.store import (
+from server.store.pgtemp import available
+from server.store.store import (
     MIGRATIONS,
     Incoming,
     JobNotFinished,
@@ -184,7 +184,7 @@ def test_an_old_sqlite_database_is_migrated_in_place(tmp_path: Path) -> None:
 
 @needs_postgres
 def test_an_unreachable_database_is_one_line_without_the_password(tmp_path: Path) -> None:
-    from server.service import free_port
+    from server.ports import free_port
 
     url = f"postgresql://trickle:s3cret@127.0.0.1:{free_port()}/postgres"
     with pytest.raises(StoreError, match="cannot connect") as err:
@@ -196,7 +196,7 @@ def test_an_unreachable_database_is_one_line_without_the_password(tmp_path: Path
 
 @needs_postgres
 def test_a_lost_connection_fails_one_call_and_the_next_reconnects(postgres_url: str) -> None:
-    """The bridge retries a failed commit (server.bridge.STORE_ERRORS); the retry must find a live connection."""
+    """The bridge retries a failed commit (server.mqtt.bridge.STORE_ERRORS); the retry must find a live connection."""
     import psycopg
 
     store = open_store(fresh_database(postgres_url, "reconnect"))

@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from edge.protocol import TlsFiles
-from server.service import free_port, port_open
+from edge.contract.protocol import TlsFiles
+from server.ports import free_port, port_open
 from tests.server.conftest import Bundles, needs_mosquitto, wait_for
 
 

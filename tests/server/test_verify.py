@@ -1,5 +1,5 @@
 """Client–server speculative decoding on a real server (``trickle serve --llm``): the device's loop
-(``edge.generate``, numpy only) against ``POST /v1/llm/verify``. Greedy output is the target's own
+(``edge.llm.generate``, numpy only) against ``POST /v1/llm/verify``. Greedy output is the target's own
 greedy output; a dropped link makes the device go on alone and re-verify when it returns; a lost
 session is rebuilt; bad, foreign and unauthenticated requests are refused without disturbing others."""
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from bench.netem import NetemProxy
-from edge.errors import LinkError
-from edge.generate import HttpLink, generate
-from edge.protocol import ROUTES, VerifyRequest, VerifyResponse
+from edge.contract.protocol import ROUTES, VerifyRequest, VerifyResponse
+from edge.core.errors import LinkError
+from edge.llm.generate import HttpLink, generate
 from tests.server.test_llm import Models, _serve
 from tests.server.test_llm import models as models
 
@@ -195,7 +195,7 @@ def test_sampling_through_the_client_draws_the_first_token_from_the_target(serve
     from scipy.stats import chisquare
     from transformers import AutoModelForCausalLM
 
-    from edge.speculative import distribution
+    from edge.llm.acceptance import distribution
 
     url, tokens = server
     link = HttpLink(url, tokens["d2"])
@@ -226,7 +226,7 @@ def test_sampling_through_the_client_draws_the_first_token_from_the_target(serve
 
 
 def test_adaptive_k_drafts_longer_blocks_over_a_slower_link() -> None:
-    from edge.generate import choose_k
+    from edge.llm.generate import choose_k
 
     assert choose_k(0.7, 16, round_s=0.3, token_s=0.005) > choose_k(0.7, 16, round_s=0.01, token_s=0.005)
     assert choose_k(0.95, 16, 0.1, 0.005) > choose_k(0.5, 16, 0.1, 0.005)
@@ -245,9 +245,10 @@ def test_adaptive_k_over_the_link_is_still_the_targets_greedy_output(server: tup
 def test_a_server_without_a_language_model_answers_404(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from server.app import ServerState, create_app
-    from server.bridge import Metrics
-    from server.store import Store
+    from server.api.app import create_app
+    from server.api.state import ServerState
+    from server.mqtt.bridge import Metrics
+    from server.store.store import Store
 
     app = create_app(ServerState(Store(tmp_path / "db.sqlite"), "admin", tmp_path / "bundles", [], Metrics()))
     r = TestClient(app).post(ROUTES["verify"], json={"session": "s", "start": 0, "tokens": [1]},

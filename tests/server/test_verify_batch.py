@@ -1,4 +1,4 @@
-"""Verification batched across sessions (``server.verify``): requests that wait together go
+"""Verification batched across sessions (``server.llm.verify``): requests that wait together go
 through one padded target forward, which gives each session the logits and the cache it would
 have had alone; many device loops at once still get the target's own greedy output."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.generate import generate
-from edge.protocol import VerifyRequest, VerifyResponse
-from server.verify import BadVerify, SessionLost, VerifySessions, _Job
+from edge.contract.protocol import VerifyRequest, VerifyResponse
+from edge.llm.generate import generate
+from server.llm.verify import BadVerify, SessionLost, VerifySessions, _Job
 from tests.server.test_llm import Models
 from tests.server.test_llm import models as models
 from tests.server.test_verify import TorchDraft, _greedy

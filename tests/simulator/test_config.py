@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 from simulator.config import SCENARIO_DIR, load_scenario
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 from simulator.devices import (
     LORA_SENSITIVITY_DBM,
     MCUS,

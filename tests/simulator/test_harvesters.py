@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from edge.errors import ConfigError, DataError
-from edge.files import data_root
+from edge.core.errors import ConfigError, DataError
+from edge.core.files import data_root
 from simulator.harvesters import (
     ConstantHarvester,
     HarvesterConfig,

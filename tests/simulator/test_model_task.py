@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 from simulator.config import load_scenario
 from simulator.fleet import simulate
 from simulator.workload import InferenceModel, LayerSpec, ModelVariant

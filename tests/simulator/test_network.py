@@ -8,7 +8,7 @@ import numpy as np
 import pydantic
 import pytest
 
-from edge.errors import ConfigError, DataError
+from edge.core.errors import ConfigError, DataError
 from simulator.devices import LORA_SENSITIVITY_DBM
 from simulator.network import (
     NetworkConfig,

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 from scipy.integrate import quad, solve_ivp
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 from simulator.config import Scenario, build_scenario
 from simulator.devices import MCUS
-from simulator.fleet import NodeResult, simulate
+from simulator.fleet import simulate
 from simulator.node import Mode
+from simulator.results import NodeResult
 
 # MSP430FR5994 at 8 MHz (TI SLASE54D): 118 µA/MHz at 3.0 V, LPM3 0.5 µA, 0.5 ms boot, 16 cycles per MAC (estimate),
 # FRAM by DMA at one MCLK cycle per byte.

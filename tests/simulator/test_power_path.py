@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 from scipy.integrate import quad
 
-from edge.errors import ConfigError
-from edge.files import data_root
+from edge.core.errors import ConfigError
+from edge.core.files import data_root
 from simulator import storage
 from simulator.config import Scenario, build_scenario
-from simulator.fleet import NodeResult, simulate
+from simulator.fleet import simulate
 from simulator.power import InputConfig, curve_regions
+from simulator.results import NodeResult
 
 ACTIVE_W = 118e-6 * 8 * 3.0  # MSP430FR5994 at 8 MHz (TI SLASE54D), charged during its 0.5 ms boot
 BOOT_S = 0.5e-3

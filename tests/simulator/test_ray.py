@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.errors import ConfigError
+from edge.core.errors import ConfigError
 from simulator.config import load_scenario, scenario_path
 from simulator.fleet import simulate
 from simulator.report import to_json

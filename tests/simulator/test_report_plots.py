@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from simulator.config import load_scenario, scenario_path
-from simulator.fleet import SimulationResult, simulate
+from simulator.fleet import simulate
+from simulator.results import SimulationResult
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edge.files import data_root
+from edge.core.files import data_root
 from simulator.config import SCENARIO_DIR, load_scenario
 from simulator.fleet import simulate
 

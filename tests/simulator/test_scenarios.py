@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.files import data_root
+from edge.core.files import data_root
 from simulator.config import SCENARIO_DIR, load_scenario
 from simulator.fleet import simulate
 

@@ -6,7 +6,7 @@
  *   host_fw cuts [VECTORS]       a cut at every progress point of each of the first VECTORS vectors
  *   host_fw dyn VOLTAGE_MV       DynInfer: the variant the voltage register affords, per vector
  *   host_fw early                an early-rule model (TN_EARLY): every test series sample by
- *                                sample, "EARLY series samples class", checked against edge.early
+ *                                sample, "EARLY series samples class", checked against edge.classify.early
  *   host_fw early-cuts [SERIES]  a cut after every commit (tiles and steps) of the first SERIES
  */
 #include <setjmp.h>

@@ -1,0 +1,1 @@
+"""The device agent: sensor source, on-disk outbox, MQTT link and over-the-air updates."""

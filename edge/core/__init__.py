@@ -1,0 +1,1 @@
+"""What every tier shares: the ``TrickleError`` family, typed configuration, atomic files, tables."""

@@ -1,0 +1,1 @@
+"""Training data: the built-in tasks and the user's own recordings, tables and archives."""

@@ -1,0 +1,262 @@
+"""Your own data as a training task: a folder of recordings, a table of series, an .npz, or a UCR/UEA name.
+
+    from models.data.userdata import UserData, load_user
+    data = load_user("recordings/")                                   # one sub-folder per label
+    data = load_user("walks.csv", UserData(label_column="activity", id_column="walk"))
+    data = load_user("ucr:GunPoint")                                  # sktime's offline copy
+
+What each source becomes (float32, laid out for a PyTorch conv):
+
+- a folder with one sub-folder per label of WAV/FLAC files (soundfile): 13 MFCCs per 16 ms hop
+  over the longest recording, every file at the same sample rate, downmixed to mono;
+- a CSV or Parquet table: *wide* (a row per example, every numeric column but the label one
+  sample of a one-channel series) or, with ``id_column``, *long* (a row per time step, rows
+  grouped by id and sorted by ``time_column``; each numeric column a channel);
+- an ``.npz`` with ``X`` ((N, L), (N, C, L) or (N, C, H, W)) and ``y`` (and optionally
+  ``X_test``/``y_test``);
+- ``ucr:NAME``: a UCR/UEA set sktime ships (its own train/test split).
+
+Series of unequal length need ``pad`` (zeros at the end). Unless the source has a test split,
+a stratified seeded split holds ``test_fraction`` out. Every channel is standardized with the
+training split's statistics; the steps are recorded as ``Dataset.preprocessing`` and travel in
+the checkpoint and the bundle's manifest. A bad data set is one ``DatasetError`` line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.data.base import Dataset, DatasetError, standardize_splits
+
+AUDIO_SUFFIXES = (".wav", ".flac")
+N_MFCC, HOP_S, N_MELS = 13, 0.016, 40
+
+
+@dataclass(frozen=True)
+class UserData:
+    """How to read a user's data set (also the fields of ``TrainConfig`` that carry them)."""
+
+    label_column: str = "label"  # tables: the column of class labels
+    id_column: str | None = None  # tables: set for long format (one row per time step)
+    time_column: str | None = None  # long tables: the order of rows within an id
+    pad: bool = False  # zero-pad series of unequal length to the longest
+    test_fraction: float = 0.2  # held out, stratified, when the source has no test split
+    seed: int = 0  # of the split
+    min_per_class: int = 5  # fewer examples of a class is an error
+
+
+def load_user(spec: str, opts: UserData | None = None) -> Dataset:
+    """The user's data set at ``spec`` (a path, or ``ucr:NAME``) as a training task."""
+    opts = opts or UserData()
+    if spec.startswith("ucr:"):
+        return _ucr(spec.removeprefix("ucr:"), opts)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise DatasetError(f"dataset {spec!r}: no such file or folder (a built-in name, a folder of audio per "
+                           "label, a .csv/.parquet table, an .npz, or ucr:NAME)")
+    if path.is_dir():
+        return _audio_folder(path, opts)
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return _npz(path, opts)
+    if suffix in (".csv", ".parquet"):
+        return _table(path, opts)
+    raise DatasetError(f"dataset {spec!r}: a {suffix or 'suffix-less'} file; expected a folder of audio per label, "
+                       ".csv, .parquet or .npz")
+
+
+# ---- labels, split, standardization -----------------------------------------------------------
+
+
+def _labels(y: np.ndarray, name: str, opts: UserData) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Integer classes and their names, after checking there are two or more with enough examples."""
+    names = sorted({str(v) for v in y.tolist()})
+    if len(names) < 2:
+        raise DatasetError(f"{name}: one class only ({names[0] if names else 'none'}); a classifier needs two or more")
+    index = {n: i for i, n in enumerate(names)}
+    classes = np.array([index[str(v)] for v in y.tolist()], dtype=np.int64)
+    counts = np.bincount(classes, minlength=len(names))
+    low = [(names[i], int(c)) for i, c in enumerate(counts) if c < opts.min_per_class]
+    if low:
+        label, count = low[0]
+        raise DatasetError(f"{name}: class {label!r} has {count} example(s); at least {opts.min_per_class} per class "
+                           f"are needed ({len(low)} class(es) short)")
+    return classes, tuple(names)
+
+
+def _split(x: np.ndarray, y: np.ndarray, opts: UserData) -> tuple[np.ndarray, ...]:
+    from sklearn.model_selection import train_test_split
+
+    n_test = max(math.ceil(opts.test_fraction * len(y)), int(y.max()) + 1)  # one per class at least
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=n_test, random_state=opts.seed, stratify=y)
+    return x_train, x_test, y_train, y_test
+
+
+def _task(name: str, raw_train: np.ndarray, raw_test: np.ndarray, y_train: np.ndarray, y_test: np.ndarray,
+          labels: tuple[str, ...], description: str, steps: list[dict[str, Any]], fixed_raw: bool) -> Dataset:
+    """Standardize every channel (axis 1) with the training split's statistics."""
+    axes = tuple(a for a in range(raw_train.ndim) if a != 1)
+    x_train, x_test, step = standardize_splits(raw_train.astype(np.float32), raw_test.astype(np.float32), axes=axes)
+    raw = {"shape": list(raw_train.shape[1:]), "dtype": "float32"} if fixed_raw else None
+    pre = {"description": description + "; per-channel standardization with the training split's statistics",
+           "raw": raw, "steps": [*steps, step]}
+    return Dataset(name, x_train, y_train, x_test, y_test, labels, pre, raw_test=raw_test if fixed_raw else None)
+
+
+def _stack(series: list[np.ndarray], name: str, opts: UserData) -> np.ndarray:
+    """(C, L) series as one (N, C, L) array; unequal lengths need ``pad``."""
+    lengths = sorted({s.shape[-1] for s in series})
+    if len(lengths) > 1 and not opts.pad:
+        raise DatasetError(f"{name}: ragged series (lengths {lengths[0]} to {lengths[-1]}); pass --pad to zero-pad "
+                           "them to the longest")
+    out = np.zeros((len(series), series[0].shape[0], lengths[-1]), dtype=np.float32)
+    for k, s in enumerate(series):
+        out[k, :, : s.shape[-1]] = s
+    return out
+
+
+# ---- sources ------------------------------------------------------------------------------------
+
+
+def _audio_folder(root: Path, opts: UserData) -> Dataset:
+    import soundfile
+
+    from edge.classify.preprocess import mfcc
+
+    files = sorted(p for p in root.glob("*/*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    if not files:
+        raise DatasetError(f"{root}: no .wav or .flac files in sub-folders (one sub-folder per label)")
+    waves: list[np.ndarray] = []
+    rates: dict[int, Path] = {}
+    for f in files:
+        try:
+            wave, rate = soundfile.read(f, dtype="float32", always_2d=True)
+        except (RuntimeError, soundfile.LibsndfileError) as e:
+            raise DatasetError(f"{f}: not readable audio: {e}") from None
+        rates.setdefault(int(rate), f)
+        waves.append(wave.mean(axis=1))
+    if len(rates) > 1:
+        (r1, f1), (r2, f2) = list(rates.items())[:2]
+        raise DatasetError(f"{root}: the sample rate differs between files ({f1.name}: {r1} Hz, {f2.name}: {r2} Hz); "
+                           "resample them to one rate")
+    rate = next(iter(rates))
+    y, labels = _labels(np.array([f.parent.name for f in files]), str(root), opts)
+    duration_s = max(len(w) for w in waves) / rate
+    hop = max(1, round(HOP_S * rate))
+    step = {"op": "mfcc", "sample_rate_hz": rate, "n_mfcc": N_MFCC, "n_fft": 2 * hop, "hop_length": hop,
+            "n_mels": N_MELS, "duration_s": duration_s}
+    features = np.stack([mfcc(w, rate, N_MFCC, 2 * hop, hop, N_MELS, duration_s) for w in waves])  # (N, 13, frames)
+    x_train, x_test, y_train, y_test = _split(features, y, opts)
+    desc = (f"mono {rate} Hz waveform in [-1, 1]; {N_MFCC} MFCCs per {hop}-sample hop over the first "
+            f"{duration_s:g} s (zero-padded)")
+    return _task(root.name, x_train, x_test, y_train, y_test, labels, desc, [step], fixed_raw=False)
+
+
+def _npz(path: Path, opts: UserData) -> Dataset:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{path}: not a readable .npz: {e}") from None
+    missing = [k for k in ("X", "y") if k not in arrays]
+    if missing:
+        raise DatasetError(f"{path}: needs arrays X and y (has {sorted(arrays)})")
+
+    def shaped(x: np.ndarray, key: str) -> np.ndarray:
+        if x.ndim == 2:
+            x = x[:, None, :]
+        if x.ndim not in (3, 4) or not np.issubdtype(x.dtype, np.number):
+            raise DatasetError(f"{path}: {key} must be numbers shaped (N, L), (N, C, L) or (N, C, H, W); got "
+                               f"{x.dtype} {x.shape}")
+        if not np.all(np.isfinite(x)):
+            raise DatasetError(f"{path}: {key} holds NaN or infinity")
+        return x.astype(np.float32)
+
+    x = shaped(arrays["X"], "X")
+    if len(arrays["y"]) != len(x):
+        raise DatasetError(f"{path}: X has {len(x)} examples, y {len(arrays['y'])}")
+    if "X_test" in arrays:
+        x_test = shaped(arrays["X_test"], "X_test")
+        if x_test.shape[1:] != x.shape[1:] or "y_test" not in arrays or len(arrays["y_test"]) != len(x_test):
+            raise DatasetError(f"{path}: X_test must match X's shape {x.shape[1:]} and come with a y_test of its length")
+        y_all, labels = _labels(np.concatenate([arrays["y"], arrays["y_test"]]), str(path), opts)
+        y_train, y_test = y_all[: len(x)], y_all[len(x):]
+    else:
+        y, labels = _labels(arrays["y"], str(path), opts)
+        x, x_test, y_train, y_test = _split(x, y, opts)
+    return _task(path.stem, x, x_test, y_train, y_test, labels, f"arrays of shape {list(x.shape[1:])} from {path.name}",
+                 [], fixed_raw=True)
+
+
+def _table(path: Path, opts: UserData) -> Dataset:
+    import pandas as pd
+
+    try:
+        table = pd.read_parquet(path) if path.suffix.lower() == ".parquet" else pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise DatasetError(f"{path}: not a readable table: {e}") from None
+    if opts.label_column not in table.columns:
+        raise DatasetError(f"{path}: no label column {opts.label_column!r} (columns: {list(table.columns)}); "
+                           "name it with --label-column")
+    for column in (opts.id_column, opts.time_column):
+        if column is not None and column not in table.columns:
+            raise DatasetError(f"{path}: no column {column!r} (columns: {list(table.columns)})")
+    skip = {opts.label_column, opts.id_column, opts.time_column}
+    values = [c for c in table.columns if c not in skip and pd.api.types.is_numeric_dtype(table[c])]
+    if not values:
+        raise DatasetError(f"{path}: no numeric columns besides {sorted(str(s) for s in skip if s)}")
+    if opts.id_column is None:  # wide: one example per row, a one-channel series
+        rows = table[values].to_numpy(dtype=np.float32)
+        series = [r[~np.isnan(r)][None, :] if np.isnan(r).any() else r[None, :] for r in rows]
+        if any(np.isnan(r).any() and not np.isnan(r[np.argmax(np.isnan(r)):]).all() for r in rows):
+            raise DatasetError(f"{path}: a row has a gap (an empty cell before a value)")
+        y_raw = table[opts.label_column].to_numpy()
+    else:  # long: one row per time step, grouped by id
+        series, y_raw_list = [], []
+        for key, group in table.groupby(opts.id_column, sort=True):
+            if opts.time_column is not None:
+                group = group.sort_values(opts.time_column, kind="stable")
+            labels_here = group[opts.label_column].unique()
+            if len(labels_here) != 1:
+                raise DatasetError(f"{path}: {opts.id_column} = {key!r} has more than one label "
+                                   f"({sorted(map(str, labels_here))[:3]})")
+            data = group[values].to_numpy(dtype=np.float32).T  # (C, L)
+            if np.isnan(data).any():
+                raise DatasetError(f"{path}: {opts.id_column} = {key!r} has an empty cell")
+            series.append(data)
+            y_raw_list.append(labels_here[0])
+        y_raw = np.array(y_raw_list)
+    x = _stack(series, str(path), opts)
+    y, labels = _labels(y_raw, str(path), opts)
+    x_train, x_test, y_train, y_test = _split(x, y, opts)
+    layout = "long" if opts.id_column else "wide"
+    desc = f"{x.shape[1]} channel(s) x {x.shape[2]} samples from {path.name} ({layout} table)"
+    return _task(path.stem, x_train, x_test, y_train, y_test, labels, desc, [], fixed_raw=True)
+
+
+def _ucr(name: str, opts: UserData) -> Dataset:
+    import sktime.datasets
+    from sktime.datasets import load_UCR_UEA_dataset
+
+    shipped = Path(sktime.datasets.__file__).parent / "data"
+    have = sorted(p.name for p in shipped.iterdir() if (p / f"{p.name}_TRAIN.ts").exists())
+    if name not in have:
+        raise DatasetError(f"dataset ucr:{name}: sktime ships no offline copy (nothing is downloaded); offline: "
+                           f"{', '.join(have)}")
+    parts = {}
+    for split in ("train", "test"):
+        x, y = load_UCR_UEA_dataset(name, split=split, return_type="nested_univ")
+        series = [np.stack([np.asarray(x.iloc[i, c], dtype=np.float32) for c in range(x.shape[1])])
+                  for i in range(len(x))]
+        parts[split] = (series, np.asarray(y))
+    x_all = _stack(parts["train"][0] + parts["test"][0], f"ucr:{name}", opts)
+    y_all, labels = _labels(np.concatenate([parts["train"][1], parts["test"][1]]), f"ucr:{name}",
+                            UserData(min_per_class=1))
+    n = len(parts["train"][0])
+    desc = f"{x_all.shape[1]} channel(s) x {x_all.shape[2]} samples of UCR/UEA {name} (sktime's split)"
+    return _task(name, x_all[:n], x_all[n:], y_all[:n], y_all[n:], labels, desc, [], fixed_raw=True)

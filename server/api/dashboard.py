@@ -1,0 +1,193 @@
+"""The fleet dashboard, served by ``trickle serve`` at ``/``: a static page (``server/api/static``, no
+build step, no third-party script: its charts are SVG drawn by ``dashboard.js``) over three routes.
+
+- ``GET /v1/dashboard/fleet?page=&per_page=&q=``: one snapshot: totals (devices, online, results
+  received in the last hour, accuracy where verdicts are known, messages rejected by reason),
+  results over the devices' own time (``Store.results_over_time``: a simulated fleet's virtual
+  clock on an axis of its own, real clocks over the last day), one page of devices in natural
+  order (last seen, the bundle each reports running, its assignment and OTA state, results,
+  accuracy, power failures and time powered from its newest telemetry), the bundle registry and
+  the assignments.
+- ``GET /v1/dashboard/stream?...``: the same snapshot as server-sent events, pushed when something
+  was stored, registered, uploaded or assigned (checked every ``interval`` seconds, in memory) and
+  at least every 30 s; each viewer's snapshot is its own page's queries (devices paged first, then
+  their messages by index). The page reads it with fetch, so the bearer token stays in a header.
+- The admin's snapshot also holds the newest jobs (``server.jobs.queue``: state, progress, step,
+  attempts, the bundle a distillation made or its error); the page can cancel one.
+- ``GET /v1/dashboard/devices/{device}``: one device's newest telemetry (voltage, power
+  failures), results timeline, variant choices and events (the last 5000 of each).
+
+A device token sees only its own device; the registry, assignments and the OTA form need the
+admin token. A device counts as online when it sent anything within ``ONLINE_S`` and its last
+status was not offline.
+"""
+
+import asyncio
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, StreamingResponse
+
+from edge.contract.protocol import Name
+from server.api.state import Principal, ServerState
+
+STATIC = Path(__file__).parent / "static"
+ONLINE_S = 300.0
+JOBS_SHOWN = 20
+RESEND_S = 30.0
+
+
+def _rejected(state: ServerState) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for metric in state.metrics.rejected.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels["reason"]] = int(sample.value)
+    return out
+
+
+def _ota_state(assigned: int | None, running: int | None, last_event: str | None) -> str:
+    if assigned is None:
+        return "none"
+    if running == assigned:
+        return "up to date"
+    if last_event in ("ota_rejected", "ota_rolled_back"):
+        return "rejected" if last_event == "ota_rejected" else "rolled back"
+    return "pending"
+
+
+def fleet_snapshot(state: ServerState, who: Principal, page: int = 0, per_page: int = 50, search: str = "") -> dict[str, Any]:
+    """What the dashboard shows, for an admin (the fleet) or a device (itself)."""
+    store, now = state.store, time.time()
+    only = None if who.admin else who.device.device if who.device else ""
+    matching, rows = store.fleet_page(now, ONLINE_S, page * per_page, per_page, search, only)
+    assignments = store.assignments()
+    for row in rows:
+        assigned = assignments.get(f"device:{row['device']}", assignments.get(f"fleet:{row['fleet']}"))
+        row["assigned_version"] = assigned
+        row["ota"] = _ota_state(assigned, row["running_version"], row["last_event"])
+    if who.admin:
+        totals = store.fleet_totals(now, ONLINE_S)
+        over_time = store.results_over_time(now)
+        bundles = store.bundles()
+        jobs = [_job_row(j) for j in store.jobs(limit=JOBS_SHOWN)]
+    else:
+        totals = {"devices": len(rows), "online": sum(r["online"] for r in rows),
+                  "results": sum(r["results"] for r in rows), "results_last_hour": sum(r["results_last_hour"] for r in rows),
+                  "labelled": sum(r["labelled"] for r in rows), "correct": sum(r["correct"] for r in rows)}
+        over_time, bundles, assignments, jobs = [], [], {}, []
+    return {"now_s": now, "admin": who.admin, "totals": totals, "rejected": _rejected(state) if who.admin else {},
+            "results_over_time": over_time, "page": page, "per_page": per_page, "matching": matching, "devices": rows,
+            "bundles": bundles, "assignments": assignments, "jobs": jobs}
+
+
+class SnapshotCache:
+    """Fleet snapshots shared between viewers. A view (who, page, search) is computed by one thread
+    at a time while the others wait and share it; a snapshot is reused while nothing changed
+    (``changes``, the caller's change counter, equal; at most ``max_age_s``) or, under a steady
+    stream of changes, for ``ttl_s``: ten viewers of a busy fleet cost one aggregate per ``ttl_s``."""
+
+    def __init__(self, compute: Callable[..., dict[str, Any]], ttl_s: float = 2.0, max_age_s: float = 30.0) -> None:
+        self.compute, self.ttl_s, self.max_age_s = compute, ttl_s, max_age_s
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[Any, ...], tuple[float, Any, dict[str, Any]]] = {}
+        self._busy: dict[tuple[Any, ...], threading.Lock] = {}
+
+    def get(self, who: Principal, page: int, per_page: int, search: str, changes: Any) -> tuple[dict[str, Any], Any]:
+        """(the snapshot, the ``changes`` it was computed under)."""
+        key = (who.admin, who.device.device if who.device else None, page, per_page, search)
+        with self._lock:
+            busy = self._busy.setdefault(key, threading.Lock())
+        with busy:
+            hit = self._entries.get(key)
+            if hit is not None:
+                age = time.monotonic() - hit[0]
+                if age < self.ttl_s or (hit[1] == changes and age < self.max_age_s):
+                    return hit[2], hit[1]
+            snapshot = self.compute(who, page, per_page, search)
+            with self._lock:
+                if len(self._entries) > 256:  # views nobody asks for any more
+                    self._entries.clear()
+                    self._busy = {key: busy}
+                self._entries[key] = (time.monotonic(), changes, snapshot)
+            return snapshot, changes
+
+
+def _job_row(job: dict[str, Any]) -> dict[str, Any]:
+    spec, result = job["spec"], job["result"] or {}
+    return {"id": job["id"], "kind": job["kind"], "state": job["state"], "progress": job["progress"],
+            "step": job["step"], "attempts": job["attempts"], "cancel_requested": job["cancel_requested"],
+            "error": job["error"], "bundle_version": job["bundle_version"],
+            "student_accuracy": result.get("student_accuracy"), "created_s": job["created_s"],
+            "what": f"{spec.get('dataset', '?')}, {spec.get('selection', '?')} {spec.get('keep_ratio', 0):.0%}"}
+
+
+def device_detail(state: ServerState, device: str, limit: int = 5000) -> dict[str, Any]:
+    record = state.store.device(device)
+    if record is None:
+        raise HTTPException(404, f"no registered device {device!r}")
+    telemetry = [{k: m.get(k) for k in ("ts_s", "voltage_v", "harvested_j", "consumed_j", "power_cycles", "on_time_s")}
+                 for m in state.store.messages(device, "telemetry", limit=limit, newest=True)]
+    results = [{k: m.get(k) for k in ("ts_s", "label", "correct", "variant", "latency_s", "bundle_version")}
+               for m in state.store.messages(device, "result", limit=limit, newest=True)]
+    events = [{k: m.get(k) for k in ("ts_s", "event", "bundle_version", "detail")}
+              for m in state.store.messages(device, "event", limit=limit, newest=True)]
+    return {"device": record.device, "fleet": record.fleet, "telemetry": telemetry, "results": results,
+            "events": events, "variants": dict(Counter(r["variant"] for r in results))}
+
+
+def dashboard_router(state: ServerState, principal: Callable[..., Principal], interval_s: float = 1.0) -> APIRouter:
+    router = APIRouter()
+    Who = Annotated[Any, Depends(principal)]  # a Principal
+    cache = SnapshotCache(lambda who, page, per_page, q: fleet_snapshot(state, who, page, per_page, q))
+    Page = Annotated[int, Query(ge=0, le=100_000)]
+    PerPage = Annotated[int, Query(ge=1, le=500)]
+    Search = Annotated[str, Query(max_length=64)]
+
+    @router.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @router.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> FileResponse:
+        files = {p.name: p for p in STATIC.iterdir()}
+        if name not in files:
+            raise HTTPException(404, f"no static file {name!r}")
+        return FileResponse(files[name])
+
+    @router.get("/v1/dashboard/fleet")
+    def fleet(who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = "") -> dict[str, Any]:
+        return cache.get(who, page, per_page, q, (state.metrics.stored_count, state.changes))[0]
+
+    @router.get("/v1/dashboard/stream", include_in_schema=False)  # endless: not for generated clients (or fuzzers)
+    async def stream(request: Request, who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = ""
+                     ) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            last: tuple[int, int, Any] | None = None
+            sent = 0.0
+            while not await request.is_disconnected():
+                jobs = await run_in_threadpool(state.store.jobs_version) if who.admin else None
+                version = (state.metrics.stored_count, state.changes, jobs)  # what the page shows changed
+                if version != last or time.monotonic() - sent >= RESEND_S:
+                    snapshot, seen = await run_in_threadpool(cache.get, who, page, per_page, q, version)
+                    yield f"event: fleet\ndata: {json.dumps(snapshot)}\n\n"
+                    last, sent = seen, time.monotonic()  # a shared snapshot of an older version: sent again when fresh
+                await asyncio.sleep(interval_s)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @router.get("/v1/dashboard/devices/{device}")
+    def device(device: Name, who: Who) -> dict[str, Any]:
+        if not who.admin and (who.device is None or who.device.device != device):
+            raise HTTPException(403, "a device sees only itself")
+        return device_detail(state, device)
+
+    return router

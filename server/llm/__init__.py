@@ -1,0 +1,1 @@
+"""The language model served: OpenAI-style completions and client–server verification."""

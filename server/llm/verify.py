@@ -1,0 +1,302 @@
+"""Client–server speculative decoding, the server's half: verification sessions over the target.
+
+    sessions = VerifySessions(target, max_sessions=64, ttl_s=600)
+    response = sessions.verify("dev-1", VerifyRequest(session="s1", start=0, tokens=prompt, draft=[5, 9, 2]))
+
+A session, per (device, session id), holds the verified token history and the target's KV cache
+of every history token but the last (``models.lm.speculative._CachedLM``); one round feeds the new
+history tokens, the last one and the draft in one target forward, keeps what the acceptance rule
+keeps (``edge.llm.acceptance``, the same functions the single-host loop uses) and rolls the cache back.
+Sessions are capped in number and in tokens held and expire after ``ttl_s`` idle; the least
+recently used goes first. A request about a session the server no longer holds, or whose
+``start`` is not the server's history length, is refused (``SessionLost``: HTTP 409) and the client
+resends its history from 0, which rebuilds it. Sessions are keyed by the authenticated device, so
+one device can neither read nor disturb another's.
+
+Batching: requests are queued to one worker thread, which takes every request waiting (one per
+session, at most ``max_batch``) into one target forward. Requests that arrive while the target is
+busy with a round are verified together in the next. The sequences differ in cached length and
+in new tokens, so the batch is padded: each session's cache is copied into a (B, heads, L_max, d)
+cache, the new tokens into a (B, N_max) block, and a 4-D attention mask lets row i see its own
+cache (the first c_i slots) and its own new tokens causally; positions are each row's own. Each
+session then takes back its cache with its new keys and values. One request alone takes the
+unpadded path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge.contract.protocol import VerifyRequest, VerifyResponse
+from edge.core.errors import TrickleError
+from edge.llm.acceptance import accept_greedy, accept_tests, distribution
+
+
+class SessionLost(TrickleError):
+    """The server does not hold this session at this point of its history: resend it from 0."""
+
+
+class BadVerify(TrickleError):
+    """A verification request the target cannot serve (a token out of its vocabulary, too long)."""
+
+
+@dataclass
+class _Session:
+    lm: Any  # models.lm.speculative._CachedLM
+    history: list[int] = field(default_factory=list)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    used: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Job:
+    owner: str
+    req: VerifyRequest
+    done: threading.Event = field(default_factory=threading.Event)
+    result: VerifyResponse | None = None
+    error: BaseException | None = None
+    # set while the round runs
+    key: tuple[str, str] = ("", "")
+    session: _Session | None = None
+    history: list[int] = field(default_factory=list)
+
+
+def answer(sessions: VerifySessions | None, owner: str, req: VerifyRequest) -> tuple[int, str, VerifyResponse | None]:
+    """One verification as (status, detail, response), the same over HTTP and MQTT: 200 with the
+    response, 409 session lost, 400 a request the target cannot serve, 404 no language model."""
+    if sessions is None:
+        return 404, "this server serves no language model (start it with trickle serve --llm DIR)", None
+    try:
+        return 200, "", sessions.verify(owner, req)
+    except SessionLost as err:
+        return 409, str(err), None
+    except BadVerify as err:
+        return 400, str(err), None
+
+
+class VerifySessions:
+    """The target and its verification sessions (thread-safe; rounds are batched across sessions)."""
+
+    def __init__(self, target: Any, max_sessions: int = 64, ttl_s: float = 600.0, max_tokens: int = 1 << 16,
+                 moa: Any = None, max_batch: int = 16) -> None:
+        self.target = target
+        self.moa = moa  # a models.lm.moa.MoADraft: its Layer Self-Attention runs here, states go to the device
+        self.vocab = int(target.config.vocab_size)
+        self.context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+        self.max_sessions, self.ttl_s, self.max_tokens, self.max_batch = max_sessions, ttl_s, max_tokens, max_batch
+        self.sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
+        self.evicted = 0
+        self.rounds = 0  # target forwards
+        self.verified = 0  # requests verified in them
+        self._pending: list[_Job] = []
+        self._cond = threading.Condition()
+        self._worker: threading.Thread | None = None
+
+    def verify(self, owner: str, req: VerifyRequest) -> VerifyResponse:
+        """One round for ``owner``'s session: queued, verified in the next batch, answered."""
+        bad = [t for t in (*req.tokens, *req.draft) if t >= self.vocab]
+        if bad:
+            raise BadVerify(f"token {bad[0]} is outside the target's vocabulary of {self.vocab}")
+        if req.q is not None and len(req.q) != len(req.draft):
+            raise BadVerify(f"q has {len(req.q)} probabilities for {len(req.draft)} draft tokens")
+        if req.temperature > 0 and req.draft and req.q is None:
+            raise BadVerify("sampling (temperature > 0) needs q, the draft's probability of each draft token")
+        job = _Job(owner, req)
+        with self._cond:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="trickle-verify", daemon=True)
+                self._worker.start()
+            self._pending.append(job)
+            self._cond.notify()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                batch: list[_Job] = []
+                rest: list[_Job] = []
+                keys: set[tuple[str, str]] = set()
+                for job in self._pending:  # one request per session per round, in arrival order
+                    key = (job.owner, job.req.session)
+                    if key in keys or len(batch) >= self.max_batch:
+                        rest.append(job)
+                    else:
+                        batch.append(job)
+                        keys.add(key)
+                self._pending = rest
+            try:
+                self._round(batch)
+            except Exception as err:  # a bug or the target failing: each waiting request learns it
+                for job in batch:
+                    if job.result is None and job.error is None:
+                        job.error = err
+            for job in batch:
+                job.done.set()
+
+    def _evict(self, now: float) -> None:
+        for key in [k for k, s in self.sessions.items() if now - s.used > self.ttl_s]:
+            del self.sessions[key]
+            self.evicted += 1
+        while len(self.sessions) > self.max_sessions or sum(len(s.history) for s in self.sessions.values()) > self.max_tokens:
+            self.sessions.popitem(last=False)
+            self.evicted += 1
+
+    def _open(self, job: _Job) -> None:
+        """The job's session and history, or its error (SessionLost, BadVerify)."""
+        from models.lm.speculative import _CachedLM
+
+        req = job.req
+        job.key = (job.owner, req.session)
+        session = self.sessions.get(job.key)
+        if req.start == 0:  # a (re)start: the history is what the client sends (held once it checks out)
+            session = _Session(_CachedLM(self.target, keep_hidden=True), rng=np.random.default_rng(req.seed))
+            session.lm.reset()
+        elif session is None:
+            raise SessionLost(f"session {req.session!r} is not held here (evicted or never started): "
+                              "resend the history from start 0")
+        elif req.start != len(session.history):
+            raise SessionLost(f"session {req.session!r} holds {len(session.history)} tokens, the request starts at "
+                              f"{req.start}: resend the history from start 0")
+        history = session.history + req.tokens
+        if not history:
+            raise BadVerify("nothing to verify after: the history is empty (send the prompt as tokens)")
+        if len(history) + len(req.draft) > self.context:
+            raise BadVerify(f"history of {len(history)} + draft of {len(req.draft)} tokens is over the target's "
+                            f"context of {self.context}")
+        if req.states_from is not None and req.state_kind == "moa" and self.moa is None:
+            raise BadVerify("states_from: this server has no MoA draft to compute target states with (serve --draft)")
+        if req.states_from is not None and req.states_from > len(history):
+            raise BadVerify(f"states_from = {req.states_from}: past the history of {len(history)} tokens")
+        job.session, job.history = session, history
+
+    def _round(self, batch: list[_Job]) -> None:
+        self._evict(time.monotonic())
+        ready = []
+        for job in batch:
+            try:
+                self._open(job)
+                ready.append(job)
+            except (SessionLost, BadVerify) as err:
+                job.error = err
+        if not ready:
+            return
+        started = time.perf_counter()
+        for job in ready:
+            assert job.session is not None
+            job.session.lm.crop(len(job.history) - 1)
+        all_logits = self._logits(ready)
+        took = (time.perf_counter() - started) * 1e3
+        self.rounds += 1
+        self.verified += len(ready)
+        for job, logits in zip(ready, all_logits):
+            job.result = self._finish(job, logits, took)
+
+    def _logits(self, jobs: list[_Job]) -> list[np.ndarray]:
+        """Per job, the (K + 1, V) target logits after its last history token and each draft token,
+        in one target forward (each session's cache then holds its new tokens)."""
+        import torch
+
+        if len(jobs) == 1:  # unpadded
+            job = jobs[0]
+            assert job.session is not None
+            seq = job.history + job.req.draft
+            return [job.session.lm.logits(seq).numpy()[-len(job.req.draft) - 1 :]]
+        lms = [job.session.lm for job in jobs]  # type: ignore[union-attr]  # _open gave every job its session
+        past = [lm.cached for lm in lms]
+        feeds = [(job.history + job.req.draft)[c:] for job, c in zip(jobs, past)]
+        b, lmax, nmax = len(jobs), max(past), max(map(len, feeds))
+        ids = torch.zeros(b, nmax, dtype=torch.long)
+        positions = torch.zeros(b, nmax, dtype=torch.long)
+        mask = torch.zeros(b, 1, nmax, lmax + nmax, dtype=torch.bool)
+        causal = torch.tril(torch.ones(nmax, nmax, dtype=torch.bool))
+        for i, (feed, c) in enumerate(zip(feeds, past)):
+            ids[i, : len(feed)] = torch.tensor(feed)
+            positions[i] = c + torch.arange(nmax)
+            mask[i, 0, :, :c] = True
+            mask[i, 0, :, lmax:] = causal  # a real row never reaches a padded column; padded rows are not read
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.target.config)
+        if lmax:  # every session's cache, zero-padded to lmax (the mask hides the padding)
+            held = next(lm for lm, c in zip(lms, past) if c).cache.layers
+            for layer, like in enumerate(held):
+                keys = like.keys.new_zeros((b, like.keys.shape[1], lmax, like.keys.shape[-1]))
+                values = like.values.new_zeros((b, like.values.shape[1], lmax, like.values.shape[-1]))
+                for i, (lm, c) in enumerate(zip(lms, past)):
+                    if c:
+                        keys[i, :, :c], values[i, :, :c] = lm.cache.layers[layer].keys[0], lm.cache.layers[layer].values[0]
+                cache.update(keys, values, layer)
+        with torch.inference_mode():
+            out = self.target(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions,
+                              output_hidden_states=True)
+        result = []
+        for i, (job, lm, feed, c) in enumerate(zip(jobs, lms, feeds, past)):
+            mine = DynamicCache(config=self.target.config)
+            for layer, batched in enumerate(out.cache.layers):
+                fresh = slice(lmax, lmax + len(feed))
+                new_k, new_v = batched.keys[i : i + 1, :, fresh], batched.values[i : i + 1, :, fresh]
+                if c:
+                    old = lm.cache.layers[layer]
+                    new_k, new_v = torch.cat([old.keys[:, :, :c], new_k], 2), torch.cat([old.values[:, :, :c], new_v], 2)
+                mine.update(new_k.contiguous(), new_v.contiguous(), layer)
+            lm.cache = mine
+            last = out.hidden_states[-1][i, : len(feed)]  # the features EAGLE-style drafts read
+            lm.hidden = last if not c or lm.hidden is None else torch.cat([lm.hidden[:c], last])
+            result.append(out.logits[i, len(feed) - len(job.req.draft) - 1 : len(feed)].double().numpy())
+        return result
+
+    def _finish(self, job: _Job, logits: np.ndarray, took: float) -> VerifyResponse:
+        req, session = job.req, job.session
+        assert session is not None
+        draft = np.array(req.draft, dtype=np.int64)
+        p_out = None
+        if req.temperature == 0:
+            n, nxt = accept_greedy(draft, logits.argmax(-1))
+            kept: list[int] = [*req.draft[:n], nxt]
+            result: int | None = nxt
+        else:
+            p = distribution(logits, req.temperature, req.top_p)
+            n, result = accept_tests(draft, np.array(req.q or [], dtype=np.float64), p, session.rng)
+            kept = [*req.draft[:n], *([result] if result is not None else [])]
+            if result is None:
+                p_out = [float(x) for x in p[n]]
+        session.history = job.history + kept
+        session.lm.crop(len(session.history) - 1)
+        session.used = time.monotonic()
+        self.sessions[job.key] = session
+        self.sessions.move_to_end(job.key)
+        states = None
+        if req.states_from is not None:
+            states = self._states(session, req.states_from, req.state_kind)
+        return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took,
+                              states=states, states_from=req.states_from if states is not None else None)
+
+    def _states(self, session: _Session, start: int, kind: str = "moa") -> str:
+        """The target states (``kind``: the MoA draft's or the target's features) of history
+        tokens start.. that the target's cache holds."""
+        import torch
+
+        from edge.contract.protocol import encode_states
+
+        upto = session.lm.cached  # >= start: _open refused a states_from past the history
+        if kind == "features":  # the target's last hidden states, as EAGLE-style drafts read them
+            assert session.lm.hidden is not None
+            return encode_states(session.lm.hidden[start:upto].float().numpy())
+        assert self.moa is not None  # _open refused MoA states without a MoA draft
+        if start == upto:
+            return encode_states(np.zeros((0, self.moa.project.out_features)))
+        with torch.inference_mode():
+            states = self.moa.target_states(session.lm.cache, upto, start)[0].float().numpy()
+        return encode_states(states)

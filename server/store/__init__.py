@@ -1,0 +1,1 @@
+"""The server's storage (SQLite or PostgreSQL) and a throwaway PostgreSQL for tests."""
