@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: venv demo test lint bench clean native
+.PHONY: venv demo test test-fast test-edge lint bench clean native
 
 # the exact engine's hot path, compiled with mypyc (3-4x faster, byte-identical results); without a C
 # compiler and Python headers the build is skipped and the same modules run as Python
@@ -36,6 +36,21 @@ test: $(PY)
 	$(MAKE) native
 	$(MAKE) lint
 	$(VENV)/bin/pytest -q
+	$(MAKE) test-edge
+
+# the tests that need no model training, server, broker, database, firmware build or browser (markers
+# are applied in tests/conftest.py): the loop to run while working, well under 90 s
+FAST := not (slow or needs_torch or needs_broker or needs_postgres or needs_qemu or browser)
+test-fast: $(PY)
+	$(VENV)/bin/pytest -q -m "$(FAST)"
+
+# the edge tier's tests on the edge tier's install alone (trickle[edge,dev-edge]: no torch, no server)
+EDGE_VENV ?= .venv-edge
+test-edge:
+	test -x $(EDGE_VENV)/bin/python || $(PYTHON) -m venv $(EDGE_VENV)
+	$(EDGE_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[edge,dev-edge]"
+	$(EDGE_VENV)/bin/python -c "import importlib.util as u, sys; sys.exit('torch is installed' if u.find_spec('torch') else 0)"
+	$(EDGE_VENV)/bin/pytest -q -p no:cacheprovider tests/edge
 
 bench: $(PY)
 	$(MAKE) native

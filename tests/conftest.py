@@ -1,22 +1,67 @@
 """Shared fixtures: small scenarios that run in well under a second, and trained, exported models
-that every test needing one shares (each distinct training runs once per session)."""
+that every test needing one shares (each distinct training runs once per session).
+
+Markers follow from what a test needs, applied here by fixture, folder and import, so the fast tier
+(``make test-fast``: ``-m "not (slow or needs_torch or needs_broker or needs_postgres or needs_qemu
+or browser)"``) is the tests that need none of them; on an install without torch (``trickle[edge]``)
+the ``needs_torch`` ones are skipped, not failed."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import matplotlib
 import pytest
 
 if TYPE_CHECKING:
     from models.data.base import Dataset
     from models.nexume.train import TrainResult
 
-matplotlib.use("Agg")
+os.environ.setdefault("MPLBACKEND", "Agg")  # plots render off-screen (matplotlib need not be installed)
+
+TESTS = Path(__file__).parent
+# a fixture (or anything it uses) that needs a marker's part
+FIXTURE_MARKS = {
+    "trained_bundle": "needs_torch", "models": "needs_torch", "corpus": "needs_torch", "target_dir": "needs_torch",
+    "embedded_server": "needs_broker", "mosquitto": "needs_broker", "served": "needs_broker",
+    "postgres_url": "needs_postgres", "browser": "browser",
+}
+# folders whose every test needs one: training and export need torch; firmware the C toolchains and QEMU
+FOLDER_MARKS = {"models": "needs_torch", "export": "needs_torch", "bench": "needs_torch", "firmware": "needs_qemu"}
+FILE_MARKS = {"test_demo.py": ("needs_torch", "needs_broker", "slow"), "test_mosquitto_acl.py": ("needs_broker",),
+              "test_tls.py": ("needs_broker",), "test_ray.py": ("slow",), "test_api_fuzz.py": ("slow",)}
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+# without torch (the edge tier's own install) the folders that train or export are not collected
+collect_ignore_glob = [] if HAVE_TORCH else ["models/*", "export/*", "bench/*"]
+
+
+def _imports_torch(module: types.ModuleType | None) -> bool:
+    return module is not None and any(isinstance(v, types.ModuleType) and v.__name__.split(".")[0] == "torch"
+                                      for v in vars(module).values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        parts = path.relative_to(TESTS).parts
+        marks = {mark for fixture, mark in FIXTURE_MARKS.items() if fixture in getattr(item, "fixturenames", ())}
+        if len(parts) > 1 and parts[0] in FOLDER_MARKS:
+            marks.add(FOLDER_MARKS[parts[0]])
+        marks.update(FILE_MARKS.get(path.name, ()))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "postgresql" in map(str, callspec.params.values()):
+            marks.add("needs_postgres")  # the store's contract, run on both databases
+        if _imports_torch(getattr(item, "module", None)):
+            marks.add("needs_torch")
+        for mark in sorted(marks):
+            item.add_marker(mark)
+        if item.get_closest_marker("needs_torch") and not HAVE_TORCH:
+            item.add_marker(pytest.mark.skip(reason="needs torch (pip install trickle[models])"))
 
 
 @pytest.fixture

@@ -135,6 +135,7 @@ def test_simulator_never_imports_torch() -> None:
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
+@pytest.mark.needs_torch
 def test_train_writes_checkpoint_and_summary(tmp_path: Path) -> None:
     out = tmp_path / "train"
     proc = trickle("train", "nexume", "--dataset", "basic_motions", "--epochs", "2", "--out", str(out),
@@ -154,12 +155,14 @@ def test_train_writes_checkpoint_and_summary(tmp_path: Path) -> None:
     assert accuracy(model, data.x_test, data.y_test, v["bits"], v["drop"]) == v["accuracy"]
 
 
+@pytest.mark.needs_torch
 def test_train_bad_config_is_one_line() -> None:
     proc = trickle("train", "nexume", "--set", "d_max=2")
     assert proc.returncode == 1
     assert proc.stderr.strip() == "trickle train: error: d_max = 2: should be less than 1"
 
 
+@pytest.mark.needs_torch
 def test_keygen_then_export_a_signed_bundle(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     assert trickle("keygen", str(keys)).returncode == 0

@@ -10,6 +10,7 @@ import pytest
 from edge.classify.preprocess import PreprocessError, apply, read_input, read_wav
 
 
+@pytest.mark.needs_torch  # the training tier's data sets are the oracle
 @pytest.mark.parametrize("name", ["digits", "basic_motions"])
 def test_raw_test_split_becomes_the_training_inputs_exactly(name: str) -> None:
     from models.data.datasets import load
@@ -20,6 +21,7 @@ def test_raw_test_split_becomes_the_training_inputs_exactly(name: str) -> None:
     assert got.dtype == np.float32 and np.array_equal(got, data.x_test)
 
 
+@pytest.mark.needs_torch
 def test_fsdd_wav_becomes_the_training_mfccs_exactly(shared_data: str) -> None:
     from models.data.datasets import load
 

@@ -172,6 +172,7 @@ def test_no_file_becomes_code_and_no_path_is_a_teacher(embedded_server: ServerPr
         assert httpx.post(server.url + "/v1/jobs", json=spec, headers=server.admin).status_code == 422
 
 
+@pytest.mark.needs_torch
 def test_a_job_whose_checkpoint_asks_for_code_fails_without_running_it_or_quoting_it(tmp_path: Path) -> None:
     """Even a file planted in the server's checkpoint folder is loaded as weights only: the job
     fails with one line that quotes nothing of the file."""
@@ -279,6 +280,7 @@ def test_a_bundle_bomb_upload_is_refused_in_bounded_memory(embedded_server: Serv
 
 
 @needs_mosquitto
+@pytest.mark.needs_broker
 def test_readyz_follows_the_broker_and_rejections_are_summarised(tmp_path: Path) -> None:
     """Kill Mosquitto: /readyz says so within 5 s and recovers after a restart; a flood of
     rejected messages is counted exactly and logged as a few summary lines."""
@@ -330,6 +332,8 @@ def test_readyz_follows_the_broker_and_rejections_are_summarised(tmp_path: Path)
         broker.wait()
 
 
+@pytest.mark.needs_broker
+@pytest.mark.needs_postgres
 def test_readyz_follows_the_database(tmp_path: Path) -> None:
     """PostgreSQL stopped: /readyz is 503 naming the store within 5 s, and 200 again once it is back."""
     from server.store.pgtemp import available, temporary_postgres

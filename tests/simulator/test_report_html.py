@@ -30,6 +30,7 @@ def test_the_html_report_is_self_contained_and_deterministic(tmp_path: Path) -> 
     assert "power failures" in page and "rf_scarce" in page
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="apt-get install chromium")
 def test_the_html_report_draws_its_plots_in_a_browser(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
