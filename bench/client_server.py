@@ -43,6 +43,7 @@ from bench.netem import NetemProxy
 from edge.core.errors import ConfigError
 from edge.core.files import data_root, write_atomic
 from edge.core.tables import markdown_table
+from edge.llm.generate import Draft
 
 RESULTS = Path(__file__).parent / "results"
 DOCS = Path(__file__).parent.parent / "docs" / "results"
@@ -60,8 +61,8 @@ GOALS = {
 }
 
 
-class IndependentDraft:
-    """The independent draft as an ``edge.llm.generate.DraftModel`` (transformers, incremental cache)."""
+class IndependentDraft(Draft):
+    """The independent draft as an ``edge.llm.generate.Draft`` (transformers, incremental cache)."""
 
     def __init__(self, folder: Path, target: Any) -> None:
         from models.lm.draft import load_drafter
@@ -100,13 +101,14 @@ def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[byt
 
 def _cs(draft: Any, port: int, token: str, prompts: list[list[int]], new: int, rtt: float, bps: float,
         mqtt: bool = False) -> dict[str, Any]:
-    from edge.llm.generate import HttpLink, Link, MqttLink, generate
+    from edge.llm.generate import HttpVerifyLink, MqttVerifyLink, VerifyLink, generate
 
     tokens = calls = 0
     seconds = 0.0
     with NetemProxy("127.0.0.1", port, rtt_s=rtt, bandwidth_bps=bps) as proxy:
-        link: Link = MqttLink.connect(f"mqtt://127.0.0.1:{proxy.port}", "default", "bench", token, timeout_s=30) if mqtt \
-            else HttpLink(proxy.url, token, timeout_s=30)
+        address = f"mqtt://127.0.0.1:{proxy.port}"
+        link: VerifyLink = MqttVerifyLink.connect(address, "default", "bench", token, timeout_s=30) if mqtt \
+            else HttpVerifyLink(proxy.url, token, timeout_s=30)
         for i, prompt in enumerate(prompts):
             result = generate(draft, link, prompt, new, k=K_MAX, adaptive=True, session=f"b{time.monotonic_ns()}-{i}")
             tokens, calls, seconds = tokens + len(result.tokens), calls + result.server_calls, seconds + result.seconds
@@ -131,7 +133,7 @@ def _api(url: str, tok: Any, prompts: list[list[int]], new: int, rtt: float, bps
 
 def _offline_nll(target: Any, draft: Any, url: str, token: str, prompts: list[list[int]]) -> float:
     """Mean target NLL per token of OFFLINE_TOKENS drafted alone after one verified round."""
-    from edge.llm.generate import HttpLink, generate
+    from edge.llm.generate import HttpVerifyLink, generate
 
     port = int(url.rsplit(":", 1)[1])
     nll, count = 0.0, 0
@@ -141,7 +143,7 @@ def _offline_nll(target: Any, draft: Any, url: str, token: str, prompts: list[li
                 proxy.down = True
                 proxy.drop()
 
-            result = generate(draft, HttpLink(proxy.url, token, timeout_s=2), prompt, OFFLINE_TOKENS + 8, k=4,
+            result = generate(draft, HttpVerifyLink(proxy.url, token, timeout_s=2), prompt, OFFLINE_TOKENS + 8, k=4,
                               retry_s=3600, session=f"n{time.monotonic_ns()}-{i}", on_tokens=cut)
         ids = torch.tensor([prompt + result.tokens])
         with torch.inference_mode():
@@ -163,13 +165,13 @@ def _verify_counts(url: str) -> tuple[float, float]:
 def _throughput(draft_dir: Path, url: str, token: str, prompts: list[list[int]], new: int, clients: int) -> float:
     """Tokens/s of ``clients`` devices generating at once (threads here; each its own draft)."""
     from edge.llm.draft import OnnxMoADraft
-    from edge.llm.generate import HttpLink, generate
+    from edge.llm.generate import HttpVerifyLink, generate
 
     drafts = [OnnxMoADraft(draft_dir) for _ in range(clients)]
     done: list[int] = []
 
     def client(d: Any, i: int) -> None:
-        link = HttpLink(url, token, timeout_s=60)
+        link = HttpVerifyLink(url, token, timeout_s=60)
         done.append(len(generate(d, link, prompts[i % len(prompts)], new, k=K_MAX, adaptive=True,
                                  session=f"t{clients}-{i}").tokens))
 

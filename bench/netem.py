@@ -2,7 +2,7 @@
 round-trip latency, jitter and a bandwidth cap, and drops or refuses connections on command.
 
     with NetemProxy("127.0.0.1", server_port, rtt_s=0.1, bandwidth_bps=50e6) as proxy:
-        link = HttpLink(proxy.url, token)       # the device talks to the proxy
+        link = HttpVerifyLink(proxy.url, token)       # the device talks to the proxy
         proxy.drop()                            # every open connection cut, as a lost link
         proxy.down = True                       # new connections are closed at once
         proxy.down = False

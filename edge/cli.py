@@ -171,7 +171,7 @@ def run_generate(args: argparse.Namespace) -> int:
     import sys
 
     from edge.llm.draft import load_lm_draft
-    from edge.llm.generate import HttpLink, Link, MqttLink, generate
+    from edge.llm.generate import HttpVerifyLink, MqttVerifyLink, VerifyLink, generate
 
     if args.server is not None and args.broker is not None:
         raise ConfigError("--server/--broker", (args.server, args.broker), "give one: verify over HTTP or over MQTT")
@@ -186,16 +186,16 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt).ids
     if not prompt:
         raise ConfigError("prompt", args.prompt, "has no tokens")
-    link: Link | None = None
+    link: VerifyLink | None = None
     if args.token_file is not None:
         try:
             token = args.token_file.read_text().strip()
         except OSError as err:
             raise ConfigError("--token-file", str(args.token_file), f"cannot be read ({err.strerror})") from None
     if args.server is not None:
-        link = HttpLink(args.server, token, timeout_s=args.timeout_s)
+        link = HttpVerifyLink(args.server, token, timeout_s=args.timeout_s)
     elif args.broker is not None:
-        link = MqttLink.connect(args.broker, args.fleet, args.device, token, timeout_s=args.timeout_s)
+        link = MqttVerifyLink.connect(args.broker, args.fleet, args.device, token, timeout_s=args.timeout_s)
     shown: list[int] = []
 
     def stream(block: list[int], verified: bool) -> None:

@@ -28,7 +28,8 @@ from edge.contract.protocol import TlsFiles
 from edge.core.config import Config
 from edge.core.errors import ConfigError, LinkError
 from edge.core.files import write_secret
-from server.api.app import create_app, notify_assignment, ota_command
+from server.api.app import create_app
+from server.api.bundles import notify_assignment, ota_command
 from server.api.state import ServerState
 from server.jobs.queue import JobSupervisor, signing_key
 from server.mqtt.bridge import Bridge, BrokerAddress, Metrics

@@ -26,12 +26,12 @@ RECOVER_HINT = "run trickle edge run with --recover-outbox to save it aside and 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class OutboxDamaged(DataError):
+class OutboxDamagedError(DataError):
     """The outbox file is not a readable SQLite database (a torn write, a bad sector, an edit)."""
 
 
 def _guarded(method: F) -> F:
-    """SQLite's 'file is not a database' / 'malformed' as one OutboxDamaged naming the file."""
+    """SQLite's 'file is not a database' / 'malformed' as one OutboxDamagedError naming the file."""
 
     @functools.wraps(method)
     def run(self: Outbox, *args: Any, **kwargs: Any) -> Any:
@@ -41,7 +41,7 @@ def _guarded(method: F) -> F:
             busy = isinstance(err, sqlite3.OperationalError) and "locked" in str(err)
             if busy or isinstance(err, (sqlite3.IntegrityError, sqlite3.ProgrammingError)):
                 raise  # a busy file or a row it cannot take, not a damaged file
-            raise OutboxDamaged(f"{self.path}: the outbox is damaged ({err}); {RECOVER_HINT}") from None
+            raise OutboxDamagedError(f"{self.path}: the outbox is damaged ({err}); {RECOVER_HINT}") from None
     return run  # type: ignore[return-value]
 
 
@@ -69,7 +69,7 @@ class Outbox:
             # a damaged page anywhere is found now, at start, not by the sender thread mid-run
             problems = [row[0] for row in self._db.execute("PRAGMA quick_check(3)").fetchall()]
         if problems != ["ok"]:
-            raise OutboxDamaged(f"{self.path}: the outbox is damaged ({'; '.join(problems)[:200]}); {RECOVER_HINT}")
+            raise OutboxDamagedError(f"{self.path}: the outbox is damaged ({'; '.join(problems)[:200]}); {RECOVER_HINT}")
 
     @_guarded
     def put(self, key: str, topic: str, payload: bytes, state: dict[str, str] | None = None) -> None:

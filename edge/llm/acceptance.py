@@ -30,6 +30,8 @@ A chain is the tree whose nodes each have one candidate, and then both rules dra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
@@ -168,3 +170,37 @@ def residual(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:
     res = np.maximum(np.asarray(p, dtype=np.float64) - q, 0.0)
     total = res.sum()
     return int(rng.choice(len(res), p=res / total if total > 0 else p))
+
+
+# ---- how many tokens to draft: the one adaptive-K rule (single host and client–server) ----
+
+
+def best_draft_length(rate: float, k_max: int, round_s: float, token_s: float) -> int:
+    """The draft length in 1..k_max of most expected tokens per second: a round keeps
+    ``(1 - a^(K+1)) / (1 - a)`` tokens on average (per-token acceptance ``a``) and costs
+    ``round_s`` (the target's call, or the round trip) plus K drafted tokens of ``token_s``. A slow
+    round makes long blocks pay even at a modest acceptance rate; a fast one keeps them short, so a
+    rejection wastes little drafting."""
+    rate = min(max(rate, 0.0), 0.99)
+    gain = [(1 - rate ** (k + 1)) / ((1 - rate) * (round_s + k * token_s)) for k in range(1, k_max + 1)]
+    return int(np.argmax(gain)) + 1
+
+
+@dataclass
+class AcceptanceRate:
+    """A draft's running per-token acceptance rate: decayed sums of tokens kept and tried, from a
+    prior of 0.6 (1.8 of 3)."""
+
+    kept: float = 1.8
+    tried: float = 3.0
+    decay: float = 0.7
+
+    @property
+    def rate(self) -> float:
+        return self.kept / self.tried
+
+    def update(self, kept: int, drafted: int) -> None:
+        """``kept`` of ``drafted`` tokens kept: that many successes, and one failed trial unless
+        all were kept."""
+        self.kept = self.decay * self.kept + kept
+        self.tried = self.decay * self.tried + kept + (kept < drafted)

@@ -19,7 +19,7 @@ training (T-step bounded masking); when the link is down the draft goes on from 
 from __future__ import annotations
 
 import os
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from edge.contract.bundle import LmDraftBundle, read_lm_draft
 from edge.core.errors import BundleError
+from edge.llm.generate import Draft
 
 GRAPHS = ("self_kv", "cross_kv", "step")
 TOKENIZER = "tokenizer.json"
@@ -44,13 +45,12 @@ def _session(model: bytes, name: str) -> Any:
         raise BundleError(f"onnxruntime cannot load {name}: {err}") from None
 
 
-class _OnnxDraft(ABC):
+class _OnnxDraft(Draft):
     """An lm-draft bundle's graphs on onnxruntime (a path, checked against ``trust`` when keys are
-    given, or a loaded bundle); an ``edge.llm.generate.DraftModel`` that reads target states
+    given, or a loaded bundle); an ``edge.llm.generate.Draft`` that reads target states
     (``wants_states``; ``state_kind`` says which the server sends)."""
 
     wants_states = True
-    state_kind = "moa"
     model = ""
     files: tuple[str, ...] = ()
 
@@ -100,26 +100,30 @@ class OnnxMoADraft(_OnnxDraft):
 
     def reset(self) -> None:
         dim = self.hidden // self.heads
-        self.states_held = 0
+        self.held = 0
         self.cross = (np.zeros((1, self.heads, 0, dim), np.float32), np.zeros((1, self.heads, 0, dim), np.float32))
         self.fed: list[int] = []
         self.self_kv = (np.zeros((1, self.heads, 0, dim), np.float32), np.zeros((1, self.heads, 0, dim), np.float32))
 
+    @property
+    def states_held(self) -> int:
+        return self.held
+
     def add_states(self, start: int, states: np.ndarray) -> None:
         """Target states of tokens start.. (m, hidden); those already held are skipped."""
-        if start > self.states_held:
-            raise BundleError(f"target states from token {start}, but only {self.states_held} are held")
-        new = states[self.states_held - start :]
+        if start > self.held:
+            raise BundleError(f"target states from token {start}, but only {self.held} are held")
+        new = states[self.held - start :]
         if not len(new):
             return
         k, v = self.graphs["cross_kv"].run(None, {"states": new[None].astype(np.float32),
-                                                   "start": np.array(self.states_held, dtype=np.int64)})
+                                                   "start": np.array(self.held, dtype=np.int64)})
         self.cross = (np.concatenate([self.cross[0], k], 2), np.concatenate([self.cross[1], v], 2))
-        self.states_held += len(new)
+        self.held += len(new)
 
     def next_logits(self, tokens: list[int]) -> np.ndarray:
         """(V,) logits after ``tokens``: -inf outside the draft vocabulary."""
-        base = max(min(self.states_held, len(tokens) - 1), 0)  # tokens[:base] have target states
+        base = max(min(self.held, len(tokens) - 1), 0)  # tokens[:base] have target states
         common = 0
         for a, b in zip(self.fed, tokens[:base]):
             if a != b:

@@ -1,10 +1,10 @@
 """Client–server speculative decoding, the device's half (numpy only: no torch on a device).
 
-    link = HttpLink("http://server:8080", token)
+    link = HttpVerifyLink("http://server:8080", token)
     result = generate(draft, link, prompt_ids, max_new_tokens=64, k=4)
     result.tokens, result.verified, result.divergences
 
-The device drafts K tokens with its own model (``DraftModel``: next-token logits after a token
+The device drafts K tokens with its own model (``Draft``: next-token logits after a token
 sequence), sends them to the server (``edge.contract.protocol.VerifyRequest``), and gets back how many the
 target keeps and its next token (``server.llm.verify``). Greedy output is the target's own greedy
 output; sampling splits speculative sampling exactly: the server runs the accept tests with the
@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -44,19 +45,43 @@ from edge.contract.protocol import (
     topic,
 )
 from edge.core.errors import LinkError
-from edge.llm.acceptance import distribution, residual
+from edge.llm.acceptance import AcceptanceRate, best_draft_length, distribution, residual
 
 
-class DraftModel(Protocol):
+class Draft(ABC):
+    """A device's draft model as ``generate`` drives it: next-token logits after a token sequence.
+    A draft that reads the target's states (``wants_states``: MoA, EAGLE-style) names which
+    (``state_kind``), their width (``hidden``) and how many it holds (``states_held``), and takes
+    each round's new ones (``add_states``)."""
+
+    wants_states: bool = False
+    state_kind: Literal["moa", "features"] = "moa"
+    hidden: int = 0
+
+    @property
+    def states_held(self) -> int:
+        """How many history tokens' target states the draft holds."""
+        return 0
+
+    def reset(self) -> None:  # noqa: B027 - a draft without per-sequence state has nothing to forget
+        """Forget the sequence (a new generation)."""
+
+    @abstractmethod
     def next_logits(self, tokens: list[int]) -> np.ndarray:
         """(V,) logits of the token after ``tokens``."""
+
+    def add_states(self, start: int, states: np.ndarray) -> None:
+        """Target states of history tokens start.. (m, hidden)."""
+        raise LinkError(f"{type(self).__name__} reads no target states")
 
 
 class SessionLostError(LinkError):
     """The server no longer holds the session (HTTP 409): resend the history from the start."""
 
 
-class Link(Protocol):
+class VerifyLink(Protocol):
+    """The way to the server's verification: HTTP (``HttpVerifyLink``) or MQTT (``MqttVerifyLink``)."""
+
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """One round; LinkError when the server cannot be reached, SessionLostError on 409."""
 
@@ -64,7 +89,7 @@ class Link(Protocol):
         """Release the connection."""
 
 
-class HttpLink:
+class HttpVerifyLink:
     """Verification over HTTP (httpx, one keep-alive connection), the device's bearer token."""
 
     def __init__(self, url: str, token: str, timeout_s: float = 5.0) -> None:
@@ -90,13 +115,13 @@ class HttpLink:
         self.client.close()
 
 
-class MqttLink:
+class MqttVerifyLink:
     """Verification over MQTT: a signed ``VerifyCall`` on the device's ``verify`` topic, the
     ``VerifyReply`` with the same id on ``verified`` (QoS 0 both ways: a lost message is a
     timeout, and the round falls back to the draft alone).
 
-    ``MqttLink.connect(broker, fleet, device, token)`` opens its own connection;
-    ``MqttLink(link.client, fleet, device, token)`` shares an ``edge.agent.link.Link``'s (which
+    ``MqttVerifyLink.connect(broker, fleet, device, token)`` opens its own connection;
+    ``MqttVerifyLink(link.client, fleet, device, token)`` shares an ``edge.agent.link.Link``'s (which
     subscribes to ``verified`` with the device's other topics), so a device that already talks
     MQTT needs no second connection."""
 
@@ -108,7 +133,7 @@ class MqttLink:
         client.message_callback_add(topic(fleet, device, "verified"), self._on_reply)
 
     @classmethod
-    def connect(cls, broker: str, fleet: str, device: str, token: str, timeout_s: float = 5.0) -> MqttLink:
+    def connect(cls, broker: str, fleet: str, device: str, token: str, timeout_s: float = 5.0) -> MqttVerifyLink:
         """Its own paho connection to ``mqtt://HOST:PORT`` as ``device``; LinkError when refused."""
         import paho.mqtt.client as mqtt
 
@@ -197,143 +222,190 @@ class Generation:
         return len(self.tokens) / self.seconds if self.seconds else 0.0
 
 
-def generate(draft: DraftModel, link: Link | None, prompt: list[int], max_new_tokens: int, k: int = 4,
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How ``generate`` decodes: ``k`` tokens drafted per round (at most ``k`` when ``adaptive``:
+    ``best_draft_length`` from the measured round time, time per drafted token and acceptance);
+    ``temperature`` 0 is greedy, else speculative sampling with ``top_p`` from ``seed``; the
+    server ``session`` (a fresh one when None); ``retry_s``: how long the link rests after a
+    failure; ``on_divergence``: replace offline text the target disagrees with (``"correct"``)
+    or keep it (``"keep"``)."""
+
+    k: int = 4
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    session: str | None = None
+    retry_s: float = 1.0
+    on_divergence: Literal["correct", "keep"] = "correct"
+    adaptive: bool = False
+
+
+def generate(draft: Draft, link: VerifyLink | None, prompt: list[int], max_new_tokens: int, k: int = 4,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, session: str | None = None,
              retry_s: float = 1.0, on_divergence: Literal["correct", "keep"] = "correct", adaptive: bool = False,
              on_tokens: Callable[[list[int], bool], None] | None = None) -> Generation:
     """``max_new_tokens`` after ``prompt`` by client–server speculative decoding (see the module
-    doc); ``link`` None is the draft alone. ``on_tokens(tokens, verified)`` streams blocks.
-    ``adaptive``: each round drafts ``choose_k`` tokens (at most ``k``) from the measured round
-    time, the measured time per drafted token and the running acceptance rate."""
-    if k < 1 or max_new_tokens < 0 or not prompt:
-        raise ValueError(f"k = {k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: need k >= 1, "
-                         "max_new_tokens >= 0 and a non-empty prompt")
-    rng = np.random.default_rng(seed)
-    session = session or uuid.uuid4().hex
-    if hasattr(draft, "reset"):  # a draft with per-sequence caches (edge.llm.draft.OnnxMoADraft)
-        draft.reset()
-    history = list(prompt)
-    q_rows: list[np.ndarray | None] = [None] * len(prompt)  # the draft's q of each history token it drew offline
-    verified = len(prompt)  # history[:verified] is verified (the prompt counts as verified)
-    server_has = 0  # the server's history length, as far as the device knows
-    end = len(prompt) + max_new_tokens
-    out = Generation()
-    next_try = 0.0
-    started = time.perf_counter()
+    doc; the settings are ``DecodeOptions``'); ``link`` None is the draft alone.
+    ``on_tokens(tokens, verified)`` streams blocks."""
+    options = DecodeOptions(k, temperature, top_p, seed, session, retry_s, on_divergence, adaptive)
+    return Decoder(draft, link, options).run(prompt, max_new_tokens, on_tokens)
 
-    def draw(tokens: list[int]) -> tuple[int, np.ndarray | None]:
-        logits = draft.next_logits(tokens)
-        if temperature == 0:
-            return int(np.argmax(logits)), None
-        q = distribution(logits, temperature, top_p)
-        return int(rng.choice(len(q), p=q)), q
 
-    wants = getattr(draft, "wants_states", False)  # a MoA draft: the server sends the target's states
-    round_s, token_s, kept_sum, tried_sum = 0.05, 0.005, 1.8, 3.0  # running estimates (priors)
-    offline_left = 0  # tokens to draft alone before the link is tried again
-    last_try = False
-    while len(history) < end or (link is not None and verified < len(history) and not last_try):
-        if len(history) >= end:  # done, but some of it is unverified: one last try at the link
-            last_try, offline_left, next_try = True, 0, 0.0
-        online = link is not None and offline_left == 0 and time.monotonic() >= next_try
-        if not online:  # the draft alone, one token, unverified
-            offline_left = max(offline_left - 1, 0)
-            if len(history) >= end:
+class Decoder:
+    """One generation's state: the history (prompt, verified tokens, then tokens drafted offline),
+    the draft's q of each offline token, what the server holds, and the link's running estimates."""
+
+    def __init__(self, draft: Draft, link: VerifyLink | None, options: DecodeOptions) -> None:
+        self.draft, self.link, self.options = draft, link, options
+        self.rng = np.random.default_rng(options.seed)
+        self.session = options.session or uuid.uuid4().hex
+        self.acceptance = AcceptanceRate()
+        self.round_s, self.token_s = 0.05, 0.005  # running estimates (priors)
+
+    def run(self, prompt: list[int], max_new_tokens: int,
+            on_tokens: Callable[[list[int], bool], None] | None = None) -> Generation:
+        if self.options.k < 1 or max_new_tokens < 0 or not prompt:
+            raise ValueError(f"k = {self.options.k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: "
+                             "need k >= 1, max_new_tokens >= 0 and a non-empty prompt")
+        self.draft.reset()
+        self.prompt_len = len(prompt)
+        self.history = list(prompt)
+        self.q_rows: list[np.ndarray | None] = [None] * len(prompt)  # the draft's q of each token it drew offline
+        self.verified = len(prompt)  # history[:verified] is verified (the prompt counts as verified)
+        self.server_has = 0  # the server's history length, as far as the device knows
+        self.end = len(prompt) + max_new_tokens
+        self.emit = on_tokens or (lambda tokens, verified: None)
+        self.out = Generation()
+        self.next_try, self.offline_left = 0.0, 0  # when, and after how many tokens alone, the link is tried again
+        started = time.perf_counter()
+        last_try = False
+        while len(self.history) < self.end or (self.link is not None and self.verified < len(self.history) and not last_try):
+            if len(self.history) >= self.end:  # done, but some of it is unverified: one last try at the link
+                last_try, self.offline_left, self.next_try = True, 0, 0.0
+            if self.link is not None and self.offline_left == 0 and time.monotonic() >= self.next_try:
+                self._round(self.link)
+            elif not self._offline_token():
                 break
-            token, q = draw(history)
-            history.append(token)
-            q_rows.append(q)
-            out.offline_tokens += 1
-            if on_tokens is not None:
-                on_tokens([token], False)
-            continue
-        assert link is not None
-        unverified = history[verified:]
+        self.out.seconds = time.perf_counter() - started
+        self.out.tokens = self.history[len(prompt) : self.end]
+        self.out.verified = min(self.verified, self.end) - len(prompt)
+        return self.out
+
+    def _draw(self, tokens: list[int]) -> tuple[int, np.ndarray | None]:
+        logits = self.draft.next_logits(tokens)
+        if self.options.temperature == 0:
+            return int(np.argmax(logits)), None
+        q = distribution(logits, self.options.temperature, self.options.top_p)
+        return int(self.rng.choice(len(q), p=q)), q
+
+    def _offline_token(self) -> bool:
+        """The draft alone, one token, unverified; False when there is no room left."""
+        self.offline_left = max(self.offline_left - 1, 0)
+        if len(self.history) >= self.end:
+            return False
+        token, q = self._draw(self.history)
+        self.history.append(token)
+        self.q_rows.append(q)
+        self.out.offline_tokens += 1
+        self.emit([token], False)
+        return True
+
+    def _rest(self) -> None:
+        """The link failed: k tokens alone at least, then ``retry_s``."""
+        self.next_try, self.offline_left = time.monotonic() + self.options.retry_s, self.options.k
+
+    def _drafted(self) -> tuple[list[int], list[np.ndarray | None], list[int]]:
+        """(this round's draft, its q rows, the history it follows): the offline suffix when there
+        is one, else up to k new tokens."""
+        unverified = self.history[self.verified :]
         if unverified:  # back online: the offline suffix is this round's draft
-            drafted, qs = unverified[:MAX_DRAFT], q_rows[verified : verified + MAX_DRAFT]
-            base = history[:verified]
-        else:
-            room = end - len(history) - 1
-            want = choose_k(kept_sum / tried_sum, k, round_s, token_s) if adaptive else k
-            drafted, qs = [], []
-            t0 = time.perf_counter()
-            for _ in range(min(want, room)):
-                token, q = draw(history + drafted)
-                drafted.append(token)
-                qs.append(q)
-            if drafted:
-                token_s = 0.8 * token_s + 0.2 * (time.perf_counter() - t0) / len(drafted)
-            base = history
-        q_of = None if temperature == 0 else [float(q[t]) for q, t in zip(qs, drafted)]  # type: ignore[index]
-        request = VerifyRequest(session=session, start=server_has, tokens=base[server_has:], draft=drafted, q=q_of,
-                                temperature=temperature, top_p=top_p, seed=seed,
-                                states_from=draft.states_held if wants else None,  # type: ignore[attr-defined]
-                                state_kind=getattr(draft, "state_kind", "moa"))
+            return unverified[:MAX_DRAFT], self.q_rows[self.verified : self.verified + MAX_DRAFT], self.history[: self.verified]
+        o = self.options
+        want = best_draft_length(self.acceptance.rate, o.k, self.round_s, self.token_s) if o.adaptive else o.k
+        drafted: list[int] = []
+        qs: list[np.ndarray | None] = []
+        t0 = time.perf_counter()
+        for _ in range(min(want, self.end - len(self.history) - 1)):
+            token, q = self._draw(self.history + drafted)
+            drafted.append(token)
+            qs.append(q)
+        if drafted:
+            self.token_s = 0.8 * self.token_s + 0.2 * (time.perf_counter() - t0) / len(drafted)
+        return drafted, qs, self.history
+
+    def _round(self, link: VerifyLink) -> None:
+        """Draft (or take the offline suffix), verify, and take what the target kept."""
+        offline = self.verified < len(self.history)
+        drafted, qs, base = self._drafted()
+        o = self.options
+        q_of = None if o.temperature == 0 else [float(q[t]) for q, t in zip(qs, drafted) if q is not None]
+        assert q_of is None or len(q_of) == len(drafted)  # every token drawn at a temperature has its q
+        request = VerifyRequest(session=self.session, start=self.server_has, tokens=base[self.server_has :], draft=drafted,
+                                q=q_of, temperature=o.temperature, top_p=o.top_p, seed=o.seed,
+                                states_from=self.draft.states_held if self.draft.wants_states else None,
+                                state_kind=self.draft.state_kind)
         t0 = time.perf_counter()
         try:
             answer = link.verify(request)
-            round_s = 0.8 * round_s + 0.2 * (time.perf_counter() - t0)
+            self.round_s = 0.8 * self.round_s + 0.2 * (time.perf_counter() - t0)
         except SessionLostError:
-            if server_has:  # resend the whole history; a 409 to that too is a broken link
-                server_has = 0
-                continue
-            next_try, offline_left = time.monotonic() + retry_s, k
-            continue
+            if self.server_has:  # resend the whole history; a 409 to that too is a broken link
+                self.server_has = 0
+            else:
+                self._rest()
+            return
         except LinkError:
-            next_try, offline_left = time.monotonic() + retry_s, k  # k tokens alone at least, then retry_s
-            continue
-        out.server_calls += 1
+            self._rest()
+            return
+        self.out.server_calls += 1
         if answer.states is not None and answer.states_from is not None:
-            draft.add_states(answer.states_from, decode_states(answer.states, draft.hidden))  # type: ignore[attr-defined]
-        n = answer.accepted
+            self.draft.add_states(answer.states_from, decode_states(answer.states, self.draft.hidden))
+        correction = self._correction(answer, qs)
+        if offline:
+            self._reverified(answer, drafted, correction)
+        else:
+            self._verified(answer, drafted, correction)
+
+    def _correction(self, answer: VerifyResponse, qs: list[np.ndarray | None]) -> int:
+        """The token after the kept ones: the target's, or after a rejection in sampling the one the
+        device draws from the residual with its own q."""
         if answer.next is not None:
-            correction = answer.next
-        else:  # a rejection in sampling: the device draws the correction with its own q
-            q_rejected = qs[n]
-            if answer.p is None or q_rejected is None:
-                raise LinkError("the server rejected a sampled draft token without sending its distribution")
-            correction = residual(np.array(answer.p), q_rejected, rng)
-        if not unverified:
-            if drafted:  # n kept of K: n successes in n trials, + 1 failed trial unless all were kept
-                kept_sum, tried_sum = 0.7 * kept_sum + n, 0.7 * tried_sum + n + (n < len(drafted))
-            added = [*drafted[:n], correction][: end - len(history)]
-            history += added
-            q_rows += [None] * len(added)
-            verified, server_has = len(history), answer.history
-            if on_tokens is not None:
-                on_tokens(added, True)
-            continue
-        # re-verification of text drafted offline
-        at = verified + n  # the first offline token the target did not keep (or the chunk's end)
+            return answer.next
+        q_rejected = qs[answer.accepted]
+        if answer.p is None or q_rejected is None:
+            raise LinkError("the server rejected a sampled draft token without sending its distribution")
+        return residual(np.array(answer.p), q_rejected, self.rng)
+
+    def _verified(self, answer: VerifyResponse, drafted: list[int], correction: int) -> None:
+        """A round of new draft tokens: the kept ones and the correction join the history."""
+        n = answer.accepted
+        if drafted:
+            self.acceptance.update(n, len(drafted))
+        added = [*drafted[:n], correction][: self.end - len(self.history)]
+        self.history += added
+        self.q_rows += [None] * len(added)
+        self.verified, self.server_has = len(self.history), answer.history
+        self.emit(added, True)
+
+    def _reverified(self, answer: VerifyResponse, drafted: list[int], correction: int) -> None:
+        """A round re-verifying text drafted offline: where the target disagrees, a divergence."""
+        n, history = answer.accepted, self.history
+        at = self.verified + n  # the first offline token the target did not keep (or the chunk's end)
         if at < len(history) and (n < len(drafted) or history[at] != correction):
-            out.divergences.append(at - len(prompt))
-            if on_divergence == "correct":
-                del history[at:], q_rows[at:]
+            self.out.divergences.append(at - self.prompt_len)
+            if self.options.on_divergence == "correct":
+                del history[at:], self.q_rows[at:]
                 history.append(correction)
-                q_rows.append(None)
-                verified, server_has = len(history), answer.history
-                if on_tokens is not None:
-                    on_tokens(history[at:], True)
+                self.q_rows.append(None)
+                self.verified, self.server_has = len(history), answer.history
+                self.emit(history[at:], True)
             else:  # keep the device's text; the server learns it with the whole history next round
-                verified, server_has = len(history), 0
-            continue
+                self.verified, self.server_has = len(history), 0
+            return
         if at == len(history):  # all of it kept: the target's next token follows
             history.append(correction)
-            q_rows.append(None)
-        verified, server_has = at + 1, answer.history  # a chunk's end where the target agrees with the next offline token
-        if on_tokens is not None:
-            on_tokens(history[at:verified], True)
-    out.seconds = time.perf_counter() - started
-    out.tokens = history[len(prompt) : end]
-    out.verified = min(verified, end) - len(prompt)
-    return out
-
-
-def choose_k(rate: float, k_max: int, round_s: float, token_s: float) -> int:
-    """The draft length in 1..k_max of most expected tokens per second: a round keeps
-    ``(1 - a^(K+1)) / (1 - a)`` tokens on average (per-token acceptance ``a``) and costs the round
-    trip plus K drafted tokens. A slow link (large ``round_s``) makes long blocks pay even at a
-    modest acceptance rate; a fast one keeps them short, so a rejection wastes little drafting."""
-    rate = min(max(rate, 0.0), 0.99)
-    gain = [(1 - rate ** (k + 1)) / ((1 - rate) * (round_s + k * token_s)) for k in range(1, k_max + 1)]
-    return int(np.argmax(gain)) + 1
+            self.q_rows.append(None)
+        # a chunk's end where the target agrees with the next offline token
+        self.verified, self.server_has = at + 1, answer.history
+        self.emit(history[at : self.verified], True)

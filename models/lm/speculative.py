@@ -38,7 +38,15 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from edge.llm.acceptance import accept_greedy, accept_sampling, accept_tree_greedy, accept_tree_sampling, distribution
+from edge.llm.acceptance import (
+    AcceptanceRate,
+    accept_greedy,
+    accept_sampling,
+    accept_tree_greedy,
+    accept_tree_sampling,
+    best_draft_length,
+    distribution,
+)
 
 
 @dataclass
@@ -369,13 +377,6 @@ class IndependentDrafter:
                 layer.keys, layer.values = layer.keys[:1, :, :past].contiguous(), layer.values[:1, :, :past].contiguous()
 
 
-def _adaptive_k(rate: float, k_max: int, cost: float) -> int:
-    """The draft length in 1..k_max of most expected tokens per unit of time (see the module doc)."""
-    rate = min(max(rate, 0.0), 0.99)
-    gain = [(1 - rate ** (k + 1)) / ((1 - rate) * (1 + cost * k)) for k in range(1, k_max + 1)]
-    return int(np.argmax(gain)) + 1
-
-
 @torch.inference_mode()
 def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_new_tokens: int, k: int = 4,
                          temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
@@ -397,7 +398,7 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
     if attach is not None:  # a draft that reads the target's states (MoA, EAGLE-style)
         attach(lm)
     cost = float(getattr(drafter, "cost", 0.1))
-    kept_sum, tried_sum = 1.8, 3.0  # acceptance rate's running sums (decayed), a prior of 0.6
+    acceptance = AcceptanceRate()
     seq = list(prompt)
     stats = DecodeStats()
     started = time.perf_counter()
@@ -421,7 +422,7 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
             lm.keep(verified, path)
             kept, n_drafted = [drafted.tokens[i] for i in path], len(drafted.tokens) - 1
         else:
-            want = _adaptive_k(kept_sum / tried_sum, k, cost) if adaptive else k
+            want = best_draft_length(acceptance.rate, k, 1.0, cost) if adaptive else k  # cost: a drafted token / a target call
             draft, q = draft_chain(drafter, seq, min(want, room), temperature, top_p, rng) if can else ([], None)
             logits = lm.logits(seq + draft)  # (len(draft) + 1, V): after the last verified token, then each draft token
             if temperature == 0:
@@ -429,8 +430,8 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
             else:
                 p = distribution(logits.numpy(), temperature, top_p)
                 n, nxt = accept_sampling(np.array(draft, dtype=np.int64), q if q is not None else p[:0], p, rng)
-            if draft:  # n kept of K: n successes in n trials, + 1 failed trial unless all were kept
-                kept_sum, tried_sum = 0.7 * kept_sum + n, 0.7 * tried_sum + n + (n < len(draft))
+            if draft:
+                acceptance.update(n, len(draft))
             kept, n_drafted = draft[:n], len(draft)
             stats.k_per_call.append(len(draft))
         stats.target_calls += 1

@@ -51,7 +51,7 @@ from pydantic import Field, field_validator, model_validator
 from edge.contract.protocol import Name
 from edge.core.config import Config
 from edge.core.errors import ConfigError, TrickleError
-from server.store.store import JobNotFinished, Store, VersionTaken
+from server.store.store import JobNotFinishedError, Store, VersionTakenError
 
 log = logging.getLogger("trickle.server.jobs")
 Selection = Literal["mdslr", "random", "hard", "easy", "full"]  # models.distill.SELECTIONS (a test keeps them equal)
@@ -63,15 +63,15 @@ class JobError(TrickleError):
     """A job that cannot run as specified (its teacher is missing, its data does not fit it)."""
 
 
-class JobCancelled(Exception):
+class JobCancelledError(Exception):
     """Raised inside a job whose cancellation was asked for."""
 
 
-class JobLost(Exception):
+class JobLostError(Exception):
     """Raised inside a job its worker no longer owns (the server took it back, thinking it dead)."""
 
 
-class WorkerStopping(Exception):
+class WorkerStoppingError(Exception):
     """Raised inside a job whose worker was asked to stop (SIGTERM): the job is handed back."""
 
 
@@ -206,16 +206,16 @@ class JobContext:
         """Record how far the job is; raises where the job must stop: cancelled, taken back, or
         its worker stopping."""
         if self.stopping.is_set():
-            raise WorkerStopping()
+            raise WorkerStoppingError()
         try:
             state = self.store.job_heartbeat(self.job_id, self.worker, fraction, step)
         except Exception as e:  # the database away for a moment: go on, the next report tells
             log.warning("job %d: progress not recorded: %s", self.job_id, e)
             return
         if state == "cancel":
-            raise JobCancelled()
+            raise JobCancelledError()
         if state == "lost":
-            raise JobLost()
+            raise JobLostError()
 
     def log(self, line: str) -> None:
         self.store.job_log(self.job_id, line)
@@ -278,12 +278,12 @@ def run_distill(spec: DistillJob, ctx: JobContext) -> None:
             ctx.store.finish_job(ctx.job_id, ctx.worker, result, (version, model, sha, target),
                                  f"fleet:{spec.then_assign}" if spec.then_assign else None,
                                  place=functools.partial(os.replace, tmp, target))
-        except VersionTaken:
+        except VersionTakenError:
             tmp.unlink(missing_ok=True)
             continue
-        except JobNotFinished:  # cancelled during the export, or taken back: nothing was registered
+        except JobNotFinishedError:  # cancelled during the export, or taken back: nothing was registered
             tmp.unlink(missing_ok=True)
-            ctx.progress(0.85, "ending")  # raises JobCancelled or JobLost
+            ctx.progress(0.85, "ending")  # raises JobCancelledError or JobLostError
             raise
         ctx.log(f"registered bundle v{version} ({model})" + (f", assigned to fleet {spec.then_assign}"
                                                                if spec.then_assign else ""))
@@ -329,12 +329,12 @@ class Worker:
         try:
             RUNNERS[job["kind"]](JobSpec.model_validate(job["spec"]), ctx)
             log.info("job %d done", job_id)
-        except JobCancelled:
+        except JobCancelledError:
             self.store.end_job(job_id, self.name, "cancelled", "cancelled on request")
             ctx.log("cancelled")
-        except JobLost:  # the server gave it to another attempt (or failed it): not ours to end
+        except JobLostError:  # the server gave it to another attempt (or failed it): not ours to end
             ctx.log(f"worker {self.name} let go of it: the server had taken it back")
-        except (WorkerStopping, KeyboardInterrupt) as stopped:  # politely: hand the job back, attempt not spent
+        except (WorkerStoppingError, KeyboardInterrupt) as stopped:  # politely: hand the job back, attempt not spent
             self.store.release_job(job_id, self.name)
             ctx.log(f"handed back: worker {self.name} stopped")
             if isinstance(stopped, KeyboardInterrupt):

@@ -47,7 +47,7 @@ class PromptError(TrickleError):
     """A prompt the model cannot take (too long for its context, or no tokens)."""
 
 
-class QueueFull(TrickleError):
+class QueueFullError(TrickleError):
     """Every generation slot is busy and the waiting queue is full."""
 
 
@@ -231,7 +231,7 @@ class LlmService:
     # admission: at most `concurrency` running, `queue` waiting, the rest refused (event loop only)
     def admit(self) -> None:
         if self.admitted >= self.concurrency + self.queue:
-            raise QueueFull(f"{self.concurrency} generations running and {self.queue} waiting: try again later")
+            raise QueueFullError(f"{self.concurrency} generations running and {self.queue} waiting: try again later")
         self.admitted += 1
 
     def leave(self) -> None:
@@ -276,7 +276,7 @@ def _response(request_id: str, created: int, model: str, text: str, finish: Lite
                          usage=usage, trickle=report)
 
 
-class _Cancelled(Exception):
+class _CancelledError(Exception):
     """The client went away mid-stream."""
 
 
@@ -299,7 +299,7 @@ def llm_router(llm: LlmService, registry: CollectorRegistry) -> APIRouter:
             raise HTTPException(400, str(err)) from None
         try:
             llm.admit()
-        except QueueFull as err:
+        except QueueFullError as err:
             metrics.rejected.labels("queue_full").inc()
             raise HTTPException(503, str(err), headers={"Retry-After": "1"}) from None
         return ids
@@ -337,7 +337,7 @@ async def _stream(llm: LlmService, metrics: LlmMetrics, generate: Callable[[Call
 
     def on_tokens(block: list[int]) -> None:
         if cancelled.is_set():
-            raise _Cancelled
+            raise _CancelledError
         loop.call_soon_threadsafe(blocks.put_nowait, block)
 
     def run() -> Completion:

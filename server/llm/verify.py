@@ -9,7 +9,7 @@ history tokens, the last one and the draft in one target forward, keeps what the
 keeps (``edge.llm.acceptance``, the same functions the single-host loop uses) and rolls the cache back.
 Sessions are capped in number and in tokens held and expire after ``ttl_s`` idle; the least
 recently used goes first. A request about a session the server no longer holds, or whose
-``start`` is not the server's history length, is refused (``SessionLost``: HTTP 409) and the client
+``start`` is not the server's history length, is refused (``SessionNotHeldError``: HTTP 409) and the client
 resends its history from 0, which rebuilds it. Sessions are keyed by the authenticated device, so
 one device can neither read nor disturb another's.
 
@@ -38,11 +38,11 @@ from edge.core.errors import TrickleError
 from edge.llm.acceptance import accept_greedy, accept_tests, distribution
 
 
-class SessionLost(TrickleError):
+class SessionNotHeldError(TrickleError):
     """The server does not hold this session at this point of its history: resend it from 0."""
 
 
-class BadVerify(TrickleError):
+class BadVerifyError(TrickleError):
     """A verification request the target cannot serve (a token out of its vocabulary, too long)."""
 
 
@@ -74,9 +74,9 @@ def answer(sessions: VerifySessions | None, owner: str, req: VerifyRequest) -> t
         return 404, "this server serves no language model (start it with trickle serve --llm DIR)", None
     try:
         return 200, "", sessions.verify(owner, req)
-    except SessionLost as err:
+    except SessionNotHeldError as err:
         return 409, str(err), None
-    except BadVerify as err:
+    except BadVerifyError as err:
         return 400, str(err), None
 
 
@@ -102,11 +102,11 @@ class VerifySessions:
         """One round for ``owner``'s session: queued, verified in the next batch, answered."""
         bad = [t for t in (*req.tokens, *req.draft) if t >= self.vocab]
         if bad:
-            raise BadVerify(f"token {bad[0]} is outside the target's vocabulary of {self.vocab}")
+            raise BadVerifyError(f"token {bad[0]} is outside the target's vocabulary of {self.vocab}")
         if req.q is not None and len(req.q) != len(req.draft):
-            raise BadVerify(f"q has {len(req.q)} probabilities for {len(req.draft)} draft tokens")
+            raise BadVerifyError(f"q has {len(req.q)} probabilities for {len(req.draft)} draft tokens")
         if req.temperature > 0 and req.draft and req.q is None:
-            raise BadVerify("sampling (temperature > 0) needs q, the draft's probability of each draft token")
+            raise BadVerifyError("sampling (temperature > 0) needs q, the draft's probability of each draft token")
         job = _Job(owner, req)
         with self._cond:
             if self._worker is None:
@@ -154,7 +154,7 @@ class VerifySessions:
             self.evicted += 1
 
     def _open(self, job: _Job) -> None:
-        """The job's session and history, or its error (SessionLost, BadVerify)."""
+        """The job's session and history, or its error (SessionNotHeldError, BadVerifyError)."""
         from models.lm.speculative import _CachedLM
 
         req = job.req
@@ -164,21 +164,21 @@ class VerifySessions:
             session = _Session(_CachedLM(self.target, keep_hidden=True), rng=np.random.default_rng(req.seed))
             session.lm.reset()
         elif session is None:
-            raise SessionLost(f"session {req.session!r} is not held here (evicted or never started): "
+            raise SessionNotHeldError(f"session {req.session!r} is not held here (evicted or never started): "
                               "resend the history from start 0")
         elif req.start != len(session.history):
-            raise SessionLost(f"session {req.session!r} holds {len(session.history)} tokens, the request starts at "
+            raise SessionNotHeldError(f"session {req.session!r} holds {len(session.history)} tokens, the request starts at "
                               f"{req.start}: resend the history from start 0")
         history = session.history + req.tokens
         if not history:
-            raise BadVerify("nothing to verify after: the history is empty (send the prompt as tokens)")
+            raise BadVerifyError("nothing to verify after: the history is empty (send the prompt as tokens)")
         if len(history) + len(req.draft) > self.context:
-            raise BadVerify(f"history of {len(history)} + draft of {len(req.draft)} tokens is over the target's "
+            raise BadVerifyError(f"history of {len(history)} + draft of {len(req.draft)} tokens is over the target's "
                             f"context of {self.context}")
         if req.states_from is not None and req.state_kind == "moa" and self.moa is None:
-            raise BadVerify("states_from: this server has no MoA draft to compute target states with (serve --draft)")
+            raise BadVerifyError("states_from: this server has no MoA draft to compute target states with (serve --draft)")
         if req.states_from is not None and req.states_from > len(history):
-            raise BadVerify(f"states_from = {req.states_from}: past the history of {len(history)} tokens")
+            raise BadVerifyError(f"states_from = {req.states_from}: past the history of {len(history)} tokens")
         job.session, job.history = session, history
 
     def _round(self, batch: list[_Job]) -> None:
@@ -188,7 +188,7 @@ class VerifySessions:
             try:
                 self._open(job)
                 ready.append(job)
-            except (SessionLost, BadVerify) as err:
+            except (SessionNotHeldError, BadVerifyError) as err:
                 job.error = err
         if not ready:
             return

@@ -22,7 +22,7 @@ from pathlib import Path
 from edge.core.errors import TrickleError
 
 
-class PostgresUnavailable(TrickleError):
+class PostgresUnavailableError(TrickleError):
     """No PostgreSQL server binaries here, or the cluster would not start."""
 
 
@@ -33,7 +33,7 @@ def postgres_bin(name: str) -> str:
         return found
     versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
     if not versions:
-        raise PostgresUnavailable(f"{name} not found: apt-get install --no-install-recommends postgresql")
+        raise PostgresUnavailableError(f"{name} not found: apt-get install --no-install-recommends postgresql")
     return str(versions[-1])
 
 
@@ -41,7 +41,7 @@ def available() -> bool:
     try:
         postgres_bin("initdb")
         postgres_bin("pg_ctl")
-    except PostgresUnavailable:
+    except PostgresUnavailableError:
         return False
     return os.geteuid() != 0 or shutil.which("runuser") is not None
 
@@ -66,7 +66,7 @@ def temporary_postgres(fsync: bool = False) -> Iterator[str]:
         proc = subprocess.run([*as_user, *cmd], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             tail = log.read_text()[-1500:] if log.exists() else ""
-            raise PostgresUnavailable(f"{what} failed: {(proc.stderr or proc.stdout).strip()[-1500:]}\n{tail}")
+            raise PostgresUnavailableError(f"{what} failed: {(proc.stderr or proc.stdout).strip()[-1500:]}\n{tail}")
 
     try:
         run([initdb, "-D", str(data), "-A", "trust", "-U", "trickle", "-E", "UTF8", "--no-sync"], "initdb")

@@ -127,11 +127,11 @@ class StoreError(TrickleError):
     """A request the store refuses (unknown device, duplicate id, unknown bundle)."""
 
 
-class VersionTaken(StoreError):
+class VersionTakenError(StoreError):
     """A bundle version registered meanwhile by someone else."""
 
 
-class JobNotFinished(StoreError):
+class JobNotFinishedError(StoreError):
     """A job's end refused: it was cancelled meanwhile, or its worker no longer owns it."""
 
 
@@ -592,8 +592,8 @@ class Store:
                    assign: str | None, place: Callable[[], None] = lambda: None) -> None:
         """A job's end in one transaction: its bundle (version, model, sha256, path) registered,
         assigned to ``assign`` (``fleet:NAME``), and the job done; ``place()`` (moving the bundle's
-        file to its path) runs inside it, so a crash leaves either all of it or none. VersionTaken
-        when the version was taken meanwhile; JobNotFinished when the worker no longer owns the job
+        file to its path) runs inside it, so a crash leaves either all of it or none. VersionTakenError
+        when the version was taken meanwhile; JobNotFinishedError when the worker no longer owns the job
         or a cancellation was asked for (nothing registered)."""
         now = time.time()
         try:
@@ -611,10 +611,10 @@ class Store:
                     "AND cancel_requested = 0 RETURNING id"),
                     (json.dumps(result, sort_keys=True), bundle[0] if bundle else None, now, job_id, worker)).fetchone()
                 if done is None:
-                    raise JobNotFinished(f"job {job_id} was cancelled or is no longer run by {worker}")
+                    raise JobNotFinishedError(f"job {job_id} was cancelled or is no longer run by {worker}")
                 place()
         except self.integrity_errors:
-            raise VersionTaken(f"bundle_version {bundle[0] if bundle else '?'} was taken meanwhile") from None
+            raise VersionTakenError(f"bundle_version {bundle[0] if bundle else '?'} was taken meanwhile") from None
 
     def unannounced_jobs(self) -> list[dict[str, Any]]:
         """Finished jobs whose assignment the server has not yet pushed to the devices."""

@@ -14,7 +14,7 @@ import pytest
 
 from edge.agent.agent import Agent, AgentConfig, open_outbox
 from edge.agent.link import Link
-from edge.agent.outbox import Outbox, OutboxDamaged, recover_outbox
+from edge.agent.outbox import Outbox, OutboxDamagedError, recover_outbox
 from edge.core.errors import DataError, LinkError
 
 BUNDLE = Path(__file__).parent / "data" / "digits-v1-2026-11.tar"
@@ -69,7 +69,7 @@ def test_a_corrupt_page_is_found_at_start_and_recovery_keeps_the_rest(tmp_path: 
     middle = (pages // 2) * page
     data[middle : middle + page] = b"\xff" * page  # one page in the middle of the table
     path.write_bytes(bytes(data))
-    with pytest.raises(OutboxDamaged, match="--recover-outbox"):
+    with pytest.raises(OutboxDamagedError, match="--recover-outbox"):
         Outbox(path)
     aside, kept, state_rows = recover_outbox(path)
     assert aside is not None and aside.exists() and aside.read_bytes() == bytes(data)  # saved aside as it was
@@ -111,14 +111,14 @@ def test_a_sender_that_dies_stops_the_agent_with_its_error(tmp_path: Path) -> No
     link: Link = agent.link
 
     def broken(*_: object) -> list[tuple[int, str, bytes]]:
-        raise OutboxDamaged(f"{state / 'outbox.sqlite'}: the outbox is damaged (test)")
+        raise OutboxDamagedError(f"{state / 'outbox.sqlite'}: the outbox is damaged (test)")
 
     agent.outbox.pending = broken  # type: ignore[method-assign]
     agent.outbox.put("n1:result:0", "trickle/v1/default/n1/result", b"{}")
     link._connected = True  # as if the broker had accepted it
     link._send_guarded()
-    assert isinstance(link.failure, OutboxDamaged)
-    with pytest.raises(OutboxDamaged):
+    assert isinstance(link.failure, OutboxDamagedError)
+    with pytest.raises(OutboxDamagedError):
         agent._check_link()
     link.failure = RuntimeError("boom")
     with pytest.raises(LinkError, match="the link's sender stopped: RuntimeError: boom"):

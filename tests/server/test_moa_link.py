@@ -17,7 +17,7 @@ from bench.netem import NetemProxy
 from edge.contract.protocol import ROUTES, VerifyRequest, decode_states
 from edge.core.errors import LinkError
 from edge.llm.draft import OnnxMoADraft
-from edge.llm.generate import HttpLink, MqttLink, SessionLostError, generate
+from edge.llm.generate import HttpVerifyLink, MqttVerifyLink, SessionLostError, generate
 from server.ports import free_port
 from server.service import ServeConfig, Service
 from tests.models.test_lm import corpus as corpus
@@ -72,7 +72,7 @@ def test_the_moa_draft_over_mqtt_through_the_embedded_broker_is_lossless(served:
                                                                           moa: tuple[Path, Path]) -> None:
     _, token, broker = served
     draft = OnnxMoADraft(moa[1])
-    link = MqttLink.connect(broker, "default", "m1", token)
+    link = MqttVerifyLink.connect(broker, "default", "m1", token)
     try:
         for prompt in PROMPTS:
             result = generate(draft, link, prompt, 16, k=4)
@@ -86,7 +86,7 @@ def test_the_moa_draft_over_mqtt_through_the_embedded_broker_is_lossless(served:
     finally:
         link.close()
     with pytest.raises(LinkError, match="refused"):
-        MqttLink.connect(broker, "default", "m1", "not-the-token", timeout_s=3)
+        MqttVerifyLink.connect(broker, "default", "m1", "not-the-token", timeout_s=3)
 
 
 def test_a_dropped_mqtt_link_goes_on_offline_and_reverifies(served: tuple[str, str, str], models: Models,
@@ -94,7 +94,7 @@ def test_a_dropped_mqtt_link_goes_on_offline_and_reverifies(served: tuple[str, s
     _, token, broker = served
     host, port = broker.removeprefix("mqtt://").split(":")
     with NetemProxy(host, int(port), rtt_s=0.02) as proxy:
-        link = MqttLink.connect(f"mqtt://127.0.0.1:{proxy.port}", "default", "m1", token, timeout_s=2)
+        link = MqttVerifyLink.connect(f"mqtt://127.0.0.1:{proxy.port}", "default", "m1", token, timeout_s=2)
         cut = {"done": False}
 
         def drop_once(block: list[int], verified: bool) -> None:
@@ -115,7 +115,7 @@ def test_the_onnx_moa_draft_over_http_is_lossless_and_gets_every_state(server: t
                                                                        moa: tuple[Path, Path]) -> None:
     url, token = server
     draft = OnnxMoADraft(moa[1])
-    link = HttpLink(url, token)
+    link = HttpVerifyLink(url, token)
     for prompt in PROMPTS:
         result = generate(draft, link, prompt, 24, k=4)
         assert result.tokens == _greedy(models.target, prompt, 24), prompt
@@ -129,7 +129,7 @@ def test_the_onnx_eagle_draft_over_http_is_lossless_on_the_targets_features(serv
     url, token = server
     draft = load_lm_draft(eagle)
     assert isinstance(draft, OnnxEagleDraft) and draft.state_kind == "features"
-    link = HttpLink(url, token)
+    link = HttpVerifyLink(url, token)
     for prompt in PROMPTS:
         result = generate(draft, link, prompt, 24, k=4)
         assert result.tokens == _greedy(models.target, prompt, 24), prompt

@@ -14,11 +14,11 @@ from server.store.pgtemp import available
 from server.store.store import (
     MIGRATIONS,
     Incoming,
-    JobNotFinished,
+    JobNotFinishedError,
     PostgresStore,
     Store,
     StoreError,
-    VersionTaken,
+    VersionTakenError,
     open_store,
     redact,
 )
@@ -220,16 +220,16 @@ def test_jobs_claim_is_exclusive_and_finishing_is_all_or_nothing(store: Store, t
     with pytest.raises(OSError):  # the bundle's file could not be placed: nothing is registered
         store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f", place=crash)
     assert store.bundles() == [] and store.assignments() == {} and store.job(first)["state"] == "running"
-    with pytest.raises(JobNotFinished, match="no longer run by"):
+    with pytest.raises(JobNotFinishedError, match="no longer run by"):
         store.finish_job(first, "w2", {}, (1, "m", "00", target), None)
     assert store.cancel_job(first) == "running" and store.job_heartbeat(first, "w1") == "cancel"
-    with pytest.raises(JobNotFinished):  # a cancellation that landed during the export wins: nothing registered
+    with pytest.raises(JobNotFinishedError):  # a cancellation that landed during the export wins: nothing registered
         store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f")
     assert store.bundles() == [] and store.job(first)["state"] == "running"
     store._run("UPDATE jobs SET cancel_requested = 0 WHERE id = ?", (first,))
     store.finish_job(first, "w1", {"ok": 1}, (1, "m", "00", target), "fleet:f")
     assert store.job(first)["state"] == "done" and store.assignments() == {"fleet:f": 1}
-    with pytest.raises(VersionTaken):
+    with pytest.raises(VersionTakenError):
         store.finish_job(second, "w2", {}, (1, "m", "00", target), None)
     assert store.job(second)["state"] == "running"
     ((_, _, seen), *_) = [j for j in store.running_jobs() if j[0] == second]

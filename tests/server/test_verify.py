@@ -16,12 +16,12 @@ import torch
 from bench.netem import NetemProxy
 from edge.contract.protocol import ROUTES, VerifyRequest, VerifyResponse
 from edge.core.errors import LinkError
-from edge.llm.generate import HttpLink, generate
+from edge.llm.generate import Draft, HttpVerifyLink, generate
 from tests.server.test_llm import Models, _serve
 from tests.server.test_llm import models as models
 
 
-class TorchDraft:
+class TorchDraft(Draft):
     """A draft model for the device's loop, here a transformers model (the device runs ONNX)."""
 
     def __init__(self, folder: Path) -> None:
@@ -35,9 +35,9 @@ class TorchDraft:
 
 
 class FlakyLink:
-    """A real HttpLink whose rounds ``down`` (by index) fail as a dropped connection would."""
+    """A real HttpVerifyLink whose rounds ``down`` (by index) fail as a dropped connection would."""
 
-    def __init__(self, link: HttpLink, down: range) -> None:
+    def __init__(self, link: HttpVerifyLink, down: range) -> None:
         self.link, self.down, self.rounds = link, down, 0
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
@@ -48,9 +48,9 @@ class FlakyLink:
 
 
 class LosingLink:
-    """A real HttpLink; before its third round the server's session is restarted by another request."""
+    """A real HttpVerifyLink; before its third round the server's session is restarted by another request."""
 
-    def __init__(self, link: HttpLink, url: str, auth: dict[str, str]) -> None:
+    def __init__(self, link: HttpVerifyLink, url: str, auth: dict[str, str]) -> None:
         self.link, self.url, self.auth, self.rounds, self.lost = link, url, auth, 0, 0
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
@@ -93,7 +93,7 @@ PROMPTS = [[1, 5, 9, 40], [7], list(range(20, 50))]
 def test_greedy_over_http_is_the_targets_greedy_output(server: tuple[str, dict[str, str]], models: Models) -> None:
     url, tokens = server
     draft = TorchDraft(models.draft)
-    link = HttpLink(url, tokens["d1"])
+    link = HttpVerifyLink(url, tokens["d1"])
     for k in (1, 4):
         for prompt in PROMPTS:
             result = generate(draft, link, prompt, 24, k=k)
@@ -123,7 +123,7 @@ def test_a_dropped_link_goes_on_offline_then_reverifies(server: tuple[str, dict[
             if sum(not v for _, v in streamed) == 3:
                 proxy.down = False
 
-        result = generate(TorchDraft(models.draft), HttpLink(proxy.url, tokens["d1"], timeout_s=2), prompt, 30, k=2,
+        result = generate(TorchDraft(models.draft), HttpVerifyLink(proxy.url, tokens["d1"], timeout_s=2), prompt, 30, k=2,
                           retry_s=0.0, on_divergence=policy, on_tokens=weather)  # type: ignore[arg-type]
     assert result.offline_tokens >= 3 and [v for _, v in streamed][:4] == [True, False, False, False]
     if policy == "correct":  # the random draft disagrees with the target offline: corrected back to the target's text
@@ -136,7 +136,7 @@ def test_a_dropped_link_goes_on_offline_then_reverifies(server: tuple[str, dict[
 
 def test_the_link_down_to_the_end_leaves_the_rest_unverified(server: tuple[str, dict[str, str]], models: Models) -> None:
     url, tokens = server
-    link = FlakyLink(HttpLink(url, tokens["d1"]), down=range(1, 10**6))  # only the first round gets through
+    link = FlakyLink(HttpVerifyLink(url, tokens["d1"]), down=range(1, 10**6))  # only the first round gets through
     result = generate(TorchDraft(models.draft), link, PROMPTS[0], 20, k=2, retry_s=0.0)
     assert len(result.tokens) == 20 and 0 < result.verified < 20 and result.offline_tokens == 20 - result.verified
 
@@ -172,14 +172,14 @@ def test_a_lost_session_is_rebuilt_and_sessions_are_per_device(server: tuple[str
                       headers={"Authorization": "Bearer nope"}).status_code == 401
     # the device's loop survives a lost session (here restarted under it by another request): it
     # gets a 409, resends its whole history, and goes on
-    link = LosingLink(HttpLink(url, tokens["d1"]), url, d1)
+    link = LosingLink(HttpVerifyLink(url, tokens["d1"]), url, d1)
     result = generate(TorchDraft(models.draft), link, PROMPTS[2], 16, k=3, session="s")
     assert result.tokens == _greedy(models.target, PROMPTS[2], 16) and link.lost == 1
 
 
 def test_sampling_over_the_link_is_seeded(server: tuple[str, dict[str, str]], models: Models) -> None:
     url, tokens = server
-    link = HttpLink(url, tokens["d2"])
+    link = HttpVerifyLink(url, tokens["d2"])
     draft = TorchDraft(models.draft)
     a = generate(draft, link, PROMPTS[0], 20, k=3, temperature=0.8, seed=3, session="x1")
     b = generate(draft, link, PROMPTS[0], 20, k=3, temperature=0.8, seed=3, session="x2")
@@ -198,7 +198,7 @@ def test_sampling_through_the_client_draws_the_first_token_from_the_target(serve
     from edge.llm.acceptance import distribution
 
     url, tokens = server
-    link = HttpLink(url, tokens["d2"])
+    link = HttpVerifyLink(url, tokens["d2"])
     draft = TorchDraft(models.draft)
     prompt, temperature, n = PROMPTS[0], 0.05, 500
     target = AutoModelForCausalLM.from_pretrained(models.target, local_files_only=True).eval()
@@ -226,7 +226,7 @@ def test_sampling_through_the_client_draws_the_first_token_from_the_target(serve
 
 
 def test_adaptive_k_drafts_longer_blocks_over_a_slower_link() -> None:
-    from edge.llm.generate import choose_k
+    from edge.llm.acceptance import best_draft_length as choose_k
 
     assert choose_k(0.7, 16, round_s=0.3, token_s=0.005) > choose_k(0.7, 16, round_s=0.01, token_s=0.005)
     assert choose_k(0.95, 16, 0.1, 0.005) > choose_k(0.5, 16, 0.1, 0.005)
@@ -238,7 +238,7 @@ def test_adaptive_k_over_the_link_is_still_the_targets_greedy_output(server: tup
     url, tokens = server
     port = int(url.rsplit(":", 1)[1])
     with NetemProxy("127.0.0.1", port, rtt_s=0.1) as proxy:
-        result = generate(TorchDraft(models.target), HttpLink(proxy.url, tokens["d2"]), PROMPTS[1], 24, k=12, adaptive=True)
+        result = generate(TorchDraft(models.target), HttpVerifyLink(proxy.url, tokens["d2"]), PROMPTS[1], 24, k=12, adaptive=True)
     assert result.tokens == _greedy(models.target, PROMPTS[1], 24) and result.server_calls <= 4  # long blocks at 100 ms
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from edge.contract.protocol import VerifyRequest, VerifyResponse
 from edge.llm.generate import generate
-from server.llm.verify import BadVerify, SessionLost, VerifySessions, _Job
+from server.llm.verify import BadVerifyError, SessionNotHeldError, VerifySessions, _Job
 from tests.server.test_llm import Models
 from tests.server.test_llm import models as models
 from tests.server.test_verify import TorchDraft, _greedy
@@ -109,8 +109,8 @@ def test_errors_in_a_batch_stay_with_their_own_request(models: Models, tmp_path:
             _Job("d1", VerifyRequest(session="t", start=0, tokens=[1], draft=[2], states_from=0)),  # no MoA here
             _Job("d3", VerifyRequest(session="u", start=0, tokens=[5, 6], draft=[7, 8]))]
     sessions._round(jobs)
-    assert isinstance(jobs[0].error, SessionLost) and isinstance(jobs[1].error, SessionLost)
-    assert isinstance(jobs[2].error, BadVerify) and jobs[3].error is None and jobs[3].result is not None
+    assert isinstance(jobs[0].error, SessionNotHeldError) and isinstance(jobs[1].error, SessionNotHeldError)
+    assert isinstance(jobs[2].error, BadVerifyError) and jobs[3].error is None and jobs[3].result is not None
     assert sessions.sessions[("d1", "s")].history == held  # untouched by the refused requests
-    with pytest.raises(SessionLost):
+    with pytest.raises(SessionNotHeldError):
         sessions.verify("d2", VerifyRequest(session="s", start=len(held), draft=[1]))
