@@ -21,8 +21,9 @@ independent executor the firmware is checked against.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -197,181 +198,221 @@ def quantize_multiplier(m: float) -> tuple[int, int]:
 def from_qdq(onnx_bytes: bytes) -> IntModel:
     """The integer model of a QDQ graph (conv stack, ReLU, global average pool, Gemm): brevitas' QCDQ
     export of a trained model, or onnxruntime's static quantization of an imported one."""
-    import onnx
-    from onnx import numpy_helper
+    return _QdqReader(onnx_bytes).run()
 
-    model = onnx.load_from_string(onnx_bytes)
-    graph = model.graph
-    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
 
-    def value(name: str) -> np.ndarray:
+class _QdqReader:
+    """Walks a QDQ graph's chain from its input, one handler per operator (``HANDLERS``), keeping the
+    scale and offset of the current integer tensor, the channels the device computes (``keep_in``:
+    ordered dropout drops some) and its shape."""
+
+    def __init__(self, onnx_bytes: bytes) -> None:
+        import onnx
+        from onnx import numpy_helper
+
+        self.model = onnx.load_from_string(onnx_bytes)
+        self.graph = self.model.graph
+        self.consts = {i.name: numpy_helper.to_array(i) for i in self.graph.initializer}
+        self.producer = {out: node for node in self.graph.node for out in node.output}
+        self.consumers: dict[str, list[Any]] = {}
+        for node in self.graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        self.inputs = [i for i in self.graph.input if i.name not in self.consts]  # old exporters list initializers too
+
+    # ---- reading the graph ----
+
+    def value(self, name: str) -> np.ndarray:
         """A tensor that does not depend on the graph input: an initializer or a constant subgraph."""
-        if name in consts:
-            return consts[name]
+        if name in self.consts:
+            return self.consts[name]
+        import onnx
         import onnxruntime as ort
 
         probe = onnx.ModelProto()
-        probe.CopyFrom(model)
+        probe.CopyFrom(self.model)
         probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
         options = ort.SessionOptions()
         options.log_severity_level = 3
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        feed = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32) for i in inputs}
-        consts[name] = np.asarray(session.run([name], feed)[0])
-        return consts[name]
+        feed = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32) for i in self.inputs}
+        self.consts[name] = np.asarray(session.run([name], feed)[0])
+        return self.consts[name]
 
-    def only(name: str, op: str) -> onnx.NodeProto:
-        users = consumers.get(name, [])
+    def only(self, name: str, op: str) -> Any:
+        users = self.consumers.get(name, [])
         if len(users) != 1 or users[0].op_type != op:
             raise IntModelError(f"{name}: expected one {op} after it, found {[u.op_type for u in users]}")
         return users[0]
 
-    def int_weight(name: str) -> tuple[np.ndarray, float]:
-        dq = producer[name]
+    def after(self, name: str) -> list[str]:
+        return [u.op_type for u in self.consumers.get(name, [])]
+
+    def int_weight(self, name: str) -> tuple[np.ndarray, float]:
+        dq = self.producer[name]
         if dq.op_type != "DequantizeLinear":
             raise IntModelError(f"weight {name}: not dequantized from integers ({dq.op_type})")
         q = dq.input[0]
-        if q not in consts and producer[q].op_type == "Clip":  # brevitas' narrow-range clip of the int weights
-            clip = producer[q]
-            q_val = np.clip(value(clip.input[0]), value(clip.input[1]), value(clip.input[2]))
+        if q not in self.consts and self.producer[q].op_type == "Clip":  # brevitas' narrow-range clip of the int weights
+            clip = self.producer[q]
+            q_val = np.clip(self.value(clip.input[0]), self.value(clip.input[1]), self.value(clip.input[2]))
         else:
-            q_val = value(q)
-        zp = value(dq.input[2]) if len(dq.input) > 2 else np.zeros(1)
-        scale = value(dq.input[1])
+            q_val = self.value(q)
+        zp = self.value(dq.input[2]) if len(dq.input) > 2 else np.zeros(1)
+        scale = self.value(dq.input[1])
         if np.any(zp != 0) or scale.size != 1:
             raise IntModelError(f"weight {name}: expected a symmetric per-tensor quantization")
         return q_val.astype(np.int8), float(scale)
 
-    def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
+    @staticmethod
+    def attrs_of(node: Any) -> dict[str, Any]:
+        import onnx
+
         return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
-    def ort_conv_output(conv: onnx.NodeProto) -> tuple[float, int, int, str]:
+    def ort_conv_output(self, conv: Any) -> tuple[float, int, int, str]:
         """(output scale, clamp low, clamp high, value after) of onnxruntime's Conv → Q → DQ [→ Relu → Q → DQ].
 
         The QDQ graph rounds a ReLU's input to the conv output's scale and then to the ReLU's; the
         integer model requantizes once, to the ReLU's scale, clamped at 0."""
-        q = only(conv.output[0], "QuantizeLinear")
-        zp = value(q.input[2])
+        q = self.only(conv.output[0], "QuantizeLinear")
+        zp = self.value(q.input[2])
         if zp.dtype != np.int8 or int(zp) != 0:
             raise IntModelError(f"{q.name}: expected symmetric int8 activations (ActivationSymmetric)")
-        dq = only(q.output[0], "DequantizeLinear")
-        if [u.op_type for u in consumers.get(dq.output[0], [])] != ["Relu"]:
-            return float(value(q.input[1])), -128, 127, dq.output[0]
-        relu = only(dq.output[0], "Relu")
-        q2 = only(relu.output[0], "QuantizeLinear")
-        zp2 = value(q2.input[2])
+        dq = self.only(q.output[0], "DequantizeLinear")
+        if self.after(dq.output[0]) != ["Relu"]:
+            return float(self.value(q.input[1])), -128, 127, dq.output[0]
+        relu = self.only(dq.output[0], "Relu")
+        q2 = self.only(relu.output[0], "QuantizeLinear")
+        zp2 = self.value(q2.input[2])
         if zp2.dtype != np.int8 or int(zp2) != 0:
             raise IntModelError(f"{q2.name}: expected symmetric int8 activations (ActivationSymmetric)")
-        return float(value(q2.input[1])), 0, 127, only(q2.output[0], "DequantizeLinear").output[0]
+        return float(self.value(q2.input[1])), 0, 127, self.only(q2.output[0], "DequantizeLinear").output[0]
 
-    pooled = False
-    inputs = [i for i in graph.input if i.name not in consts]  # old exporters list initializers as inputs too
-    if len(inputs) != 1:
-        raise IntModelError(f"expected one graph input, found {[i.name for i in inputs]}")
-    inp = inputs[0]
-    shape = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)[1:]
-    quant = only(inp.name, "QuantizeLinear")
-    s_in, zp_in = float(value(quant.input[1])), int(value(quant.input[2]))
-    if zp_in != 0 or value(quant.input[2]).dtype != np.int8:
-        raise IntModelError("input: expected a symmetric int8 quantization")
-    out = IntModel(s_in, shape)
-    x_scale, x_offset, cur = s_in, 0, only(quant.output[0], "DequantizeLinear").output[0]
-    keep_in = np.arange(shape[0])  # the input channels the device computes
-    in_shape = shape
-    while True:
-        users = [u for u in consumers.get(cur, []) if u.op_type != "Shape"]  # Shape feeds the flatten's Reshape
-        if len(users) != 1:
-            raise IntModelError(f"{cur}: used by {[u.op_type for u in users]}; only chains are supported")
-        node = users[0]
-        if pooled and node.op_type in ("QuantizeLinear", "DequantizeLinear", "Flatten", "Reshape"):
-            cur = node.output[0]  # onnxruntime requantizes the pooled values: the integer model keeps the int32 sums
-            continue
-        if node.op_type == "Conv":
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            w, s_w = int_weight(node.input[1])
-            bias = value(node.input[2]).astype(np.float64) if len(node.input) > 2 else np.zeros(w.shape[0])
-            after = [u.op_type for u in consumers.get(node.output[0], [])]
-            if after == ["QuantizeLinear"]:  # onnxruntime's QDQ: int8 conv output, then an optional ReLU
-                s_y, act_min, act_max, cur = ort_conv_output(node)
-                out_offset, next_offset = 0, 0
-            else:  # brevitas' QCDQ: ReLU, then uint8 codes (stored as q - 128)
-                relu = only(node.output[0], "Relu")
-                q = only(relu.output[0], "QuantizeLinear")
-                s_y, zp_y = float(value(q.input[1])), value(q.input[2])
-                if zp_y.dtype != np.uint8 or int(zp_y) != 0:
-                    raise IntModelError(f"{q.name}: expected the uint8 zero-point-0 quantization of a ReLU")
-                act_min, act_max, after_q = -128, 127, q.output[0]
-                if [u.op_type for u in consumers.get(after_q, [])] == ["Clip"]:  # fewer bits: clipped uint8 codes
-                    clip = consumers[after_q][0]
-                    act_min, act_max = int(value(clip.input[1])) - 128, int(value(clip.input[2])) - 128
-                    after_q = clip.output[0]
-                dq = only(after_q, "DequantizeLinear")
-                cur = dq.output[0]
-                out_offset, next_offset = -128, 128
-            mult = np.ones(w.shape[0])
-            users = consumers.get(cur, [])
-            if len(users) == 1 and users[0].op_type == "Mul":  # ordered dropout: per-channel 0 or C/keep
-                mult = value(users[0].input[1]).reshape(-1).astype(np.float64)
-                cur = users[0].output[0]
-            keep_out = np.flatnonzero(mult != 0)
-            kernel = tuple(attrs["kernel_shape"])
-            strides, pads = tuple(attrs.get("strides", [1] * len(kernel))), tuple(attrs.get("pads", [0] * 2 * len(kernel)))
-            if len(set(strides)) != 1 or len(set(pads)) != 1 or attrs.get("group", 1) != 1:
-                raise IntModelError(f"{node.name}: only square strides/padding and group = 1 are supported")
-            stride, pad = strides[0], pads[0]
-            spatial = tuple((n + 2 * pad - k) // stride + 1 for n, k in zip(in_shape[1:], kernel))
-            w_kept = w[np.ix_(keep_out, keep_in)]
-            eff = x_scale * s_w
-            m0s, shifts = zip(*(quantize_multiplier(eff / s_y) for _ in keep_out))
-            layer = ConvLayer(weight=np.ascontiguousarray(w_kept),
-                              bias=np.round(bias[keep_out] / eff).astype(np.int32),
-                              multiplier=np.array(m0s, np.int32), shift=np.array(shifts, np.int32),
-                              input_offset=x_offset, output_offset=out_offset, act_min=act_min, act_max=act_max,
-                              stride=stride, padding=pad, in_shape=(len(keep_in), *in_shape[1:]),
-                              out_shape=(len(keep_out), *spatial))
-            bound = int(np.abs(w_kept.astype(np.int64)).reshape(len(keep_out), -1).sum(1).max()) * 256
-            if bound >= EXACT_FLOAT_SUM:
-                raise IntModelError(f"{node.name}: accumulators up to {bound} exceed 2^24 (the float oracle is inexact)")
-            out.layers.append(layer)
-            scale_kept = mult[keep_out]
-            if len(set(scale_kept.tolist())) != 1:
-                raise IntModelError(f"{node.name}: dropout rescale differs across kept channels")
-            x_scale, x_offset = s_y * float(scale_kept[0]), next_offset  # brevitas: stored q - 128, so add 128 back
-            keep_in, in_shape = np.arange(len(keep_out)), (len(keep_out), *spatial)
-        elif node.op_type == "Reshape":
-            reduce = only(node.output[0], "ReduceMean")
-            positions = math.prod(in_shape[1:])
-            out.layers.append(PoolLayer(input_offset=x_offset, in_shape=in_shape))
-            x_scale, x_offset, cur = x_scale / positions, 0, reduce.output[0]
-            in_shape = (in_shape[0],)
-        elif node.op_type in ("ReduceMean", "GlobalAveragePool"):  # onnxruntime's graph: pooling over positions
-            axes = attrs_of(node).get("axes")
-            if node.op_type == "ReduceMean" and (axes is None or sorted(a % (len(in_shape) + 1) for a in axes)
-                                                 != list(range(2, len(in_shape) + 1))):
-                raise IntModelError(f"{node.name}: ReduceMean over axes {axes}; the firmware pools over all positions")
-            positions = math.prod(in_shape[1:])
-            out.layers.append(PoolLayer(input_offset=x_offset, in_shape=in_shape))
-            x_scale, x_offset, cur, pooled = x_scale / positions, 0, node.output[0], True
-            in_shape = (in_shape[0],)
-        elif node.op_type == "Gemm":
-            w, s_w = int_weight(node.input[1])
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            if not attrs.get("transB", 0):
-                raise IntModelError(f"{node.name}: expected Gemm with transB = 1")
-            bias = value(node.input[2]).astype(np.float64)
-            eff = x_scale * s_w
-            out.layers.append(DenseLayer(np.ascontiguousarray(w[:, keep_in]), np.round(bias / eff).astype(np.int32), eff))
-            return out
-        else:
-            index = list(graph.node).index(node) + 1
-            raise IntModelError(f"operator {node.op_type} (node {node.name!r}, {index} of {len(graph.node)} in the graph) "
-                                "has no firmware kernel: the firmware runs Conv (with ReLU), global average pooling "
-                                "and a final Gemm")
+    def brevitas_conv_output(self, conv: Any) -> tuple[float, int, int, str]:
+        """(output scale, clamp low, clamp high, value after) of brevitas' QCDQ: ReLU, then uint8
+        codes (stored as q - 128), clipped to fewer bits where the variant has them."""
+        relu = self.only(conv.output[0], "Relu")
+        q = self.only(relu.output[0], "QuantizeLinear")
+        s_y, zp_y = float(self.value(q.input[1])), self.value(q.input[2])
+        if zp_y.dtype != np.uint8 or int(zp_y) != 0:
+            raise IntModelError(f"{q.name}: expected the uint8 zero-point-0 quantization of a ReLU")
+        act_min, act_max, after_q = -128, 127, q.output[0]
+        if self.after(after_q) == ["Clip"]:  # fewer bits: clipped uint8 codes
+            clip = self.consumers[after_q][0]
+            act_min, act_max = int(self.value(clip.input[1])) - 128, int(self.value(clip.input[2])) - 128
+            after_q = clip.output[0]
+        return s_y, act_min, act_max, self.only(after_q, "DequantizeLinear").output[0]
+
+    # ---- the walk ----
+
+    def run(self) -> IntModel:
+        if len(self.inputs) != 1:
+            raise IntModelError(f"expected one graph input, found {[i.name for i in self.inputs]}")
+        inp = self.inputs[0]
+        shape = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)[1:]
+        quant = self.only(inp.name, "QuantizeLinear")
+        s_in, zp_in = float(self.value(quant.input[1])), int(self.value(quant.input[2]))
+        if zp_in != 0 or self.value(quant.input[2]).dtype != np.int8:
+            raise IntModelError("input: expected a symmetric int8 quantization")
+        self.out = IntModel(s_in, shape)
+        self.x_scale, self.x_offset = s_in, 0
+        self.cur: str = self.only(quant.output[0], "DequantizeLinear").output[0]
+        self.keep_in = np.arange(shape[0])  # the input channels the device computes
+        self.in_shape: tuple[int, ...] = shape
+        self.pooled = False
+        while True:
+            users = [u for u in self.consumers.get(self.cur, []) if u.op_type != "Shape"]  # Shape feeds a flatten
+            if len(users) != 1:
+                raise IntModelError(f"{self.cur}: used by {[u.op_type for u in users]}; only chains are supported")
+            node = users[0]
+            if self.pooled and node.op_type in ("QuantizeLinear", "DequantizeLinear", "Flatten", "Reshape"):
+                self.cur = node.output[0]  # onnxruntime requantizes the pooled values: the integer model keeps the sums
+                continue
+            handler = self.HANDLERS.get(node.op_type)
+            if handler is None:
+                index = list(self.graph.node).index(node) + 1
+                raise IntModelError(f"operator {node.op_type} (node {node.name!r}, {index} of {len(self.graph.node)} in "
+                                    "the graph) has no firmware kernel: the firmware runs Conv (with ReLU), global "
+                                    "average pooling and a final Gemm")
+            if handler(self, node):
+                return self.out
+
+    def _conv(self, node: Any) -> bool:
+        attrs = self.attrs_of(node)
+        w, s_w = self.int_weight(node.input[1])
+        bias = self.value(node.input[2]).astype(np.float64) if len(node.input) > 2 else np.zeros(w.shape[0])
+        if self.after(node.output[0]) == ["QuantizeLinear"]:  # onnxruntime's QDQ: int8 output, then an optional ReLU
+            s_y, act_min, act_max, self.cur = self.ort_conv_output(node)
+            out_offset, next_offset = 0, 0
+        else:  # brevitas' QCDQ
+            s_y, act_min, act_max, self.cur = self.brevitas_conv_output(node)
+            out_offset, next_offset = -128, 128
+        mult = np.ones(w.shape[0])
+        users = self.consumers.get(self.cur, [])
+        if len(users) == 1 and users[0].op_type == "Mul":  # ordered dropout: per-channel 0 or C/keep
+            mult = self.value(users[0].input[1]).reshape(-1).astype(np.float64)
+            self.cur = users[0].output[0]
+        keep_out = np.flatnonzero(mult != 0)
+        kernel = tuple(attrs["kernel_shape"])
+        strides, pads = tuple(attrs.get("strides", [1] * len(kernel))), tuple(attrs.get("pads", [0] * 2 * len(kernel)))
+        if len(set(strides)) != 1 or len(set(pads)) != 1 or attrs.get("group", 1) != 1:
+            raise IntModelError(f"{node.name}: only square strides/padding and group = 1 are supported")
+        stride, pad = strides[0], pads[0]
+        spatial = tuple((n + 2 * pad - k) // stride + 1 for n, k in zip(self.in_shape[1:], kernel))
+        w_kept = w[np.ix_(keep_out, self.keep_in)]
+        eff = self.x_scale * s_w
+        m0s, shifts = zip(*(quantize_multiplier(eff / s_y) for _ in keep_out))
+        layer = ConvLayer(weight=np.ascontiguousarray(w_kept),
+                          bias=np.round(bias[keep_out] / eff).astype(np.int32),
+                          multiplier=np.array(m0s, np.int32), shift=np.array(shifts, np.int32),
+                          input_offset=self.x_offset, output_offset=out_offset, act_min=act_min, act_max=act_max,
+                          stride=stride, padding=pad, in_shape=(len(self.keep_in), *self.in_shape[1:]),
+                          out_shape=(len(keep_out), *spatial))
+        bound = int(np.abs(w_kept.astype(np.int64)).reshape(len(keep_out), -1).sum(1).max()) * 256
+        if bound >= EXACT_FLOAT_SUM:
+            raise IntModelError(f"{node.name}: accumulators up to {bound} exceed 2^24 (the float oracle is inexact)")
+        self.out.layers.append(layer)
+        scale_kept = mult[keep_out]
+        if len(set(scale_kept.tolist())) != 1:
+            raise IntModelError(f"{node.name}: dropout rescale differs across kept channels")
+        self.x_scale, self.x_offset = s_y * float(scale_kept[0]), next_offset  # brevitas: stored q - 128, so add 128 back
+        self.keep_in, self.in_shape = np.arange(len(keep_out)), (len(keep_out), *spatial)
+        return False
+
+    def _pool(self, next_value: str, pooled: bool) -> None:
+        positions = math.prod(self.in_shape[1:])
+        self.out.layers.append(PoolLayer(input_offset=self.x_offset, in_shape=self.in_shape))
+        self.x_scale, self.x_offset, self.cur = self.x_scale / positions, 0, next_value
+        self.pooled = self.pooled or pooled
+        self.in_shape = (self.in_shape[0],)
+
+    def _reshape(self, node: Any) -> bool:  # brevitas' graph: flatten, then a mean over positions
+        self._pool(self.only(node.output[0], "ReduceMean").output[0], pooled=False)
+        return False
+
+    def _reduce_mean(self, node: Any) -> bool:  # onnxruntime's graph: pooling over positions
+        axes = self.attrs_of(node).get("axes")
+        if node.op_type == "ReduceMean" and (axes is None or sorted(a % (len(self.in_shape) + 1) for a in axes)
+                                             != list(range(2, len(self.in_shape) + 1))):
+            raise IntModelError(f"{node.name}: ReduceMean over axes {axes}; the firmware pools over all positions")
+        self._pool(node.output[0], pooled=True)
+        return False
+
+    def _gemm(self, node: Any) -> bool:
+        w, s_w = self.int_weight(node.input[1])
+        if not self.attrs_of(node).get("transB", 0):
+            raise IntModelError(f"{node.name}: expected Gemm with transB = 1")
+        bias = self.value(node.input[2]).astype(np.float64)
+        eff = self.x_scale * s_w
+        self.out.layers.append(DenseLayer(np.ascontiguousarray(w[:, self.keep_in]), np.round(bias / eff).astype(np.int32),
+                                          eff))
+        return True  # the logits: the end of the chain
+
+    HANDLERS: ClassVar[dict[str, Callable[[_QdqReader, Any], bool]]] = {
+        "Conv": _conv, "Reshape": _reshape, "ReduceMean": _reduce_mean, "GlobalAveragePool": _reduce_mean,
+        "Gemm": _gemm,
+    }
 
 
 # ---- the integer model as an exact ONNX graph (the oracle) -------------------------------------

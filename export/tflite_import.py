@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -167,208 +168,252 @@ def _same_pad(n: int, k: int, stride: int, out: int) -> int:
 
 def from_tflite(data: bytes) -> IntModel:
     """The integer model of a fully-int8 TFLite flatbuffer, as the firmware runs it."""
-    model = read_model(data)
-    graph = _Graph(model, data)
-    g = graph.g
-    names = op_names(model)
-    schema = graph.schema
-    if len(g.inputs) != 1 or len(g.outputs) != 1:
-        raise IntModelError(f"the model has {len(g.inputs)} inputs and {len(g.outputs)} outputs; one of each is needed")
-    t_in = int(g.inputs[0])
-    in_scale, in_zp = graph.act(t_in)
-    in_shape = graph.shape(t_in)
-    if not in_shape or in_shape[0] != 1:
-        raise IntModelError(f"input shape {list(in_shape)}: the batch (first) dimension must be 1")
-    out = IntModel(in_scale, in_shape[1:], input_zero_point=in_zp)
-    cur = t_in
-    # where[i...]: the offset in the device's buffer of each value of the current tensor; before the
-    # first layer that computes, the buffer is the model input itself, laid out as the layer needs
-    where = np.arange(math.prod(in_shape)).reshape(in_shape)
-    computed = False
-    phys: tuple[int, ...] = in_shape[1:]  # the device buffer: (H, W, C), or (N,) after a vector op
-    pad = (0, 0, 0, 0)  # a pending PAD: top, bottom, left, right
-    outputs = {int(g.outputs[0])}
+    return _Lowering(data).run()
 
-    def place(k: int, shape: tuple[int, ...]) -> None:
+
+@dataclass(frozen=True)
+class _Op:
+    """One operator of the graph as a handler reads it."""
+
+    k: int
+    kind: str
+    ins: list[int]
+    outs: list[int]
+    opts: Any
+    here: str  # how errors name it
+
+
+class _Lowering:
+    """TFLite operators into the firmware's layers, one handler per operator (``HANDLERS``).
+
+    ``where[i...]``: the offset in the device's buffer of each value of the current tensor; before
+    the first layer that computes, the buffer is the model input itself, laid out as the layer
+    needs. ``phys``: the device buffer, (H, W, C), or (N,) after a vector op; ``pad``: a pending
+    PAD (top, bottom, left, right), folded into the next convolution."""
+
+    def __init__(self, data: bytes) -> None:
+        model = read_model(data)
+        self.graph = _Graph(model, data)
+        g = self.g = self.graph.g
+        self.names = op_names(model)
+        if len(g.inputs) != 1 or len(g.outputs) != 1:
+            raise IntModelError(f"the model has {len(g.inputs)} inputs and {len(g.outputs)} outputs; one of each is needed")
+        t_in = int(g.inputs[0])
+        in_scale, in_zp = self.graph.act(t_in)
+        in_shape = self.graph.shape(t_in)
+        if not in_shape or in_shape[0] != 1:
+            raise IntModelError(f"input shape {list(in_shape)}: the batch (first) dimension must be 1")
+        self.out = IntModel(in_scale, in_shape[1:], input_zero_point=in_zp)
+        self.cur = t_in
+        self.where = np.arange(math.prod(in_shape)).reshape(in_shape)
+        self.computed = False
+        self.phys: tuple[int, ...] = in_shape[1:]
+        self.pad = (0, 0, 0, 0)
+        self.outputs = {int(g.outputs[0])}
+
+    def run(self) -> IntModel:
+        g, out = self.g, self.out
+        for k, op in enumerate(g.operators):
+            kind = self.names[k]
+            ins, outs = [int(i) for i in op.inputs], [int(i) for i in op.outputs]
+            here = f"operator {k + 1} of {len(g.operators)} ({kind}, output {self.graph.name(outs[0])!r})"
+            if ins[0] != self.cur:
+                raise IntModelError(f"{here}: does not read the previous operator's output; only chains are supported")
+            if self.pad != (0, 0, 0, 0) and kind not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+                raise IntModelError(f"{here}: a PAD must be followed by a convolution (it is folded into it)")
+            if kind == "SOFTMAX" and outs[0] in self.outputs:
+                break  # monotone: the firmware stops at the logits before it
+            handler = self.HANDLERS.get(kind)
+            if handler is None:
+                raise IntModelError(f"operator {kind} (operator {k + 1} of {len(g.operators)} in the graph, output "
+                                    f"{self.graph.name(outs[0])!r}) has no firmware kernel: the firmware runs {SUPPORTED}")
+            handler(self, _Op(k, kind, ins, outs, op.builtinOptions, here))
+        if not out.layers or not isinstance(out.layers[-1], FCLayer):
+            raise IntModelError("the model must end in a FULLY_CONNECTED layer (optionally then a SOFTMAX): its outputs "
+                                "are the device's logits")
+        if not 1 <= out.layers[-1].weight.shape[0] <= 16:
+            raise IntModelError(f"the model has {out.layers[-1].weight.shape[0]} outputs; the firmware takes 1 to 16")
+        return out
+
+    # ---- the buffer ----
+
+    def place(self, op: _Op, shape: tuple[int, ...]) -> None:
         """The current tensor as a channels-last (1, H, W, C) buffer in order."""
-        nonlocal where, computed, phys
-        if where.shape != shape:
-            raise IntModelError(f"operator {k + 1} ({names[k]}): input shape {list(where.shape)}, expected {list(shape)}")
-        if not computed:
-            out.input_gather = where.reshape(-1).copy()
-        elif phys != shape[1:] or not np.array_equal(where.reshape(-1), np.arange(where.size)):
-            raise IntModelError(f"operator {k + 1} ({names[k]}): its input is a transposed view of the buffer; the "
+        if self.where.shape != shape:
+            raise IntModelError(f"operator {op.k + 1} ({op.kind}): input shape {list(self.where.shape)}, expected "
+                                f"{list(shape)}")
+        if not self.computed:
+            self.out.input_gather = self.where.reshape(-1).copy()
+        elif self.phys != shape[1:] or not np.array_equal(self.where.reshape(-1), np.arange(self.where.size)):
+            raise IntModelError(f"operator {op.k + 1} ({op.kind}): its input is a transposed view of the buffer; the "
                                 "firmware's layers read channels-last tensors in order")
 
-    def produced(t: int, layer: Layer) -> None:
-        nonlocal cur, where, computed, phys
-        out.layers.append(layer)
-        cur, computed = t, True
-        shape = graph.shape(t)
-        phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
-        where = np.arange(math.prod(shape)).reshape(shape)
+    def produced(self, t: int, layer: Layer) -> None:
+        self.out.layers.append(layer)
+        self.cur, self.computed = t, True
+        shape = self.graph.shape(t)
+        self.phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
+        self.where = np.arange(math.prod(shape)).reshape(shape)
 
-    for k, op in enumerate(g.operators):
-        kind = names[k]
-        ins = [int(i) for i in op.inputs]
-        outs = [int(i) for i in op.outputs]
-        opts = op.builtinOptions
-        here = f"operator {k + 1} of {len(g.operators)} ({kind}, output {graph.name(outs[0])!r})"
-        if ins[0] != cur:
-            raise IntModelError(f"{here}: does not read the previous operator's output; only chains are supported")
-        if pad != (0, 0, 0, 0) and kind not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-            raise IntModelError(f"{here}: a PAD must be followed by a convolution (it is folded into it)")
-        if kind in ("RESHAPE", "SQUEEZE"):
-            shape = graph.shape(outs[0])
-            where = where.reshape(shape)
-            cur = outs[0]
-        elif kind == "TRANSPOSE":
-            where = np.transpose(where, graph.const(ins[1]).astype(int).tolist())
-            cur = outs[0]
-        elif kind in ("PAD", "PADV2"):
-            paddings = graph.const(ins[1]).astype(int)
-            s_in, zp_in = graph.act(ins[0])
-            s_out, zp_out = graph.act(outs[0])
-            if kind == "PADV2" and int(graph.const(ins[2]).reshape(-1)[0]) != zp_in:
-                raise IntModelError(f"{here}: pads with a value other than the zero point; only zero padding folds")
-            if paddings.shape != (4, 2) or paddings[0].any() or paddings[3].any() or (s_in, zp_in) != (s_out, zp_out):
-                raise IntModelError(f"{here}: only spatial zero padding of an NHWC tensor folds into the next conv")
-            place(k, graph.shape(ins[0]))
-            pad = (int(paddings[1][0]), int(paddings[1][1]), int(paddings[2][0]), int(paddings[2][1]))
-            cur = outs[0]  # the buffer stays the unpadded tensor; the next conv pads
-        elif kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-            padded = graph.shape(ins[0])  # SAME pads the conv's own input: the PAD's output, if any
-            x_shape: tuple[int, ...] = (padded[0], padded[1] - pad[0] - pad[1], padded[2] - pad[2] - pad[3], padded[3])
-            if pad == (0, 0, 0, 0):  # (a PAD placed its input already)
-                place(k, x_shape)
-            y_shape = graph.shape(outs[0])
-            if opts.dilationHFactor != 1 or opts.dilationWFactor != 1:
-                raise IntModelError(f"{here}: dilation has no firmware kernel")
-            if opts.strideH != opts.strideW:
-                raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
-            w = graph.const(ins[1])
-            s_x, zp_x = graph.act(ins[0])
-            s_y, zp_y = graph.act(outs[0])
-            s_w, zp_w = graph.quant(ins[1])
-            if np.any(zp_w != 0):
-                raise IntModelError(f"{here}: weights with a zero point; TFLite's int8 weights are symmetric")
-            n_out = y_shape[3]
-            bias = (graph.const(ins[2]).astype(np.int32) if len(ins) > 2 and ins[2] >= 0
-                    else np.zeros(n_out, np.int32))
-            kh, kw = (w.shape[1], w.shape[2])
-            if kind == "CONV_2D" and w.shape[3] != x_shape[3]:
-                raise IntModelError(f"{here}: {w.shape[3]} weight channels for {x_shape[3]} input channels (a grouped "
-                                    "convolution has no firmware kernel)")
-            same = opts.padding == schema.Padding.SAME
-            top = pad[0] + (_same_pad(padded[1], kh, opts.strideH, y_shape[1]) if same else 0)
-            left = pad[2] + (_same_pad(padded[2], kw, opts.strideW, y_shape[2]) if same else 0)
-            stride = int(opts.strideH)
-            if (top >= kh or left >= kw or (y_shape[1] - 1) * stride - top >= x_shape[1]
-                    or (y_shape[2] - 1) * stride - left >= x_shape[2]):
-                raise IntModelError(f"{here}: padding wider than the kernel (some outputs see only padding); the "
-                                    "firmware's convolutions take at most kernel - 1")
-            scales = np.broadcast_to(s_w, (n_out,))
-            m0, shift = zip(*(quantize_multiplier(float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)))
-                              for sw in scales))
-            act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
-            common = dict(bias=bias, multiplier=np.array(m0, np.int32), shift=np.array(shift, np.int32),
-                          input_offset=-zp_x, output_offset=zp_y, act_min=act_min, act_max=act_max,
-                          stride=int(opts.strideH), in_shape=(x_shape[3], x_shape[1], x_shape[2]),
-                          out_shape=(n_out, y_shape[1], y_shape[2]))
-            if kind == "CONV_2D":
-                layer: Layer = ConvLayer(weight=np.ascontiguousarray(np.transpose(w, (0, 3, 1, 2))), padding=left,
-                                         padding_h=top, **common)  # type: ignore[arg-type]
-            else:
-                if n_out % x_shape[3]:
-                    raise IntModelError(f"{here}: {n_out} output channels for {x_shape[3]} input channels")
-                layer = DepthwiseLayer(weight=np.ascontiguousarray(w[0]), padding=left, padding_h=top,
-                                       **common)  # type: ignore[arg-type]
-            pad = (0, 0, 0, 0)
-            produced(outs[0], layer)
-        elif kind in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
-            x_shape, y_shape = graph.shape(ins[0]), graph.shape(outs[0])
-            place(k, x_shape)
-            if graph.act(ins[0]) != graph.act(outs[0]):
-                raise IntModelError(f"{here}: input and output quantized differently; TFLite pools keep the scale")
-            if opts.strideH != opts.strideW:
-                raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
-            same = opts.padding == schema.Padding.SAME
-            s_y, zp_y = graph.act(outs[0])
-            act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
-            produced(outs[0], WindowPoolLayer(
-                kind="avg" if kind == "AVERAGE_POOL_2D" else "max", kernel=(opts.filterHeight, opts.filterWidth),
-                stride=int(opts.strideH),
-                padding_h=_same_pad(x_shape[1], opts.filterHeight, opts.strideH, y_shape[1]) if same else 0,
-                padding=_same_pad(x_shape[2], opts.filterWidth, opts.strideW, y_shape[2]) if same else 0,
-                act_min=act_min, act_max=act_max, in_shape=(x_shape[3], x_shape[1], x_shape[2]),
-                out_shape=(y_shape[3], y_shape[1], y_shape[2])))
-        elif kind == "MEAN":
-            if not computed or len(phys) != 3:
-                raise IntModelError(f"{here}: MEAN runs over the positions of a convolution's output only")
-            h, w_, c = phys
-            axes = sorted(int(a) % where.ndim for a in graph.const(ins[1]).reshape(-1))
-            if opts is not None and opts.keepDims and where.ndim == 4 and axes == [1, 2]:
-                raise IntModelError(f"{here}: MEAN keeping dims over axes 1, 2 (TFLite Micro's integer path) has "
-                                    "no firmware kernel; export it with keepdims=False")
-            rows = np.moveaxis(where, axes, list(range(where.ndim - len(axes), where.ndim)))
-            rows = rows.reshape(-1, math.prod(where.shape[a] for a in axes))
-            channel = rows % c
-            if (rows.shape[1] != h * w_ or np.any(channel != channel[:, :1])
-                    or not np.array_equal(np.sort(rows // c, axis=1), np.broadcast_to(np.arange(h * w_), rows.shape))):
-                raise IntModelError(f"{here}: MEAN over axes {axes} is not a mean over all positions")
-            s_x, zp_x = graph.act(ins[0])
-            s_y, zp_y = graph.act(outs[0])
-            if (s_x, zp_x) == (s_y, zp_y):
-                raise IntModelError(f"{here}: a MEAN that keeps its scale (TFLite Micro divides integers there) has "
-                                    "no firmware kernel checked against it yet")
-            else:  # QuantizedMeanOrSum: 1/positions folded into the multiplier, as TFLite Micro does
-                mult, right = quantize_multiplier(float(np.float64(s_x) / np.float64(s_y)))
-                n = h * w_
-                fold = min(n.bit_length() - 1, 32, 31 - right)
-                layer = MeanLayer(multiplier=(mult << fold) // n, shift=right + fold, input_offset=-zp_x,
-                                  output_offset=zp_y, in_shape=(c, h, w_))
-            out.layers.append(layer)
-            cur, phys = outs[0], (c,)
-            where = channel[:, 0].reshape(graph.shape(outs[0]))
-        elif kind == "FULLY_CONNECTED":
-            w = graph.const(ins[1])
-            n_out, n_in = w.shape
-            if where.size != n_in:
-                raise IntModelError(f"{here}: {where.size} inputs for {n_in} weight columns")
-            order = where.reshape(-1)
-            if not computed:
-                out.input_gather, order = order.copy(), np.arange(n_in)
-            elif sorted(order.tolist()) != list(range(math.prod(phys))):
-                raise IntModelError(f"{here}: its input is not a permutation of the buffer")
-            w_dev = np.empty_like(w)
-            w_dev[:, order] = w  # column i reads buffer offset order[i]
-            s_x, zp_x = graph.act(ins[0])
-            s_y, zp_y = graph.act(outs[0])
-            s_w, zp_w = graph.quant(ins[1])
-            if np.any(zp_w != 0):
-                raise IntModelError(f"{here}: weights with a zero point; TFLite's int8 weights are symmetric")
-            bias = (graph.const(ins[2]).astype(np.int32) if len(ins) > 2 and ins[2] >= 0
-                    else np.zeros(n_out, np.int32))
-            if s_w.size == 1:  # TFLite Micro's per-tensor path: the scales' product in float32, then double
-                real = [float(np.float32(s_x) * s_w[0]) / float(s_y)] * n_out
-            else:
-                real = [float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)) for sw in s_w]
-            m0, shift = zip(*(quantize_multiplier(r) for r in real))
-            act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
-            produced(outs[0], FCLayer(weight=np.ascontiguousarray(w_dev), bias=bias, multiplier=np.array(m0, np.int32),
-                                      shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,
-                                      act_min=act_min, act_max=act_max, output_scale=s_y))
-        elif kind == "SOFTMAX" and outs[0] in outputs:
-            break  # monotone: the firmware stops at the logits before it
+    def _weights(self, op: _Op, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(weights, their scales, the int32 bias) of a convolution or fully connected layer."""
+        w = self.graph.const(op.ins[1])
+        s_w, zp_w = self.graph.quant(op.ins[1])
+        if np.any(zp_w != 0):
+            raise IntModelError(f"{op.here}: weights with a zero point; TFLite's int8 weights are symmetric")
+        bias = (self.graph.const(op.ins[2]).astype(np.int32) if len(op.ins) > 2 and op.ins[2] >= 0
+                else np.zeros(n_out, np.int32))
+        return w, s_w, bias
+
+    # ---- operators that move no data ----
+
+    def _reshape(self, op: _Op) -> None:
+        self.where = self.where.reshape(self.graph.shape(op.outs[0]))
+        self.cur = op.outs[0]
+
+    def _transpose(self, op: _Op) -> None:
+        self.where = np.transpose(self.where, self.graph.const(op.ins[1]).astype(int).tolist())
+        self.cur = op.outs[0]
+
+    def _pad(self, op: _Op) -> None:
+        graph, ins, outs = self.graph, op.ins, op.outs
+        paddings = graph.const(ins[1]).astype(int)
+        s_in, zp_in = graph.act(ins[0])
+        s_out, zp_out = graph.act(outs[0])
+        if op.kind == "PADV2" and int(graph.const(ins[2]).reshape(-1)[0]) != zp_in:
+            raise IntModelError(f"{op.here}: pads with a value other than the zero point; only zero padding folds")
+        if paddings.shape != (4, 2) or paddings[0].any() or paddings[3].any() or (s_in, zp_in) != (s_out, zp_out):
+            raise IntModelError(f"{op.here}: only spatial zero padding of an NHWC tensor folds into the next conv")
+        self.place(op, graph.shape(ins[0]))
+        self.pad = (int(paddings[1][0]), int(paddings[1][1]), int(paddings[2][0]), int(paddings[2][1]))
+        self.cur = outs[0]  # the buffer stays the unpadded tensor; the next conv pads
+
+    # ---- layers ----
+
+    def _conv(self, op: _Op) -> None:
+        graph, ins, outs, opts, here, pad = self.graph, op.ins, op.outs, op.opts, op.here, self.pad
+        padded = graph.shape(ins[0])  # SAME pads the conv's own input: the PAD's output, if any
+        x_shape: tuple[int, ...] = (padded[0], padded[1] - pad[0] - pad[1], padded[2] - pad[2] - pad[3], padded[3])
+        if pad == (0, 0, 0, 0):  # (a PAD placed its input already)
+            self.place(op, x_shape)
+        y_shape = graph.shape(outs[0])
+        if opts.dilationHFactor != 1 or opts.dilationWFactor != 1:
+            raise IntModelError(f"{here}: dilation has no firmware kernel")
+        if opts.strideH != opts.strideW:
+            raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
+        s_x, zp_x = graph.act(ins[0])
+        s_y, zp_y = graph.act(outs[0])
+        n_out = y_shape[3]
+        w, s_w, bias = self._weights(op, n_out)
+        kh, kw = (w.shape[1], w.shape[2])
+        if op.kind == "CONV_2D" and w.shape[3] != x_shape[3]:
+            raise IntModelError(f"{here}: {w.shape[3]} weight channels for {x_shape[3]} input channels (a grouped "
+                                "convolution has no firmware kernel)")
+        same = opts.padding == graph.schema.Padding.SAME
+        top = pad[0] + (_same_pad(padded[1], kh, opts.strideH, y_shape[1]) if same else 0)
+        left = pad[2] + (_same_pad(padded[2], kw, opts.strideW, y_shape[2]) if same else 0)
+        stride = int(opts.strideH)
+        if (top >= kh or left >= kw or (y_shape[1] - 1) * stride - top >= x_shape[1]
+                or (y_shape[2] - 1) * stride - left >= x_shape[2]):
+            raise IntModelError(f"{here}: padding wider than the kernel (some outputs see only padding); the "
+                                "firmware's convolutions take at most kernel - 1")
+        scales = np.broadcast_to(s_w, (n_out,))
+        m0, shift = zip(*(quantize_multiplier(float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)))
+                          for sw in scales))
+        act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
+        common = dict(bias=bias, multiplier=np.array(m0, np.int32), shift=np.array(shift, np.int32),
+                      input_offset=-zp_x, output_offset=zp_y, act_min=act_min, act_max=act_max,
+                      stride=int(opts.strideH), in_shape=(x_shape[3], x_shape[1], x_shape[2]),
+                      out_shape=(n_out, y_shape[1], y_shape[2]))
+        if op.kind == "CONV_2D":
+            layer: Layer = ConvLayer(weight=np.ascontiguousarray(np.transpose(w, (0, 3, 1, 2))), padding=left,
+                                     padding_h=top, **common)  # type: ignore[arg-type]
         else:
-            raise IntModelError(f"operator {kind} (operator {k + 1} of {len(g.operators)} in the graph, output "
-                                f"{graph.name(outs[0])!r}) has no firmware kernel: the firmware runs {SUPPORTED}")
-    if not out.layers or not isinstance(out.layers[-1], FCLayer):
-        raise IntModelError("the model must end in a FULLY_CONNECTED layer (optionally then a SOFTMAX): its outputs "
-                            "are the device's logits")
-    if not 1 <= out.layers[-1].weight.shape[0] <= 16:
-        raise IntModelError(f"the model has {out.layers[-1].weight.shape[0]} outputs; the firmware takes 1 to 16")
-    return out
+            if n_out % x_shape[3]:
+                raise IntModelError(f"{here}: {n_out} output channels for {x_shape[3]} input channels")
+            layer = DepthwiseLayer(weight=np.ascontiguousarray(w[0]), padding=left, padding_h=top,
+                                   **common)  # type: ignore[arg-type]
+        self.pad = (0, 0, 0, 0)
+        self.produced(outs[0], layer)
+
+    def _pool(self, op: _Op) -> None:
+        graph, ins, outs, opts, here = self.graph, op.ins, op.outs, op.opts, op.here
+        x_shape, y_shape = graph.shape(ins[0]), graph.shape(outs[0])
+        self.place(op, x_shape)
+        if graph.act(ins[0]) != graph.act(outs[0]):
+            raise IntModelError(f"{here}: input and output quantized differently; TFLite pools keep the scale")
+        if opts.strideH != opts.strideW:
+            raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
+        same = opts.padding == graph.schema.Padding.SAME
+        s_y, zp_y = graph.act(outs[0])
+        act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
+        self.produced(outs[0], WindowPoolLayer(
+            kind="avg" if op.kind == "AVERAGE_POOL_2D" else "max", kernel=(opts.filterHeight, opts.filterWidth),
+            stride=int(opts.strideH),
+            padding_h=_same_pad(x_shape[1], opts.filterHeight, opts.strideH, y_shape[1]) if same else 0,
+            padding=_same_pad(x_shape[2], opts.filterWidth, opts.strideW, y_shape[2]) if same else 0,
+            act_min=act_min, act_max=act_max, in_shape=(x_shape[3], x_shape[1], x_shape[2]),
+            out_shape=(y_shape[3], y_shape[1], y_shape[2])))
+
+    def _mean(self, op: _Op) -> None:
+        graph, ins, outs, opts, here, where = self.graph, op.ins, op.outs, op.opts, op.here, self.where
+        if not self.computed or len(self.phys) != 3:
+            raise IntModelError(f"{here}: MEAN runs over the positions of a convolution's output only")
+        h, w_, c = self.phys
+        axes = sorted(int(a) % where.ndim for a in graph.const(ins[1]).reshape(-1))
+        if opts is not None and opts.keepDims and where.ndim == 4 and axes == [1, 2]:
+            raise IntModelError(f"{here}: MEAN keeping dims over axes 1, 2 (TFLite Micro's integer path) has "
+                                "no firmware kernel; export it with keepdims=False")
+        rows = np.moveaxis(where, axes, list(range(where.ndim - len(axes), where.ndim)))
+        rows = rows.reshape(-1, math.prod(where.shape[a] for a in axes))
+        channel = rows % c
+        if (rows.shape[1] != h * w_ or np.any(channel != channel[:, :1])
+                or not np.array_equal(np.sort(rows // c, axis=1), np.broadcast_to(np.arange(h * w_), rows.shape))):
+            raise IntModelError(f"{here}: MEAN over axes {axes} is not a mean over all positions")
+        s_x, zp_x = graph.act(ins[0])
+        s_y, zp_y = graph.act(outs[0])
+        if (s_x, zp_x) == (s_y, zp_y):
+            raise IntModelError(f"{here}: a MEAN that keeps its scale (TFLite Micro divides integers there) has "
+                                "no firmware kernel checked against it yet")
+        # QuantizedMeanOrSum: 1/positions folded into the multiplier, as TFLite Micro does
+        mult, right = quantize_multiplier(float(np.float64(s_x) / np.float64(s_y)))
+        n = h * w_
+        fold = min(n.bit_length() - 1, 32, 31 - right)
+        self.out.layers.append(MeanLayer(multiplier=(mult << fold) // n, shift=right + fold, input_offset=-zp_x,
+                                         output_offset=zp_y, in_shape=(c, h, w_)))
+        self.cur, self.phys = outs[0], (c,)
+        self.where = channel[:, 0].reshape(graph.shape(outs[0]))
+
+    def _fully_connected(self, op: _Op) -> None:
+        graph, ins, outs, opts, here = self.graph, op.ins, op.outs, op.opts, op.here
+        n_out, n_in = graph.const(ins[1]).shape
+        if self.where.size != n_in:
+            raise IntModelError(f"{here}: {self.where.size} inputs for {n_in} weight columns")
+        order = self.where.reshape(-1)
+        if not self.computed:
+            self.out.input_gather, order = order.copy(), np.arange(n_in)
+        elif sorted(order.tolist()) != list(range(math.prod(self.phys))):
+            raise IntModelError(f"{here}: its input is not a permutation of the buffer")
+        s_x, zp_x = graph.act(ins[0])
+        s_y, zp_y = graph.act(outs[0])
+        w, s_w, bias = self._weights(op, n_out)
+        w_dev = np.empty_like(w)
+        w_dev[:, order] = w  # column i reads buffer offset order[i]
+        if s_w.size == 1:  # TFLite Micro's per-tensor path: the scales' product in float32, then double
+            real = [float(np.float32(s_x) * s_w[0]) / float(s_y)] * n_out
+        else:
+            real = [float(np.float64(s_x) * np.float64(sw) / np.float64(s_y)) for sw in s_w]
+        m0, shift = zip(*(quantize_multiplier(r) for r in real))
+        act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
+        self.produced(outs[0], FCLayer(weight=np.ascontiguousarray(w_dev), bias=bias, multiplier=np.array(m0, np.int32),
+                                       shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,
+                                       act_min=act_min, act_max=act_max, output_scale=s_y))
+
+    HANDLERS: ClassVar[dict[str, Callable[[_Lowering, _Op], None]]] = {
+        "RESHAPE": _reshape, "SQUEEZE": _reshape, "TRANSPOSE": _transpose, "PAD": _pad, "PADV2": _pad,
+        "CONV_2D": _conv, "DEPTHWISE_CONV_2D": _conv, "AVERAGE_POOL_2D": _pool, "MAX_POOL_2D": _pool,
+        "MEAN": _mean, "FULLY_CONNECTED": _fully_connected,
+    }
 
 
 def logits_model(data: bytes) -> bytes:
