@@ -38,7 +38,7 @@ Q16 = 1 << 16
 
 @dataclass(frozen=True)
 class IntFC:
-    """One int8 fully connected layer, TFLite's arithmetic (firmware/src/kernels.c, tn_fc)."""
+    """One int8 fully connected layer, TFLite's arithmetic (firmware/src/dense.c, tn_fc)."""
 
     weight: np.ndarray  # int8 (out, in)
     bias: np.ndarray  # int32 (out,)

@@ -42,7 +42,7 @@ typedef enum {
 } tn_kind;
 
 typedef struct {
-    uint8_t kind;                 /* tn_kind */
+    tn_kind kind;
     uint16_t cin, hin, win;       /* input: channels x rows x columns (rows = 1 for 1-D) */
     uint16_t cout, hout, wout;    /* output (dense: cout classes) */
     uint8_t kh, kw, stride, pad;  /* window geometry (kh = 1 for 1-D); pad: columns on the left */
@@ -85,6 +85,12 @@ typedef struct {
 #define TN_TILE_POSITIONS 2u      /* output positions per conv tile */
 
 #define TN_MAGIC 0x544E4E31u      /* "TNN1" */
+
+/* A compiler barrier: the compiler may not move memory accesses across it. It is not a hardware
+ * barrier (no DMB/DSB): on one Cortex-M core writing its own FRAM or SRAM, what a power cut can
+ * observe is the order the stores were issued in, which is program order once the compiler keeps
+ * it. A commit is a barrier, one aligned word store, a barrier. */
+#define TN_COMPILER_BARRIER() __asm__ volatile("" ::: "memory")
 
 /* Everything that must survive a power failure: place it in non-volatile memory (FRAM, or a
  * .noinit region the loader does not touch). */

@@ -24,7 +24,7 @@ tn_status tn_early_begin(tn_early_nv *s, const tn_early *e, uint32_t series) {
         return TN_OK;
     }
     *(volatile uint32_t *)&s->magic = 0u; /* a cut below starts the series over */
-    __asm__ volatile("" ::: "memory");
+    TN_COMPILER_BARRIER();
     for (uint32_t i = 0; i < (uint32_t)e->channels * e->context; i++) {
         s->ring[i] = 0;
     }
@@ -34,7 +34,7 @@ tn_status tn_early_begin(tn_early_nv *s, const tn_early *e, uint32_t series) {
     s->t = 0u;
     s->sampled = 0u;
     s->series = series;
-    __asm__ volatile("" ::: "memory");
+    TN_COMPILER_BARRIER();
     *(volatile uint32_t *)&s->magic = TN_EARLY_MAGIC;
     return TN_OK;
 }
@@ -98,9 +98,9 @@ tn_status tn_early_update(const tn_early *e, tn_early_nv *s, tn_nv *nv, tn_scrat
             for (uint32_t c = 0; c < c_n; c++) {
                 row[c] = sample[c];
             }
-            __asm__ volatile("" ::: "memory");
+            TN_COMPILER_BARRIER();
             *(volatile uint32_t *)&s->sampled = t;
-            __asm__ volatile("" ::: "memory");
+            TN_COMPILER_BARRIER();
 #ifdef TN_PROGRESS_HOOK
             TN_PROGRESS_HOOK(0u);
 #endif
@@ -127,9 +127,9 @@ tn_status tn_early_update(const tn_early *e, tn_early_nv *s, tn_nv *nv, tn_scrat
         for (uint32_t k = 0; k < e->n_classes; k++) {
             next[k] = (t == 1u ? 0 : prev[k]) + nv->logits[k] - e->logit_zero_point;
         }
-        __asm__ volatile("" ::: "memory");
+        TN_COMPILER_BARRIER();
         *(volatile uint32_t *)&s->t = t;
-        __asm__ volatile("" ::: "memory");
+        TN_COMPILER_BARRIER();
 #ifdef TN_PROGRESS_HOOK
         TN_PROGRESS_HOOK(0u);
 #endif

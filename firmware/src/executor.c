@@ -19,38 +19,42 @@ static uint32_t flips(const tn_layer *l) {
 }
 
 /* One tile of layer `li`, whose input is buffer `flip` % 2: it writes only the other buffer (or
- * the pooled sums, or the logits), so redoing it after a power cut rewrites the same bytes. */
-static void run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_t tile, uint32_t flip, tn_scratch *scratch) {
+ * the pooled sums, or the logits), so redoing it after a power cut rewrites the same bytes. A
+ * kind this executor does not know is TN_ERR_MODEL, never some other layer's kernel. */
+static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_t tile, uint32_t flip,
+                          tn_scratch *scratch) {
     const tn_layer *l = &model->layers[li];
     const int8_t *in = nv->buf[flip & 1u];
     int8_t *out = nv->buf[(flip + 1u) & 1u];
     switch (l->kind) {
     case TN_CONV:
         CONV_TILE(l, in, out, tile, scratch->column);
-        break;
+        return TN_OK;
     case TN_DWCONV:
         tn_dwconv_tile(l, in, out, tile);
-        break;
+        return TN_OK;
     case TN_AVGPOOL:
     case TN_MAXPOOL:
         tn_window_pool(l, in, out);
-        break;
+        return TN_OK;
     case TN_MEAN:
         tn_mean(l, in, out);
-        break;
+        return TN_OK;
     case TN_POOL:
         tn_pool(l, in, nv->pooled);
-        break;
+        return TN_OK;
     case TN_FC:
         if (li + 1u == model->n_layers) {
             tn_fc(l, in, 0, nv->logits);
         } else {
             tn_fc(l, in, out, 0);
         }
-        break;
-    default:
+        return TN_OK;
+    case TN_DENSE:
         tn_dense(l, nv->pooled, nv->logits);
-        break;
+        return TN_OK;
+    default:
+        return TN_ERR_MODEL;
     }
 }
 
@@ -64,9 +68,9 @@ uint32_t tn_total_tiles(const tn_model *model) {
 
 #ifndef TN_NO_PROGRESS
 static void commit(tn_nv *nv, uint32_t progress) {
-    __asm__ volatile("" ::: "memory"); /* the tile's stores are issued before the commit */
+    TN_COMPILER_BARRIER(); /* the tile's stores are issued before the commit */
     *(volatile uint32_t *)&nv->progress = progress;
-    __asm__ volatile("" ::: "memory");
+    TN_COMPILER_BARRIER();
 #ifdef TN_PROGRESS_HOOK
     TN_PROGRESS_HOOK(progress);
 #endif
@@ -109,14 +113,14 @@ tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t 
         return TN_OK; /* resuming after a power failure: the input is already in place */
     }
     *(volatile uint32_t *)&nv->magic = 0u; /* invalidate first: a cut below restarts the copy */
-    __asm__ volatile("" ::: "memory");
+    TN_COMPILER_BARRIER();
     for (uint32_t i = 0; i < model->input_bytes; i++) {
         nv->buf[0][i] = input[i];
     }
     nv->run = run;
     nv->variant = variant;
     nv->progress = 0u;
-    __asm__ volatile("" ::: "memory");
+    TN_COMPILER_BARRIER();
     *(volatile uint32_t *)&nv->magic = TN_MAGIC;
     return TN_OK;
 }
@@ -134,7 +138,10 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     for (uint16_t li = 0; li < model->n_layers; li++) {
         const tn_layer *l = &model->layers[li];
         for (uint32_t tile = 0; tile < layer_tiles(l); tile++) {
-            run_tile(nv, model, li, tile, flip, scratch);
+            const tn_status status = run_tile(nv, model, li, tile, flip, scratch);
+            if (status != TN_OK) {
+                return status;
+            }
         }
         flip += flips(l);
     }
@@ -154,7 +161,10 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
             flip += flips(&model->layers[li]);
             li++;
         }
-        run_tile(nv, model, li, p - first, flip, scratch);
+        const tn_status status = run_tile(nv, model, li, p - first, flip, scratch);
+        if (status != TN_OK) {
+            return status; /* nothing committed: the tile is not counted done */
+        }
         p++;
         commit(nv, p);
     }

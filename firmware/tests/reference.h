@@ -1,6 +1,6 @@
 /* Plain reference layers for the unit tests: the layer contract of tn.h written as directly as
  * possible (one MAC at a time, gemmlowp's requantization in 64-bit arithmetic), sharing no code
- * with kernels.c, so a kernel agreeing with them is right rather than consistently wrong. */
+ * with the kernels, so a kernel agreeing with them is right rather than consistently wrong. */
 #ifndef TN_REFERENCE_H
 #define TN_REFERENCE_H
 

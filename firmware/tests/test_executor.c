@@ -297,6 +297,32 @@ static check_status test_choose_variant(void) {
     return CHECK_OK;
 }
 
+/* A layer kind the executor does not know is a model error, from tn_start's check and from
+ * tn_resume itself (a descriptor corrupted after the check): never another layer's kernel, and
+ * the tile is not counted done. */
+static check_status test_an_unknown_kind_is_a_model_error(void) {
+    static int8_t input[5 * 4 * 2];
+    tn_layer layers[4] = {a_layers[0], a_layers[1], a_layers[2], a_layers[3]};
+    tn_model m = model_a;
+    m.layers = layers;
+    layers[2].kind = (tn_kind)99;
+    memset(&nv, 0, sizeof nv);
+    CHECK_EQ(tn_start(&nv, &m, 0u, 7u, input), TN_ERR_MODEL);
+    CHECK_EQ(tn_start(&nv, &model_a, 0u, 7u, input), TN_OK); /* a checked model, then a changed one */
+    for (uint32_t i = 0; i < TN_MAX_CLASSES; i++) {
+        nv.logits[i] = 12345;
+    }
+    CHECK_EQ(tn_resume(&nv, &m, &scratch), TN_ERR_MODEL);
+#ifndef TN_NO_PROGRESS
+    CHECK_EQ(nv.progress, 12u); /* the two convs' tiles, then the unknown layer: not done */
+#endif
+    CHECK_EQ(nv.logits[0], 12345); /* no classifier ran in its place */
+    layers[3].kind = (tn_kind)0;
+    layers[2].kind = TN_POOL;
+    CHECK_EQ(tn_start(&nv, &m, 0u, 8u, input), TN_ERR_MODEL); /* 0 is no kind either */
+    return CHECK_OK;
+}
+
 int main(void) {
     int failures = 0;
     check_rng rng = {31337u};
@@ -312,6 +338,7 @@ int main(void) {
     RUN(failures, test_new_run_starts_over);
     RUN(failures, test_rejects_what_does_not_fit);
     RUN(failures, test_choose_variant);
+    RUN(failures, test_an_unknown_kind_is_a_model_error);
     printf("test_executor: %d failed\n", failures);
     return failures == 0 ? 0 : 1;
 }

@@ -1,4 +1,4 @@
-/* Each kernel of kernels.c against the plain references (reference.c) on seeded random layers:
+/* Each kernel (conv.c, depthwise.c, pool.c, dense.c) against the plain references (reference.c) on seeded random layers:
  * the fast conv (the host build runs its SXTB16/SMLAD path in C) and the plain conv the
  * executor uses under TN_REFERENCE_KERNEL, both tile by tile, and the pool, dense and argmax.
  *

@@ -1,4 +1,4 @@
-/* Requantization (kernels.c: SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
+/* Requantization (kernel.h: SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
  * against vectors worked out by hand and against gemmlowp's own definition (check.h), which
  * rounds with a nudge and a truncating division where the firmware uses one floor shift. The
  * two must agree bit for bit: the firmware's logits are compared with onnxruntime's. */

@@ -36,7 +36,7 @@ static tn_scratch scratch; /* volatile RAM: .bss, cleared at every boot */
 
 /* The instruction-counting plugin records the count each time this runs. */
 __attribute__((noinline)) void tn_mark(void) {
-    __asm__ volatile("" ::: "memory");
+    TN_COMPILER_BARRIER();
 }
 
 #ifdef TN_PROFILE
@@ -107,7 +107,7 @@ static int early_main(void) {
         tn_mark();
         decided[s][0] = d.t;
         decided[s][1] = d.label;
-        __asm__ volatile("" ::: "memory");
+        TN_COMPILER_BARRIER();
         *(volatile uint32_t *)&board.next_job = s + 1u;
     }
     int32_t mismatches = 0;
@@ -131,7 +131,7 @@ int main(void) {
 #ifdef TN_EARLY
         early_nv.magic = 0u;
 #endif
-        __asm__ volatile("" ::: "memory");
+        TN_COMPILER_BARRIER();
         board.magic = BOARD_MAGIC;
     }
     board.boots++;
@@ -160,7 +160,7 @@ int main(void) {
             board.results[job][c] = nv.logits[c];
         }
         board.variant[job] = variant;
-        __asm__ volatile("" ::: "memory");
+        TN_COMPILER_BARRIER();
         *(volatile uint32_t *)&board.next_job = job + 1u;
     }
     int32_t mismatches = 0;

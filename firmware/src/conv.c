@@ -1,57 +1,7 @@
-/* int8 kernels: conv (1-D and 2-D), global sum pool, dense, with TFLite's requantization; and for
- * models imported from TFLite: depthwise conv, average and max pools, MEAN, fully connected, each
- * computing what TFLite Micro's reference kernel computes, bit for bit.
- *
- * Activations are HWC (channels last, CMSIS-NN's layout): the taps of one window row are one
- * contiguous run of kw * cin bytes. */
-#include "tn.h"
-
-/* SaturatingRoundingDoublingHighMul (gemmlowp): (a * b + nudge) / 2^31 truncated toward zero,
- * nudge = 2^30 for a * b >= 0 and 1 - 2^30 below. Both cases equal floor((a * b + 2^30) / 2^31),
- * one arithmetic shift (smlal and two shifts on a Cortex-M4). It saturates only for
- * a = b = INT32_MIN; multipliers are positive Q31 values (export.cgen checks), so never here. */
-static inline int32_t srdhm(int32_t a, int32_t b) {
-    return (int32_t)(((int64_t)a * (int64_t)b + (INT64_C(1) << 30)) >> 31);
-}
-
-static inline int32_t rounding_divide_by_pot(int32_t x, int32_t exponent) {
-    int32_t mask = (int32_t)((UINT32_C(1) << exponent) - 1u);
-    int32_t remainder = x & mask;
-    int32_t threshold = (mask >> 1) + (x < 0 ? 1 : 0);
-    return (x >> exponent) + (remainder > threshold ? 1 : 0);
-}
-
-/* MultiplyByQuantizedMultiplier (TFLite): a shift >= 0 divides after the multiply, rounding; a
- * negative one multiplies by 2^-shift before it (two's complement wrap, as TFLite's int32 does). */
-static inline int32_t mbqm(int32_t acc, int32_t multiplier, int32_t shift) {
-    if (shift >= 0) {
-        return rounding_divide_by_pot(srdhm(acc, multiplier), shift);
-    }
-    return srdhm((int32_t)((uint32_t)acc << (uint32_t)-shift), multiplier);
-}
-
-int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift) {
-    return mbqm(acc, multiplier, shift);
-}
-
-/* A conv layer's output stage, read once per tile: the stores to int8 outputs may alias
- * anything, so fields read per output would be reloaded each time. */
-typedef struct {
-    const int32_t *multiplier, *shift;
-    int32_t out_offset, act_min, act_max;
-} out_stage;
-
-static inline out_stage stage_of(const tn_layer *l) {
-    out_stage s = {l->multiplier, l->shift, l->out_offset, l->act_min, l->act_max};
-    return s;
-}
-
-static inline int8_t requantize_out(const out_stage *s, int32_t acc, uint32_t oc) {
-    int32_t v = mbqm(acc, s->multiplier[oc], s->shift[oc]) + s->out_offset;
-    v = v < s->act_min ? s->act_min : v;
-    v = v > s->act_max ? s->act_max : v;
-    return (int8_t)v;
-}
+/* Convolution (1-D and 2-D), int8 -> int8 with TFLite's requantization: the tiled kernel (an
+ * im2col column of TN_TILE_POSITIONS positions, two MACs per SMLAD on a Cortex-M4) and the plain
+ * one, the benchmark's baseline. */
+#include "kernel.h"
 
 uint32_t tn_depth(const tn_layer *l) {
     return ((uint32_t)l->cin * l->kh * l->kw + 3u) & ~3u;
@@ -91,21 +41,14 @@ void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, ui
     }
 }
 
-static inline uint32_t read_u32(const void *p) {
-    uint32_t v;
-    __builtin_memcpy(&v, p, 4);
-    return v;
-}
-
-static inline void write_u32(void *p, uint32_t v) {
-    __builtin_memcpy(p, &v, 4);
-}
-
 #if defined(__ARM_FEATURE_DSP)
+/* ACLE intrinsics where they give the one instruction wanted; inline assembly only for the forms
+ * ACLE lacks (PKHBT, PKHTB) or that GCC 12 does not fold (SXTB16 and SXTAB16 with "ror #8":
+ * __sxtb16(__ror(x, 8)) costs an extra MOV per use). */
+#include <arm_acle.h>
+
 static inline uint32_t sxtb16(uint32_t x) { /* bytes 0 and 2, sign-extended to halfwords */
-    uint32_t r;
-    __asm__("sxtb16 %0, %1" : "=r"(r) : "r"(x));
-    return r;
+    return (uint32_t)__sxtb16((int8x4_t)x);
 }
 static inline uint32_t sxtb16_ror8(uint32_t x) { /* bytes 1 and 3 */
     uint32_t r;
@@ -113,14 +56,10 @@ static inline uint32_t sxtb16_ror8(uint32_t x) { /* bytes 1 and 3 */
     return r;
 }
 static inline int32_t smlad(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.lo * b.lo + a.hi * b.hi */
-    int32_t r;
-    __asm__("smlad %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(acc));
-    return r;
+    return __smlad((int16x2_t)a, (int16x2_t)b, acc);
 }
 static inline uint32_t sxtab16(uint32_t a, uint32_t x) { /* halfwords of a + bytes 0 and 2 of x */
-    uint32_t r;
-    __asm__("sxtab16 %0, %1, %2" : "=r"(r) : "r"(a), "r"(x));
-    return r;
+    return (uint32_t)__sxtab16((int16x2_t)a, (int8x4_t)x);
 }
 static inline uint32_t sxtab16_ror8(uint32_t a, uint32_t x) { /* halfwords of a + bytes 1 and 3 of x */
     uint32_t r;
@@ -255,129 +194,4 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
             ob[oc] = requantize_out(&s, b0, oc);
         }
     }
-}
-
-void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
-    const uint32_t positions = (uint32_t)l->hin * l->win, cin = l->cin;
-    for (uint32_t c = 0; c < cin; c++) {
-        out[c] = (int32_t)positions * l->in_offset;
-    }
-    for (uint32_t i = 0; i < positions; i++, in += cin) {
-        for (uint32_t c = 0; c < cin; c++) {
-            out[c] += in[c];
-        }
-    }
-}
-
-void tn_dense(const tn_layer *l, const int32_t *in, int32_t *out) {
-    for (uint32_t o = 0; o < l->cout; o++) {
-        int32_t acc = l->bias[o];
-        const int8_t *w = l->weight + o * l->cin;
-        for (uint32_t i = 0; i < l->cin; i++) {
-            acc += in[i] * w[i];
-        }
-        out[o] = acc;
-    }
-}
-
-void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile) {
-    const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, mult = cout / l->cin;
-    const out_stage s = stage_of(l);
-    for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
-        const int32_t iy0 = (int32_t)(pos / l->wout * l->stride) - (int32_t)l->pad_h;
-        const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
-        for (uint32_t oc = 0; oc < cout; oc++) {
-            const uint32_t ic = oc / mult;
-            int32_t acc = l->bias[oc];
-            for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
-                const int32_t iy = iy0 + ky;
-                if (iy < 0 || iy >= (int32_t)l->hin) {
-                    continue;
-                }
-                for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
-                    const int32_t ix = ix0 + kx;
-                    if (ix < 0 || ix >= (int32_t)l->win) {
-                        continue;
-                    }
-                    const int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];
-                    acc += (x + l->in_offset) * l->weight[((uint32_t)ky * l->kw + (uint32_t)kx) * cout + oc];
-                }
-            }
-            out[pos * cout + oc] = requantize_out(&s, acc, oc);
-        }
-    }
-}
-
-/* TFLite's AveragePool (the window's sum over its cells inside the input, divided by their count,
- * rounding half away from zero) and MaxPool, clamped to the fused activation's range. */
-void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
-    const uint32_t c_n = l->cin;
-    for (uint32_t oy = 0; oy < l->hout; oy++) {
-        for (uint32_t ox = 0; ox < l->wout; ox++) {
-            const int32_t iy0 = (int32_t)(oy * l->stride) - (int32_t)l->pad_h;
-            const int32_t ix0 = (int32_t)(ox * l->stride) - (int32_t)l->pad;
-            const int32_t fy0 = iy0 < 0 ? -iy0 : 0, fx0 = ix0 < 0 ? -ix0 : 0;
-            const int32_t fy1 = iy0 + (int32_t)l->kh > (int32_t)l->hin ? (int32_t)l->hin - iy0 : (int32_t)l->kh;
-            const int32_t fx1 = ix0 + (int32_t)l->kw > (int32_t)l->win ? (int32_t)l->win - ix0 : (int32_t)l->kw;
-            for (uint32_t c = 0; c < c_n; c++) {
-                int32_t acc = l->kind == TN_MAXPOOL ? -128 : 0, count = 0;
-                for (int32_t fy = fy0; fy < fy1; fy++) {
-                    for (int32_t fx = fx0; fx < fx1; fx++) {
-                        const int32_t x = in[((uint32_t)(iy0 + fy) * l->win + (uint32_t)(ix0 + fx)) * c_n + c];
-                        acc = l->kind == TN_MAXPOOL ? (x > acc ? x : acc) : acc + x;
-                        count++;
-                    }
-                }
-                if (l->kind == TN_AVGPOOL && count > 0) {
-                    acc = acc > 0 ? (acc + count / 2) / count : (acc - count / 2) / count;
-                }
-                acc = acc < l->act_min ? l->act_min : acc;
-                acc = acc > l->act_max ? l->act_max : acc;
-                out[(oy * l->wout + ox) * c_n + c] = (int8_t)acc;
-            }
-        }
-    }
-}
-
-/* TFLite Micro's MEAN over positions for int8: the sum of (x - input zero point), requantized by a
- * multiplier with 1/positions folded in (QuantizedMeanOrSum). */
-void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out) {
-    const uint32_t positions = (uint32_t)l->hin * l->win, c_n = l->cin;
-    for (uint32_t c = 0; c < c_n; c++) {
-        int32_t sum = 0;
-        for (uint32_t p = 0; p < positions; p++) {
-            sum += in[p * c_n + c];
-        }
-        int32_t v = mbqm(sum + l->in_offset * (int32_t)positions, l->multiplier[0], l->shift[0]) + l->out_offset;
-        v = v < -128 ? -128 : v;
-        v = v > 127 ? 127 : v;
-        out[c] = (int8_t)v;
-    }
-}
-
-void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32) {
-    const out_stage s = stage_of(l);
-    for (uint32_t o = 0; o < l->cout; o++) {
-        int32_t acc = l->bias[o];
-        const int8_t *w = l->weight + o * l->cin;
-        for (uint32_t i = 0; i < l->cin; i++) {
-            acc += (in[i] + l->in_offset) * w[i];
-        }
-        const int8_t v = requantize_out(&s, acc, o);
-        if (out8 != 0) {
-            out8[o] = v;
-        } else {
-            out32[o] = v;
-        }
-    }
-}
-
-uint16_t tn_argmax(const int32_t *logits, uint16_t n) {
-    uint16_t best = 0;
-    for (uint16_t i = 1; i < n; i++) {
-        if (logits[i] > logits[best]) {
-            best = i;
-        }
-    }
-    return best;
 }

@@ -1,0 +1,61 @@
+/* What the int8 kernels share (private to firmware/src): TFLite's requantization, a layer's
+ * output stage, unaligned word access. Activations are HWC (channels last, CMSIS-NN's layout):
+ * the taps of one window row are one contiguous run of kw * cin bytes. */
+#ifndef TN_KERNEL_H
+#define TN_KERNEL_H
+#include "tn.h"
+
+/* SaturatingRoundingDoublingHighMul (gemmlowp): (a * b + nudge) / 2^31 truncated toward zero,
+ * nudge = 2^30 for a * b >= 0 and 1 - 2^30 below. Both cases equal floor((a * b + 2^30) / 2^31),
+ * one arithmetic shift (smlal and two shifts on a Cortex-M4). It saturates only for
+ * a = b = INT32_MIN; multipliers are positive Q31 values (export.cgen checks), so never here. */
+static inline int32_t srdhm(int32_t a, int32_t b) {
+    return (int32_t)(((int64_t)a * (int64_t)b + (INT64_C(1) << 30)) >> 31);
+}
+
+static inline int32_t rounding_divide_by_pot(int32_t x, int32_t exponent) {
+    int32_t mask = (int32_t)((UINT32_C(1) << exponent) - 1u);
+    int32_t remainder = x & mask;
+    int32_t threshold = (mask >> 1) + (x < 0 ? 1 : 0);
+    return (x >> exponent) + (remainder > threshold ? 1 : 0);
+}
+
+/* MultiplyByQuantizedMultiplier (TFLite): a shift >= 0 divides after the multiply, rounding; a
+ * negative one multiplies by 2^-shift before it (two's complement wrap, as TFLite's int32 does). */
+static inline int32_t mbqm(int32_t acc, int32_t multiplier, int32_t shift) {
+    if (shift >= 0) {
+        return rounding_divide_by_pot(srdhm(acc, multiplier), shift);
+    }
+    return srdhm((int32_t)((uint32_t)acc << (uint32_t)-shift), multiplier);
+}
+
+/* A conv layer's output stage, read once per tile: the stores to int8 outputs may alias
+ * anything, so fields read per output would be reloaded each time. */
+typedef struct {
+    const int32_t *multiplier, *shift;
+    int32_t out_offset, act_min, act_max;
+} out_stage;
+
+static inline out_stage stage_of(const tn_layer *l) {
+    out_stage s = {l->multiplier, l->shift, l->out_offset, l->act_min, l->act_max};
+    return s;
+}
+
+static inline int8_t requantize_out(const out_stage *s, int32_t acc, uint32_t oc) {
+    int32_t v = mbqm(acc, s->multiplier[oc], s->shift[oc]) + s->out_offset;
+    v = v < s->act_min ? s->act_min : v;
+    v = v > s->act_max ? s->act_max : v;
+    return (int8_t)v;
+}
+
+static inline uint32_t read_u32(const void *p) {
+    uint32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void write_u32(void *p, uint32_t v) {
+    __builtin_memcpy(p, &v, 4);
+}
+
+#endif
