@@ -30,7 +30,7 @@ from edge.core.files import data_root, write_atomic
 from edge.core.tables import markdown_table
 from models.data.base import Dataset
 from models.data.datasets import DATASETS, load
-from models.nexume.evaluate import inference_model
+from models.nexume.evaluate import net_inference_model
 from models.nexume.switchable import SwitchableNet
 from models.nexume.train import TrainConfig, calibrate_int8, train
 from simulator.config import Scenario, load_scenario, scenario_path
@@ -71,8 +71,8 @@ def train_method(method: str, data: Dataset, seed: int, epochs: int) -> tuple[Sw
 
 def device_model(method: str, model: SwitchableNet, data: Dataset) -> InferenceModel:
     if method in ("ptq_jit", "qat8_layer"):
-        return inference_model(model, data, variants=[(8, 0.0)], adaptive=False)
-    return inference_model(model, data, adaptive=True)
+        return net_inference_model(model, data, variants=[(8, 0.0)], adaptive=False)
+    return net_inference_model(model, data, adaptive=True)
 
 
 # ---- deployment scenarios ----------------------------------------------------------------------

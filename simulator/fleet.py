@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from edge.classify.dyninfer import Variant, choose_variant, usable_energy_j
+from edge.classify.dyninfer import VariantCost, choose_variant, usable_energy_j
 from edge.core.errors import ConfigError, DataError
 from simulator import network
 from simulator.config import Scenario
@@ -54,7 +54,7 @@ class _Shared:
 class DynInferChooser:
     """Picks a variant from the capacitor voltage with edge.classify.dyninfer, as a device would."""
 
-    variants: tuple[Variant, ...]
+    variants: tuple[VariantCost, ...]
     capacitance_f: float
     v_cut_v: float
     output_efficiency: float
@@ -121,7 +121,7 @@ def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
                   for v in model.variants)
     chooser: DynInferChooser | None = None
     if model.adaptive and len(plans) > 1:
-        costs = tuple(Variant(v.bits, v.drop, sum(p.energy_j for p in plan), v.accuracy)
+        costs = tuple(VariantCost(v.bits, v.drop, sum(p.energy_j for p in plan), v.accuracy)
                       for v, plan in zip(model.variants, plans))
         chooser = DynInferChooser(costs, st.capacitance_f, v_cut, st.output_efficiency, model.margin)
     return _Shared(scenario, harvest, plans[0], airtime_s, _sense_times(scenario), plans, chooser, path=path)

@@ -36,7 +36,7 @@ class Mode(IntEnum):
     SEQ = 7  # running a phase of the program's boot sequence (once_per_boot, repeat, until_power_fails)
 
 
-class Event(IntEnum):
+class NodeEvent(IntEnum):
     END = 0
     HARVEST = 1  # the harvest trace steps
     PHASE = 2  # the current phase finishes
@@ -52,7 +52,7 @@ class Event(IntEnum):
 # Looking up an enum member costs ~0.1 µs in CPython 3.11, ten times a global: the hot
 # paths below use these aliases.
 OFF, BOOT, RESTORE, RUN, CHECKPOINT, IDLE, HIBERNATE, SEQ = Mode
-END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX, V_SEG, MPPT = Event
+END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX, V_SEG, MPPT = NodeEvent
 
 
 @dataclass
@@ -298,7 +298,7 @@ class Node:
         times = self.seg_time_s
         return float(times[self.seg + 1]) if self.seg + 1 < len(times) else math.inf
 
-    def scheduled(self) -> tuple[float, Event]:
+    def scheduled(self) -> tuple[float, NodeEvent]:
         """The earliest event that does not depend on the voltage."""
         best, kind = self.end_s, END
         if self.next_harvest_s < best:
@@ -389,7 +389,7 @@ class Node:
 
     # ---- transitions -------------------------------------------------------------
 
-    def handle(self, kind: Event) -> None:
+    def handle(self, kind: NodeEvent) -> None:
         if kind != V_SEG:
             self.pinned = False  # anything else may change the terms: look again
         if kind == HARVEST:
@@ -661,7 +661,7 @@ def _plan_energy(plan: tuple[Phase, ...], a: _Progress, b: _Progress) -> float:
     return total
 
 
-def next_event(node: Node) -> tuple[float, Event, float, bool]:
+def next_event(node: Node) -> tuple[float, NodeEvent, float, bool]:
     """The exact engine's step: (time of the next event, its kind, the voltage then, clamped).
 
     The voltage moves monotonically under constant coefficients, so a threshold is crossed
@@ -698,7 +698,7 @@ def next_event(node: Node) -> tuple[float, Event, float, bool]:
     return t_next, kind, v_next, False
 
 
-def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
+def _next_event_general(node: Node) -> tuple[float, NodeEvent, float, bool]:
     """``next_event`` with currents, conductances and region edges (a general power path)."""
     t_next, kind = node.scheduled()
     p, i, g, c, v = node.p, node.i, node.g, node.c_f, node.v
@@ -732,7 +732,7 @@ def _next_event_general(node: Node) -> tuple[float, Event, float, bool]:
     return t_next, kind, v_next, False
 
 
-def apply_event(node: Node, t_next: float, kind: Event, v_new: float, clamped: bool) -> None:
+def apply_event(node: Node, t_next: float, kind: NodeEvent, v_new: float, clamped: bool) -> None:
     """Book the stretch up to ``t_next`` and apply the event found by ``next_event``."""
     dt = t_next - node.t
     if node.simple:

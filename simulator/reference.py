@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.node import END, HIBERNATE, OFF, RUN, SEQ, V_CUT, V_JIT, V_ON, Event, Node
+from simulator.node import END, HIBERNATE, OFF, RUN, SEQ, V_CUT, V_JIT, V_ON, Node, NodeEvent
 
 
 def run_fixed_step(node: Node, step_s: float = 1e-3) -> None:
@@ -27,7 +27,7 @@ def run_fixed_step(node: Node, step_s: float = 1e-3) -> None:
             node.handle(kind)
 
 
-def _integrate(node: Node, t_end: float, dt: float) -> Event | None:
+def _integrate(node: Node, t_end: float, dt: float) -> NodeEvent | None:
     """Euler steps at constant coefficients up to ``t_end``; stops early at a threshold crossing."""
     p_w, i_a, g_s, c_f = node.net_power_w(), node.i_a, node.g_s, node.c_f
     u_max = node.v_max * node.v_max
@@ -41,7 +41,7 @@ def _integrate(node: Node, t_end: float, dt: float) -> Event | None:
     last = span - n_full * dt  # the step that ends on the scheduled event
     u = node.v * node.v
     overflow_u = 0.0
-    crossed: Event | None = None
+    crossed: NodeEvent | None = None
     n = 0
     h = dt
     elapsed = 0.0

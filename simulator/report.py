@@ -17,7 +17,7 @@ import numpy as np
 
 from edge.core.files import write_atomic
 from edge.core.tables import markdown_table
-from simulator.node import Event, Mode
+from simulator.node import Mode, NodeEvent
 from simulator.results import SimulationResult
 from simulator.summary import PACKET_OUTCOMES, period_stats
 
@@ -70,7 +70,7 @@ def trace_csv(trace: dict[str, Any]) -> str:
     power path), mppt (the charger stops to sample V_oc, or resumes)."""
     rows = ["time_s,event,voltage_v,mode"]
     modes = {int(m): m.name.lower() for m in Mode}
-    events = {-1: "start", **{int(e): e.name.lower() for e in Event}}
+    events = {-1: "start", **{int(e): e.name.lower() for e in NodeEvent}}
     for t, e, v, m in zip(trace["time_s"], trace["event"], trace["voltage_v"], trace["mode"]):
         rows.append(f"{float(t)!r},{events[int(e)]},{float(v)!r},{modes[int(m)]}")
     return "\n".join(rows) + "\n"

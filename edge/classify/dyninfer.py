@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Variant:
+class VariantCost:
     """One runnable form of the model: precision, dropout level, what it costs and how good it is."""
 
     bits: int
@@ -29,7 +29,7 @@ def usable_energy_j(v: float, capacitance_f: float, v_cut_v: float) -> float:
     return 0.5 * capacitance_f * max(v * v - v_cut_v * v_cut_v, 0.0)
 
 
-def choose_variant(variants: Sequence[Variant], energy_j: float, margin: float = 1.0) -> Variant:
+def choose_variant(variants: Sequence[VariantCost], energy_j: float, margin: float = 1.0) -> VariantCost:
     """The most accurate variant whose cost × ``margin`` fits ``energy_j``; the cheapest if none fits.
 
     Ties in accuracy go to the cheaper variant. When nothing fits, the cheapest one still runs:

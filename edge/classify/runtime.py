@@ -18,8 +18,7 @@ import numpy as np
 
 from edge.classify import preprocess
 from edge.classify.backends import BACKENDS, Backend, load_backend
-from edge.classify.dyninfer import Variant as Option
-from edge.classify.dyninfer import choose_variant, usable_energy_j
+from edge.classify.dyninfer import VariantCost, choose_variant, usable_energy_j
 from edge.contract.bundle import Bundle
 from edge.contract.manifest import Variant
 from edge.contract.vectors import PREPROCESS_MAX_ABS_DIFF, SelfTest, TestVectors, check_outputs
@@ -56,7 +55,7 @@ class Runtime:
         if known and mcu not in known:
             raise ConfigError("--mcu", mcu, f"the bundle has energy costs for {known}")
         pool = [v for v in self.variants if mcu in v.energy_j] or self.variants
-        options = [Option(v.bits, v.drop, v.energy_j.get(mcu, 0.0), v.accuracy.get(self.format_of(v), 0.0))
+        options = [VariantCost(v.bits, v.drop, v.energy_j.get(mcu, 0.0), v.accuracy.get(self.format_of(v), 0.0))
                    for v in pool]
         if voltage_v is None or capacitance_f is None:
             best = max(options, key=lambda o: (o.accuracy, -o.energy_j))

@@ -15,7 +15,7 @@ from simulator.workload import InferenceModel, LayerSpec, ModelVariant
 
 
 @torch.no_grad()
-def inference_model(model: SwitchableNet, data: Dataset, variants: Sequence[tuple[int, float]] | None = None,
+def net_inference_model(model: SwitchableNet, data: Dataset, variants: Sequence[tuple[int, float]] | None = None,
                     adaptive: bool = True, margin: float = 1.0) -> InferenceModel:
     """The simulator's view of ``model``: per variant, the layer work and which test samples it gets right.
 

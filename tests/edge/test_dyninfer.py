@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from edge.classify.dyninfer import Variant, choose_variant, quanta_tasks, usable_energy_j
+from edge.classify.dyninfer import VariantCost, choose_variant, quanta_tasks, usable_energy_j
 
 VARIANTS = [
-    Variant(bits=8, drop=0.0, energy_j=4e-3, accuracy=0.95),
-    Variant(bits=4, drop=0.0, energy_j=2.8e-3, accuracy=0.93),
-    Variant(bits=4, drop=0.5, energy_j=1.0e-3, accuracy=0.85),
-    Variant(bits=2, drop=0.5, energy_j=0.7e-3, accuracy=0.70),
+    VariantCost(bits=8, drop=0.0, energy_j=4e-3, accuracy=0.95),
+    VariantCost(bits=4, drop=0.0, energy_j=2.8e-3, accuracy=0.93),
+    VariantCost(bits=4, drop=0.5, energy_j=1.0e-3, accuracy=0.85),
+    VariantCost(bits=2, drop=0.5, energy_j=0.7e-3, accuracy=0.70),
 ]
 
 
