@@ -1,1 +1,2 @@
-"""Benchmarks: each module has ``main(argv) -> dict`` that prints a table and writes bench/results/NAME.json."""
+"""Benchmarks: each module has ``main(quick=False, results_dir=...) -> dict`` that prints a table and
+writes bench/results/NAME.json (``trickle bench NAME``)."""

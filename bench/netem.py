@@ -22,6 +22,9 @@ from types import TracebackType
 
 
 class NetemProxy:
+    """An in-process TCP proxy that adds round-trip time, jitter, a bandwidth cap and dropped links
+    (this kernel has no tc netem)."""
+
     def __init__(self, host: str, port: int, rtt_s: float = 0.0, jitter_s: float = 0.0,
                  bandwidth_bps: float | None = None, seed: int = 0) -> None:
         self.target = (host, port)

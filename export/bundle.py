@@ -42,6 +42,9 @@ INT8_MAX_ACCURACY_LOSS = 0.01
 
 @dataclass(frozen=True)
 class VariantFiles:
+    """One variant as exported: its name, bit-width and dropout, its file per format and the accuracy
+    measured with each format's runtime."""
+
     name: str
     bits: int
     drop: float

@@ -15,6 +15,9 @@ from edge.classify.backends import BackendError, quiet
 
 
 class ExecuTorchBackend:
+    """Runs a variant's ``.pte`` program with ExecuTorch (found by edge.classify.backends through an
+    entry point)."""
+
     def __init__(self, model: bytes) -> None:
         try:
             with quiet():  # "experimental API" warnings, torchao's CUDA kernels failing to load

@@ -36,6 +36,9 @@ TILE_POSITIONS = 2  # firmware/include/tn.h TN_TILE_POSITIONS: conv output posit
 
 @dataclass
 class BoardRun:
+    """What one firmware run on a board gave: the logits per test vector and variant, mismatches,
+    boots, instructions and progress marks."""
+
     outputs: dict[tuple[int, int], list[int]]  # (vector, variant) -> int32 logits
     mismatches: int
     boots: int = 1

@@ -39,6 +39,9 @@ class IntModelError(BundleError):
 
 @dataclass
 class ConvLayer:
+    """An int8 convolution as the firmware runs it: weights, int32 bias, per-channel requantization,
+    offsets, clamp and geometry."""
+
     weight: np.ndarray  # int8 (out, in, *kernel): kernel 1-D (conv1d) or 2-D (conv2d)
     bias: np.ndarray  # int32 (out,)
     multiplier: np.ndarray  # int32 Q31 (out,)
@@ -60,6 +63,8 @@ class ConvLayer:
 
 @dataclass
 class DepthwiseLayer:  # TFLite's DEPTHWISE_CONV_2D: output channel o reads input channel o // multiplier
+    """An int8 depthwise convolution (TFLite's DEPTHWISE_CONV_2D), requantized per channel."""
+
     weight: np.ndarray  # int8 (kh, kw, out), TFLite's layout
     bias: np.ndarray  # int32 (out,)
     multiplier: np.ndarray  # int32 Q31 (out,)
@@ -81,6 +86,8 @@ class DepthwiseLayer:  # TFLite's DEPTHWISE_CONV_2D: output channel o reads inpu
 
 @dataclass
 class WindowPoolLayer:  # TFLite's AVERAGE_POOL_2D / MAX_POOL_2D: same scale in and out
+    """An int8 average or max pool over windows, same scale in and out (TFLite's pools)."""
+
     kind: str  # "avg" or "max"
     kernel: tuple[int, int]
     stride: int
@@ -98,6 +105,9 @@ class WindowPoolLayer:  # TFLite's AVERAGE_POOL_2D / MAX_POOL_2D: same scale in 
 
 @dataclass
 class MeanLayer:  # TFLite Micro's MEAN over all positions
+    """An int8 mean over all positions with 1/positions folded into the multiplier (TFLite Micro's
+    MEAN)."""
+
     multiplier: int  # Q31, 1/positions folded in
     shift: int  # a right shift, negative for a left one
     input_offset: int
@@ -111,6 +121,8 @@ class MeanLayer:  # TFLite Micro's MEAN over all positions
 
 @dataclass
 class FCLayer:  # TFLite's FULLY_CONNECTED, int8 in and out; the last one's outputs are the logits
+    """An int8 fully connected layer, requantized (TFLite's); the last one's outputs are the logits."""
+
     weight: np.ndarray  # int8 (out, in), columns in the order of the firmware's buffer
     bias: np.ndarray  # int32 (out,)
     multiplier: np.ndarray  # int32 Q31 (out,)
@@ -130,6 +142,8 @@ class FCLayer:  # TFLite's FULLY_CONNECTED, int8 in and out; the last one's outp
 
 @dataclass
 class PoolLayer:  # global sum over positions of (x + input_offset), int32
+    """The trained models' global sum over positions: int8 in, int32 out."""
+
     input_offset: int
     in_shape: tuple[int, ...]
 
@@ -140,6 +154,8 @@ class PoolLayer:  # global sum over positions of (x + input_offset), int32
 
 @dataclass
 class DenseLayer:  # int32 logits = bias + W @ x, x int32
+    """The trained models' classifier: int32 pooled sums in, int32 logits out."""
+
     weight: np.ndarray  # int8 (out, in)
     bias: np.ndarray  # int32 (out,)
     logit_scale: float  # float logits = int32 logits * logit_scale
@@ -154,6 +170,8 @@ Layer = ConvLayer | PoolLayer | DenseLayer | DepthwiseLayer | WindowPoolLayer | 
 
 @dataclass
 class IntModel:
+    """A network as the firmware computes it: the input's quantization and layout, then integer layers."""
+
     input_scale: float  # int8 input = clamp(round(x / input_scale) + input_zero_point, -128, 127)
     input_shape: tuple[int, ...]
     layers: list[Layer] = field(default_factory=list)

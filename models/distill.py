@@ -117,6 +117,8 @@ def student_arch(teacher: Arch, width: float) -> Arch:
 
 @dataclass
 class DistillResult:
+    """A distilled student, the training examples it saw and what the distillation cost in seconds."""
+
     result: TrainResult  # the student, its history and its variants' accuracies
     kept: np.ndarray  # the training examples the student saw
     seconds: float  # the KD's cost: the teacher's pass over the full set, the selection, the student's training loop

@@ -323,6 +323,9 @@ def bayes_risk(tau: np.ndarray, correct: np.ndarray, cost: float, loss: float = 
 
 @dataclass
 class ExactRule:
+    """The Bayes-optimal stopping rule of a Gaussian two-class task by backward induction on an LLR
+    grid: the oracle FIRMBOUND is held against."""
+
     grid: np.ndarray  # LLR values λ = log p(X|0)/p(X|1)
     stop: np.ndarray  # (T, grid): G_st
     value: np.ndarray  # (T, grid): G_t

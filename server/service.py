@@ -136,6 +136,8 @@ def read_or_create_token(path: Path) -> str:
 
 
 class Service:
+    """One server: store, broker, bridge and HTTP API (and job workers), started and stopped together."""
+
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         state_dir = config.state_dir

@@ -81,6 +81,8 @@ class McuProfile:
 
 @dataclass(frozen=True)
 class RadioProfile:
+    """A radio's supply voltage and currents (transmit, receive, sleep) and its timings."""
+
     name: str
     vdd_v: float
     tx_a: float

@@ -39,6 +39,8 @@ class LiveError(LinkError):
 
 @dataclass
 class LiveReport:
+    """What publishing a simulation took: devices, messages and seconds until the last acknowledgement."""
+
     devices: int
     messages: int
     seconds: float

@@ -187,6 +187,8 @@ class PacketLog:
 
 
 class Outcome(IntEnum):
+    """What became of a packet: delivered, collided, below the gateway's sensitivity, or lost."""
+
     DELIVERED = 0
     COLLIDED = 1
     BELOW_SENSITIVITY = 2

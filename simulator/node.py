@@ -26,6 +26,9 @@ from simulator.workload import Phase, WorkloadConfig, boot_phase, checkpoint_pha
 
 
 class Mode(IntEnum):
+    """What a node is doing: off, booting, restoring, running, checkpointing, idle, hibernating or in a
+    sequence phase."""
+
     OFF = 0  # load disconnected, the capacitor charges
     BOOT = 1
     RESTORE = 2  # reading progress back from NVM after a boot
@@ -37,6 +40,9 @@ class Mode(IntEnum):
 
 
 class NodeEvent(IntEnum):
+    """What the exact engine schedules next: the run's end, a harvest change, a phase's end, a sensing
+    event, or a voltage threshold crossed."""
+
     END = 0
     HARVEST = 1  # the harvest trace steps
     PHASE = 2  # the current phase finishes

@@ -1,6 +1,6 @@
 """The power path around the capacitor: how a source is coupled in, and the stage that feeds the load.
 
-Every part reduces, between two events, to constant terms of eq. (1) in ``storage.py``,
+Every part reduces, between two events, to constant terms of eq. (1) in ``simulator.capacitor``,
 C·v·dv/dt = p − i·v − g·v²: a power p, a current i drawn (negative when delivered) and
 a conductance g. A part whose terms change with the capacitor voltage (a cell on its I–V
 curve, the charger's cold start) splits the voltage axis into regions whose edges are

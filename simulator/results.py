@@ -16,6 +16,8 @@ from simulator.workload import InferenceModel
 
 @dataclass
 class NodeResult:
+    """One node's run: its statistics, packets, trace (when recorded), task log and on/off edges."""
+
     node_id: int
     harvest_scale: float
     stats: NodeStats
@@ -39,6 +41,9 @@ class NodeResult:
 
 @dataclass
 class SimulationResult:
+    """A fleet's run: the scenario, every node's result, the network's resolution, the harvest trace
+    and the summary."""
+
     scenario: Scenario
     nodes: list[NodeResult]
     distances_m: np.ndarray

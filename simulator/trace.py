@@ -1,7 +1,7 @@
 """Piecewise-constant power traces: the form every harvester takes.
 
 Between two breakpoints the harvested power is constant, which is what lets the
-exact engine solve the storage ODE in closed form (see ``storage.py``).
+exact engine solve the storage ODE in closed form (see ``simulator.capacitor``).
 """
 
 from __future__ import annotations

@@ -144,6 +144,9 @@ class AgentConfig(Config):
 
 
 class Agent:
+    """The device agent: reads its source, infers with the bundle OTA keeps, queues every result in the
+    outbox and reports over its link."""
+
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.state_dir = Path(config.state_dir)

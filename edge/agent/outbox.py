@@ -46,6 +46,9 @@ def _guarded(method: F) -> F:
 
 
 class Outbox:
+    """The device's on-disk queue of outgoing messages and its small durable state (one SQLite file,
+    see the module doc)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)

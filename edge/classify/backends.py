@@ -34,6 +34,8 @@ class BackendError(TrickleError):
 
 
 class Backend(Protocol):
+    """An inference engine for one model file: ``Backend(model_bytes).run(x) -> logits``."""
+
     def run(self, x: np.ndarray) -> np.ndarray: ...
 
 

@@ -81,6 +81,9 @@ def read_int_layers(data: bytes, name: str) -> list[IntFC]:
 
 @dataclass(frozen=True)
 class Decision:
+    """Where FIRMBOUND's rule stands after a sample: stop or go on, the class leading, the samples
+    seen, the log-likelihood ratios and the posterior."""
+
     stop: bool  # the rule says the decision is safe (or the horizon is reached)
     label: int  # the class index leading now
     t: int  # samples seen

@@ -26,6 +26,9 @@ from edge.core.errors import BundleError, ConfigError, DataError
 
 
 class Runtime:
+    """A verified bundle on a backend: pre-processing, DynInfer's choice of variant by stored energy,
+    inference and the self-test."""
+
     def __init__(self, bundle: Bundle, backend: str = "onnxruntime") -> None:
         if backend not in BACKENDS:
             raise ConfigError("--backend", backend, f"must be one of {list(BACKENDS)}")

@@ -89,6 +89,8 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
 
 @dataclass(frozen=True)
 class Bundle:
+    """A verified classifier bundle: its manifest, its files' bytes and where it was read from."""
+
     manifest: Manifest
     files: dict[str, bytes]  # every listed file, verified
     signed_by: Ed25519PublicKey | None
@@ -118,6 +120,8 @@ def read_bundle(path: str | os.PathLike[str], trusted_keys: list[Ed25519PublicKe
 
 @dataclass(frozen=True)
 class LmDraftBundle:
+    """A verified lm-draft bundle (a language model's device draft): its manifest and files."""
+
     manifest: LmDraftManifest
     files: dict[str, bytes]
     signed_by: Ed25519PublicKey | None

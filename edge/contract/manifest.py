@@ -121,6 +121,9 @@ class Layer(_Model):
 
 
 class MeasuredLayer(_Model):
+    """One layer's instructions and output bytes as ``trickle flash --record`` measured them on a
+    board."""
+
     name: str
     instructions: Count
     output_bytes: Count

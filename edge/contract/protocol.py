@@ -87,6 +87,8 @@ class ProtocolError(LinkError):
 
 
 class Topic(NamedTuple):
+    """An MQTT topic taken apart: fleet, device and message kind."""
+
     fleet: str
     device: str
     kind: str
@@ -132,6 +134,9 @@ class _Strict(BaseModel):
 
 
 class Message(_Strict):
+    """What every device message carries: its idempotency key, the device and its timestamp (the
+    device's own clock)."""
+
     v: Literal[1] = 1
     key: str = Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9_.:-]+$")
     device: Name
@@ -140,6 +145,9 @@ class Message(_Strict):
 
 
 class Telemetry(Message):
+    """A device's state: storage voltage, energy harvested and consumed, power failures and time
+    powered so far, free-form metrics."""
+
     voltage_v: float | None = Field(None, ge=0, le=100)
     harvested_j: float | None = Field(None, ge=0)
     consumed_j: float | None = Field(None, ge=0)
@@ -149,6 +157,9 @@ class Telemetry(Message):
 
 
 class Result(Message):
+    """One inference: the class, the variant and bundle that made it, its latency and, where the truth
+    is known, whether it was right."""
+
     label: str = Field(max_length=64)
     class_index: int = Field(ge=0)
     variant: str = Field(max_length=32)
@@ -158,11 +169,17 @@ class Result(Message):
 
 
 class Status(Message):
+    """Online or offline (the offline one is the connection's last will), with the bundle version
+    running."""
+
     state: Literal["online", "offline"]
     bundle_version: int | None = Field(None, ge=0)
 
 
 class Event(Message):
+    """Something that happened on the device (an OTA step, a self-test, a rollback), with its bundle
+    version and detail."""
+
     event: Literal["ota_applied", "ota_rejected", "ota_rolled_back", "started", "stopped"]
     bundle_version: int | None = Field(None, ge=0)
     detail: str = Field("", max_length=512)
@@ -185,6 +202,8 @@ class Ack(_Strict):
 
 
 class Command(_Strict):
+    """An instruction from the server to one device: report now, or stop."""
+
     v: Literal[1] = 1
     command: Literal["report", "stop"]
 

@@ -31,6 +31,9 @@ PREPROCESS_MAX_ABS_DIFF = 1e-4  # float32 rounding of the same steps (edge.class
 
 @dataclass(frozen=True)
 class TestVectors:
+    """A bundle's own test vectors: inputs (and raw inputs where their shape is fixed), labels, and
+    every variant's expected outputs."""
+
     __test__ = False  # not a pytest class
 
     features: np.ndarray

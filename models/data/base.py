@@ -18,6 +18,9 @@ class DatasetError(DataError):
 
 @dataclass(frozen=True)
 class Dataset:
+    """A task's train and test splits (model inputs), labels, the pre-processing as data and, where its
+    shape is fixed, the raw test split."""
+
     name: str
     x_train: np.ndarray  # (N, C, L) or (N, C, H, W), float32
     y_train: np.ndarray  # (N,) int64

@@ -26,6 +26,9 @@ from models.lm.speculative import TargetReader
 
 
 class EagleDraft(nn.Module):
+    """An EAGLE-style draft: one decoder layer over the target's last hidden state and the next token's
+    embedding, the target's head on top."""
+
     def __init__(self, hidden: int, heads: int = 4) -> None:
         super().__init__()
         self.fuse = nn.Linear(2 * hidden, hidden)

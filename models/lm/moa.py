@@ -86,6 +86,9 @@ class _Block(nn.Module):
 
 
 class MoADraft(nn.Module):
+    """The Mixture-of-Attentions draft: Layer Self-Attention over the target's keys and values, then
+    Self- and Cross-Attention layers."""
+
     def __init__(self, hidden: int, kv_dim: int, n_layers: int, heads: int, layer_dim: int = 128,
                  layer_heads: int = 2) -> None:
         super().__init__()

@@ -28,6 +28,8 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class DataParallel:
+    """This process's place among torchrun's ranks, and the all-reduce that makes their steps one step."""
+
     rank: int
     world: int
 

@@ -29,6 +29,8 @@ FLOAT_BITS = 32
 
 @dataclass(frozen=True)
 class ConvSpec:
+    """One convolution of the built-in CNN: output channels, kernel, stride and padding."""
+
     out_channels: int
     kernel: int
     stride: int = 1
@@ -109,6 +111,9 @@ class SwitchableLayer(nn.Module):
 
 
 class SwitchableNet(nn.Module):
+    """The built-in CNN whose precision (2, 4, 8 bits or float) and width (ordered dropout) switch per
+    forward pass."""
+
     def __init__(self, arch: Arch) -> None:
         super().__init__()
         self.arch = arch
@@ -162,6 +167,9 @@ class SwitchableNet(nn.Module):
 
 @dataclass(frozen=True)
 class LayerCost:
+    """One layer's MACs, parameter bytes and outputs: what the manifest records and the energy model
+    prices."""
+
     name: str
     macs: int
     weights: int  # weights + biases

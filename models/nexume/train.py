@@ -184,6 +184,9 @@ class EnergySampler:
 
 @dataclass
 class TrainResult:
+    """A training run: the network, its per-epoch history, each deployable variant's accuracy and
+    energy, and the seconds it took."""
+
     config: TrainConfig
     model: SwitchableNet
     train_time_s: float

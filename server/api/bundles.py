@@ -23,17 +23,23 @@ MAX_BUNDLE_BYTES = 64 << 20
 
 
 class BundleOut(BaseModel):
+    """An uploaded bundle as the registry lists it."""
+
     version: int
     model: str
     sha256: str
 
 
 class AssignmentIn(BaseModel):
+    """Which bundle version a device or a fleet should run."""
+
     target: str = Field(pattern=r"^(device|fleet):[A-Za-z0-9_-]{1,64}$", description="device:ID or fleet:NAME")
     bundle_version: int = Field(ge=1, le=2**62)
 
 
 class AssignmentOut(BaseModel):
+    """An assignment made, and the devices told of it now."""
+
     target: str
     bundle_version: int
     notified: list[str]

@@ -16,11 +16,15 @@ log = logging.getLogger("trickle.server.http")
 
 
 class DeviceIn(BaseModel):
+    """A device to register, and its fleet."""
+
     device: Name
     fleet: Name = "default"
 
 
 class DeviceOut(BaseModel):
+    """A registered device and its token (shown once)."""
+
     device: str
     fleet: str
     token: str = Field(description="bearer token for HTTP, MQTT password, and the key of the device's HMAC signatures")

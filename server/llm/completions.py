@@ -66,18 +66,25 @@ class CompletionIn(BaseModel):
 
 
 class Choice(BaseModel):
+    """One completion, OpenAI-style."""
+
     index: int = 0
     text: str
     finish_reason: Literal["length", "stop"] | None
 
 
 class Usage(BaseModel):
+    """Tokens in and out, OpenAI-style."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
 class DecodeReport(BaseModel):
+    """How the completion was decoded: tokens per second, accept length, target calls, and whether a
+    draft was used."""
+
     tokens_per_second: float
     accept_length: float = Field(description="mean tokens added per target call, its own token included")
     target_calls: int
@@ -85,6 +92,8 @@ class DecodeReport(BaseModel):
 
 
 class CompletionOut(BaseModel):
+    """The answer of ``POST /v1/completions``, OpenAI-style, with trickle's decoding report."""
+
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int

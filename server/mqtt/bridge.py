@@ -83,6 +83,8 @@ STORE_RETRY_S = 30.0
 
 @dataclass(frozen=True)
 class BrokerAddress:
+    """The broker's host and port, from an ``mqtt://`` or ``mqtts://`` URL."""
+
     host: str
     port: int
 
@@ -157,6 +159,9 @@ class RejectionLog:
 
 
 class Bridge:
+    """The server's MQTT client: checks each device message, stores it once and acknowledges it end to
+    end (see the module doc)."""
+
     def __init__(self, store: Store, broker: str, server_token: str, metrics: Metrics | None = None,
                  max_batch: int = 2000, ack_every_s: float = 0.05, tls: TlsFiles | None = None) -> None:
         self.store, self.address = store, BrokerAddress.parse(broker)

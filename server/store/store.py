@@ -137,6 +137,8 @@ class JobNotFinishedError(StoreError):
 
 @dataclass(frozen=True)
 class Device:
+    """A registered device: its name, fleet and token."""
+
     device: str
     fleet: str
     token: str
