@@ -154,9 +154,9 @@ def _manifest(model: str, hidden: int, heads: int, drafter: Any, rows: np.ndarra
 
 def _verified(target: Any, drafter: Any, ids: list[int], keep_hidden: bool) -> Any:
     """The target's cache after ``ids`` (all but the last fed), the drafter prepared on it."""
-    from models.lm.speculative import _CachedLM
+    from models.lm.cache import CachedLM
 
-    lm = _CachedLM(target, keep_hidden=keep_hidden)
+    lm = CachedLM(target, keep_hidden=keep_hidden)
     lm.reset()
     lm.logits(ids, upto=len(ids) - 1)
     drafter.reset(ids)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.lm.cache import layer_kv
 from models.lm.speculative import TargetReader
 
 SEGMENT_MIN, SEGMENT_MAX = 6, 15  # T-step bounded masking: segment lengths drawn from [6, 15)
@@ -123,7 +124,7 @@ class MoADraft(nn.Module):
     def target_states(self, cache: Any, upto: int, start: int = 0) -> torch.Tensor:
         """(B, upto - start, hidden): the projected Layer Self-Attention summary of the per-layer K/V
         of tokens start..upto - 1."""
-        per_layer = [torch.cat([layer.keys[:, :, start:upto], layer.values[:, :, start:upto]], -1) for layer in cache.layers]
+        per_layer = [torch.cat([keys, values], -1) for keys, values in layer_kv(cache, start, upto)]
         kv = torch.stack([z.permute(0, 2, 1, 3).flatten(2) for z in per_layer], 2)  # (B, T, L, kv_dim)
         b, t = kv.shape[:2]
         states = self.layer_attention(self.layer_in(kv.reshape(b * t, self.n_layers, self.kv_dim)) + self.layer_position)

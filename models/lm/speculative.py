@@ -47,6 +47,7 @@ from edge.llm.acceptance import (
     best_draft_length,
     distribution,
 )
+from models.lm.cache import CachedLM
 
 
 @dataclass
@@ -163,75 +164,6 @@ def draft_vocabulary(train_ids: torch.Tensor, vocab_size: int, n: int) -> list[i
     return sorted(int(t) for t in order[: min(n, vocab_size)])
 
 
-class _CachedLM:
-    """A causal LM with a KV cache over a growing token sequence; it feeds only what is new."""
-
-    def __init__(self, model: Any, keep_hidden: bool = False, head: DraftHead | None = None) -> None:
-        self.model = model.eval()
-        self.head = head  # read the logits through this head instead of the model's own
-        self.cache: Any = None
-        self.keep_hidden = keep_hidden  # EAGLE-style drafts read the target's last hidden states
-        self.hidden: torch.Tensor | None = None  # (cached, H) last-layer states of the cached tokens
-
-    def reset(self) -> None:
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(config=self.model.config)
-        self.hidden = None
-
-    @property
-    def cached(self) -> int:
-        return int(self.cache.get_seq_length()) if self.cache is not None else 0
-
-    def _forward(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        if self.head is not None:  # the model's body, then the draft head
-            body = self.model.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
-            self.cache = body.cache
-            return torch.from_numpy(self.head.logits(body.last_hidden_state[0]))
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, output_hidden_states=self.keep_hidden, **kwargs)
-        self.cache = out.cache
-        if self.keep_hidden:
-            last = out.hidden_states[-1][0]
-            self.hidden = last if self.hidden is None else torch.cat([self.hidden, last])
-        return out.logits[0].double()
-
-    @torch.inference_mode()
-    def logits(self, seq: Sequence[int], upto: int | None = None) -> torch.Tensor:
-        """Logits (n, V) after each of the tokens seq[cached:upto] fed now (float64 on the CPU)."""
-        return self._forward(torch.tensor([list(seq[self.cached : upto])]))
-
-    @torch.inference_mode()
-    def tree_logits(self, last: int, tree: DraftTree) -> torch.Tensor:
-        """Logits (nodes, V) at the tree's root (``last``, the token after the cache) and each node,
-        in one forward with a tree attention mask; the cache then holds the prefix and every node."""
-        past, n = self.cached, len(tree.parents)
-        depth = torch.tensor(tree.depths())
-        sees = torch.eye(n, dtype=torch.bool)  # sees[i, j]: j is i or one of its ancestors
-        for i in range(1, n):
-            sees[i] |= sees[tree.parents[i]]
-        mask = torch.cat([torch.ones(n, past, dtype=torch.bool), sees], 1)[None, None]  # (1, 1, n, past + n)
-        return self._forward(torch.tensor([[last, *tree.tokens[1:]]]), attention_mask=mask,
-                             position_ids=(past + depth)[None])
-
-    def keep(self, length: int, nodes: Sequence[int] = ()) -> None:
-        """Keep the cache of the first ``length`` tokens followed by the entries at ``length - 1 + node``
-        for each node of a verified tree (whose root sat at ``length - 1``)."""
-        if nodes:
-            index = torch.cat([torch.arange(length), length - 1 + torch.tensor(list(nodes), dtype=torch.long)])
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, index], layer.values[:, :, index]
-            if self.hidden is not None:
-                self.hidden = self.hidden[index]
-        elif self.cached > length:
-            self.cache.crop(length - self.cached)
-            if self.hidden is not None:
-                self.hidden = self.hidden[:length]
-
-    def crop(self, length: int) -> None:
-        """Keep the cache of the first ``length`` tokens only."""
-        self.keep(length)
-
-
 def _greedy_or_sampled(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator
                        ) -> tuple[int, np.ndarray | None]:
     if temperature == 0:
@@ -331,7 +263,7 @@ class IndependentDrafter:
 
     def __init__(self, model: Any, vocab: Sequence[int] | None = None) -> None:
         self.head = DraftHead(model.get_output_embeddings(), vocab) if vocab is not None else None
-        self.lm = _CachedLM(model, head=self.head)
+        self.lm = CachedLM(model, head=self.head)
         self.fed: list[int] = []  # the tokens the cache holds
 
     def reset(self, prompt: list[int]) -> None:
@@ -363,18 +295,7 @@ class IndependentDrafter:
             self.fed = tokens
             return logits[-1:].numpy()
         self._follow(list(seq))
-        ids = torch.tensor([[seq[-1], *path] for path in paths])  # (w, 1 + d)
-        cache = self.lm.cache
-        past = self.lm.cached
-        for layer in cache.layers:
-            layer.keys, layer.values = layer.keys.expand(len(paths), -1, -1, -1), layer.values.expand(len(paths), -1, -1, -1)
-        try:
-            if self.head is not None:
-                return self.head.logits(self.lm.model.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state[:, -1])
-            return self.lm.model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1].double().numpy()
-        finally:
-            for layer in cache.layers:
-                layer.keys, layer.values = layer.keys[:1, :, :past].contiguous(), layer.values[:1, :, :past].contiguous()
+        return self.lm.branch_logits(seq[-1], paths).numpy()
 
 
 @torch.inference_mode()
@@ -391,7 +312,7 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
         raise ValueError(f"k = {k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: need k >= 1, "
                          "max_new_tokens >= 0 and a non-empty prompt")
     rng = np.random.default_rng(seed)
-    lm = _CachedLM(target, keep_hidden=getattr(drafter, "needs_hidden", False))
+    lm = CachedLM(target, keep_hidden=getattr(drafter, "needs_hidden", False))
     lm.reset()
     drafter.reset(prompt)
     attach = getattr(drafter, "attach_target", None)

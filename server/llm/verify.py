@@ -4,7 +4,7 @@
     response = sessions.verify("dev-1", VerifyRequest(session="s1", start=0, tokens=prompt, draft=[5, 9, 2]))
 
 A session, per (device, session id), holds the verified token history and the target's KV cache
-of every history token but the last (``models.lm.speculative._CachedLM``); one round feeds the new
+of every history token but the last (``models.lm.cache.CachedLM``); one round feeds the new
 history tokens, the last one and the draft in one target forward, keeps what the acceptance rule
 keeps (``edge.llm.acceptance``, the same functions the single-host loop uses) and rolls the cache back.
 Sessions are capped in number and in tokens held and expire after ``ttl_s`` idle; the least
@@ -48,7 +48,7 @@ class BadVerifyError(TrickleError):
 
 @dataclass
 class _Session:
-    lm: Any  # models.lm.speculative._CachedLM
+    lm: Any  # a models.lm.cache.CachedLM
     history: list[int] = field(default_factory=list)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     used: float = field(default_factory=time.monotonic)
@@ -155,13 +155,13 @@ class VerifySessions:
 
     def _open(self, job: _Job) -> None:
         """The job's session and history, or its error (SessionNotHeldError, BadVerifyError)."""
-        from models.lm.speculative import _CachedLM
+        from models.lm.cache import CachedLM
 
         req = job.req
         job.key = (job.owner, req.session)
         session = self.sessions.get(job.key)
         if req.start == 0:  # a (re)start: the history is what the client sends (held once it checks out)
-            session = _Session(_CachedLM(self.target, keep_hidden=True), rng=np.random.default_rng(req.seed))
+            session = _Session(CachedLM(self.target, keep_hidden=True), rng=np.random.default_rng(req.seed))
             session.lm.reset()
         elif session is None:
             raise SessionNotHeldError(f"session {req.session!r} is not held here (evicted or never started): "
@@ -213,49 +213,13 @@ class VerifySessions:
             assert job.session is not None
             seq = job.history + job.req.draft
             return [job.session.lm.logits(seq).numpy()[-len(job.req.draft) - 1 :]]
-        lms = [job.session.lm for job in jobs]  # type: ignore[union-attr]  # _open gave every job its session
-        past = [lm.cached for lm in lms]
-        feeds = [(job.history + job.req.draft)[c:] for job, c in zip(jobs, past)]
-        b, lmax, nmax = len(jobs), max(past), max(map(len, feeds))
-        ids = torch.zeros(b, nmax, dtype=torch.long)
-        positions = torch.zeros(b, nmax, dtype=torch.long)
-        mask = torch.zeros(b, 1, nmax, lmax + nmax, dtype=torch.bool)
-        causal = torch.tril(torch.ones(nmax, nmax, dtype=torch.bool))
-        for i, (feed, c) in enumerate(zip(feeds, past)):
-            ids[i, : len(feed)] = torch.tensor(feed)
-            positions[i] = c + torch.arange(nmax)
-            mask[i, 0, :, :c] = True
-            mask[i, 0, :, lmax:] = causal  # a real row never reaches a padded column; padded rows are not read
-        from transformers import DynamicCache
+        from models.lm.cache import batched_logits
 
-        cache = DynamicCache(config=self.target.config)
-        if lmax:  # every session's cache, zero-padded to lmax (the mask hides the padding)
-            held = next(lm for lm, c in zip(lms, past) if c).cache.layers
-            for layer, like in enumerate(held):
-                keys = like.keys.new_zeros((b, like.keys.shape[1], lmax, like.keys.shape[-1]))
-                values = like.values.new_zeros((b, like.values.shape[1], lmax, like.values.shape[-1]))
-                for i, (lm, c) in enumerate(zip(lms, past)):
-                    if c:
-                        keys[i, :, :c], values[i, :, :c] = lm.cache.layers[layer].keys[0], lm.cache.layers[layer].values[0]
-                cache.update(keys, values, layer)
+        lms = [job.session.lm for job in jobs]  # type: ignore[union-attr]  # _open gave every job its session
+        feeds = [(job.history + job.req.draft)[lm.cached :] for job, lm in zip(jobs, lms)]
         with torch.inference_mode():
-            out = self.target(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions,
-                              output_hidden_states=True)
-        result = []
-        for i, (job, lm, feed, c) in enumerate(zip(jobs, lms, feeds, past)):
-            mine = DynamicCache(config=self.target.config)
-            for layer, batched in enumerate(out.cache.layers):
-                fresh = slice(lmax, lmax + len(feed))
-                new_k, new_v = batched.keys[i : i + 1, :, fresh], batched.values[i : i + 1, :, fresh]
-                if c:
-                    old = lm.cache.layers[layer]
-                    new_k, new_v = torch.cat([old.keys[:, :, :c], new_k], 2), torch.cat([old.values[:, :, :c], new_v], 2)
-                mine.update(new_k.contiguous(), new_v.contiguous(), layer)
-            lm.cache = mine
-            last = out.hidden_states[-1][i, : len(feed)]  # the features EAGLE-style drafts read
-            lm.hidden = last if not c or lm.hidden is None else torch.cat([lm.hidden[:c], last])
-            result.append(out.logits[i, len(feed) - len(job.req.draft) - 1 : len(feed)].double().numpy())
-        return result
+            logits = batched_logits(self.target, lms, feeds)
+        return [z[len(feed) - len(job.req.draft) - 1 :].double().numpy() for z, feed, job in zip(logits, feeds, jobs)]
 
     def _finish(self, job: _Job, logits: np.ndarray, took: float) -> VerifyResponse:
         req, session = job.req, job.session

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from models.lm.cache import CachedLM
 from models.lm.moa import MoADraft, MoADrafter, bounded_segments
-from models.lm.speculative import Tree, _CachedLM, speculative_generate
+from models.lm.speculative import Tree, speculative_generate
 from tests.models.test_speculative import VOCAB, _greedy, _llama
 
 
@@ -96,7 +97,7 @@ def test_incremental_drafts_equal_a_full_forward() -> None:
             if "position" in name:
                 torch.nn.init.normal_(param, std=0.5)
     seq = [3, 1, 4, 1, 5, 9, 2]
-    lm = _CachedLM(target, keep_hidden=True)
+    lm = CachedLM(target, keep_hidden=True)
     lm.reset()
     drafters = {"moa": MoADrafter(moa), "eagle": EagleDrafter(eagle)}
     for d in drafters.values():

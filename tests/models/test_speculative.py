@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.lm.speculative import DraftTree, IndependentDrafter, Tree, _CachedLM, speculative_generate
+from models.lm.cache import CachedLM
+from models.lm.speculative import DraftTree, IndependentDrafter, Tree, speculative_generate
 
 VOCAB = 64
 
@@ -39,7 +40,7 @@ class AlwaysWrong:
     """Proposes what the target would not: its argmax + 1 (every draft token is rejected)."""
 
     def __init__(self, target: torch.nn.Module) -> None:
-        self.lm = _CachedLM(target)
+        self.lm = CachedLM(target)
 
     def reset(self, prompt: list[int]) -> None:
         self.lm.reset()
@@ -96,7 +97,7 @@ def test_adaptive_k_drafts_longer_for_a_draft_that_is_right() -> None:
 def test_tree_verification_keeps_the_accepted_path_like_a_fresh_forward(target: torch.nn.Module) -> None:
     rng = np.random.default_rng(1)
     seq = [3, 1, 4, 1, 5]
-    lm = _CachedLM(target)
+    lm = CachedLM(target)
     lm.reset()
     lm.logits(seq, upto=len(seq) - 1)
     for _ in range(5):
@@ -111,7 +112,7 @@ def test_tree_verification_keeps_the_accepted_path_like_a_fresh_forward(target: 
         while node > 0:
             path.insert(0, node)
             node = tree.parents[node]
-        fresh = _CachedLM(target)
+        fresh = CachedLM(target)
         fresh.reset()
         along = fresh.logits([*seq, *tree.path(path[-1] if path else 0)])  # the same tokens as a plain sequence
         assert torch.allclose(logits[[0, *path]], along[len(seq) - 1 :], atol=1e-9)
@@ -125,7 +126,7 @@ def test_tree_verification_keeps_the_accepted_path_like_a_fresh_forward(target: 
 
 def test_the_target_cache_equals_a_fresh_forward_after_rollbacks(target: torch.nn.Module) -> None:
     prompt = [3, 1, 4, 1, 5]
-    lm = _CachedLM(target)
+    lm = CachedLM(target)
     lm.reset()
     seq = list(prompt)
     lm.logits(seq, upto=len(seq) - 1)
@@ -135,7 +136,7 @@ def test_the_target_cache_equals_a_fresh_forward_after_rollbacks(target: torch.n
         lm.logits(seq + draft)
         seq += [*draft[: rng.integers(0, 5)], int(rng.integers(0, VOCAB))]
         lm.crop(len(seq) - 1)
-    fresh = _CachedLM(target)
+    fresh = CachedLM(target)
     fresh.reset()
     fresh.logits(seq, upto=len(seq) - 1)
     assert lm.cached == fresh.cached == len(seq) - 1
