@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.language import SENTENCES, Models, play, save_llama
 
 if TYPE_CHECKING:
     from models.data.base import Dataset
@@ -144,3 +147,36 @@ def trained_bundle(tmp_path_factory: pytest.TempPathFactory) -> TrainedBundle:
         return Trained(checkpoint, bundle, data, result)
 
     return make
+
+
+# ---- language models (built once a session, shared by tests/models and tests/server) ----
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    """A tiny random target and two drafts (one over a smaller vocabulary), built once a session."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    root = tmp_path_factory.mktemp("llm")
+    out = Models(root / "target", root / "draft", root / "draft-small-vocab")
+    save_llama(out.target, tokenizer, len(tokenizer), seed=0, layers=2, hidden=32)
+    save_llama(out.draft, tokenizer, len(tokenizer), seed=1, layers=1, hidden=16)
+    save_llama(out.small_vocab_draft, tokenizer, len(tokenizer) - 10, seed=1, layers=1, hidden=16)
+    return out
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Seven synthetic plays: play0..play2 to train on, play3..play6 held out."""
+    folder = tmp_path_factory.mktemp("plays")
+    rng = random.Random(12)
+    for i in range(7):  # play0..play2 trained on, play3..play6 held out (the last four by name)
+        (folder / f"play{i}.txt").write_text(play(rng, 300 if i < 3 else 60))
+    return folder

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import trickle
+
 TINY = """
 name = "tiny"
 [run]
@@ -28,8 +30,6 @@ count = 2
 """
 
 
-def trickle(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trickle", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 def test_simulate_writes_results(tmp_path: Path) -> None:

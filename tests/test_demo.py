@@ -13,12 +13,14 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers import SUBPROCESS_TIMEOUT_S
+
 
 def test_trickle_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "trickle.cli", "demo", "--out", str(out), "--nodes", "3", "--hours", "2", "--epochs", "1",
            "--no-plots"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "demo.json").read_text())
     assert summary["results_simulated"] > 100 and summary["lost"] == 0

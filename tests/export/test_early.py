@@ -17,6 +17,7 @@ from edge.contract.bundle import read_bundle
 from edge.core.errors import DataError, ExportError
 from export.early import export_early
 from models.firmbound import FirmboundClassifier, gaussian_sequences
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 torch.set_num_threads(1)
 
@@ -51,14 +52,14 @@ def test_the_device_decides_where_the_estimator_does(fitted: FirmboundClassifier
     # the command line streams a series file
     np.save(tmp_path / "s.npy", xt[0])
     proc = subprocess.run([sys.executable, "-m", "trickle", "edge", "infer", str(path), str(tmp_path / "s.npy"), "--early",
-                           "--json"], capture_output=True, text=True, timeout=300)
+                           "--json"], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     line = json.loads(proc.stdout)
     assert line["samples"] == got[0].t and line["label"] == "abc"[got[0].label] and line["horizon"] == 16
     # a series the wrong way round is one line; the classifier runtime refuses the bundle in one line
     np.savetxt(tmp_path / "s.csv", xt[0].T, delimiter=",")
     proc = subprocess.run([sys.executable, "-m", "trickle", "edge", "infer", str(path), str(tmp_path / "s.csv"), "--early"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "one row per channel" in proc.stderr
     from edge.classify.runtime import Runtime
     from edge.core.errors import BundleError
@@ -120,7 +121,7 @@ def test_the_firmware_decides_as_the_edge_does_bit_for_bit(fitted: FirmboundClas
     want = [decider.run(s) for s in xt[:8]]
     assert run.mismatches == 0 and [run.decisions[i] for i in range(8)] == [(d.t, d.label) for d in want]
     assert {t for t, _ in run.decisions.values()} != {16}  # some decide early
-    cuts = subprocess.run([str(exe), "early-cuts", "2"], capture_output=True, text=True, timeout=600)
+    cuts = subprocess.run([str(exe), "early-cuts", "2"], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert cuts.returncode == 0, cuts.stdout + cuts.stderr
     trials = int(cuts.stdout.split()[1])
     assert trials > 20 and cuts.stdout.split()[3] == str(trials)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from edge.contract.bundle import read_bundle
 from edge.contract.vectors import TestVectors
 from edge.core.errors import BundleError, DataError
 from export.onnx_import import import_onnx
+from tests.helpers import trickle
 
 
 class TinyNet(nn.Module):
@@ -38,8 +37,6 @@ class TinyNet(nn.Module):
         return self.fc(torch.relu(self.c2(x)).mean(-1))
 
 
-def trickle(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trickle", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ an average pool, a MEAN and a last SOFTMAX. Unsupported operators and bad files 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from torch import nn
 
 from edge.contract.bundle import read_bundle
 from edge.contract.vectors import TestVectors
+from tests.helpers import trickle
 
 pytest.importorskip("tflite_micro")
 pytest.importorskip("ai_edge_quantizer")
@@ -81,8 +80,6 @@ def int8_tflite(net: nn.Module, shape: tuple[int, ...], path: Path, per_tensor_f
     return x
 
 
-def trickle(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trickle", *args], capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from export.flash import FIRMWARE, FlashError, build, code_size, run_board, write_sources
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 HOST = shutil.which("make") is not None and shutil.which("gcc") is not None
 needs_host = pytest.mark.skipif(not HOST, reason="apt-get install make gcc")
@@ -59,7 +60,7 @@ def tiny(tmp_path: Path) -> Path:
 @needs_host
 def test_make_check_runs_the_c_unit_tests(tmp_path: Path) -> None:
     proc = subprocess.run(["make", "-s", "-C", str(FIRMWARE), f"OUT={tmp_path}", "check"], capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "check: all 5 test programs passed" in proc.stdout
     assert "FAIL" not in proc.stdout

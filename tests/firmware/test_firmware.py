@@ -14,6 +14,7 @@ import pytest
 from edge.contract.bundle import Bundle, read_bundle
 from export.flash import build, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
 from tests.conftest import TrainedBundle
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 ARM = shutil.which("arm-none-eabi-gcc") is not None and shutil.which("qemu-system-arm") is not None
 needs_arm = pytest.mark.skipif(not ARM, reason="apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm")
@@ -73,7 +74,7 @@ def test_host_build_is_bit_exact_and_sanitizer_clean(generated: tuple[Path, dict
 def test_host_power_cut_at_every_progress_point(generated: tuple[Path, dict]) -> None:
     root, _ = generated
     exe = build(root / "gen", "host", root / "host")
-    proc = subprocess.run([str(exe), "cuts", "2"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(exe), "cuts", "2"], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, trials, _, identical, _, reboots = proc.stdout.split()
     assert int(trials) == int(identical) == int(reboots) > 100
@@ -116,7 +117,8 @@ def test_trickle_flash_host(generated: tuple[Path, dict], tmp_path: Path) -> Non
 
     root, _ = generated
     proc = subprocess.run([sys.executable, "-m", "trickle.cli", "flash", str(root / "bundle"), "--board", "host",
-                           "--out", str(tmp_path), "--vectors", "5"], capture_output=True, text=True, timeout=300)
+                           "--out", str(tmp_path), "--vectors", "5"], capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     assert "bit-exact with onnxruntime" in proc.stdout
 
@@ -162,7 +164,7 @@ def test_flash_record_writes_measured_counts_the_simulator_uses(generated: tuple
     root, info = generated
     out = tmp_path / "measured.tar"
     proc = subprocess.run([sys.executable, "-m", "trickle.cli", "flash", str(root / "bundle"), "--out", str(tmp_path),
-                           "--vectors", "2", "--record", str(out)], capture_output=True, text=True, timeout=300)
+                           "--vectors", "2", "--record", str(out)], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     before, after = read_bundle(root / "bundle"), read_bundle(out)
     assert after.manifest.bundle_version == before.manifest.bundle_version + 1

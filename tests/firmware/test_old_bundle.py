@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import SUBPROCESS_TIMEOUT_S
+
 OLD = Path(__file__).parents[1] / "edge" / "data" / "digits-v1-2026-11.tar"
 
 
 def _flash(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "trickle", "flash", str(OLD), *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=SUBPROCESS_TIMEOUT_S)
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("make") is None, reason="needs gcc and make")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +18,8 @@ from edge.core.errors import ConfigError
 from examples.my_network import tiny_cnn
 from models.nexume.custom import PrecisionSwitch, build, switchable
 from models.nexume.switchable import FLOAT_BITS
+from tests.helpers import trickle
 from tests.models.test_userdata import wide_table, write_audio
-
-
-def trickle(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trickle", *args], capture_output=True, text=True, timeout=900)
 
 
 def test_switchable_ties_the_weights_and_keeps_the_float_network() -> None:

@@ -13,7 +13,6 @@ from models.lm.draft import load_drafter, load_target, train_draft
 from models.lm.speculative import Tree, speculative_generate
 from models.lm.target import train_lm
 from tests.models.test_lm import config
-from tests.models.test_lm import corpus as corpus
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,32 +17,6 @@ from models.lm.target import EOS, LMConfig, build_model, find_plays, train_lm, v
 from trickle.cli import main
 
 STEPS = 80
-NAMES = ["Hamlet", "Ophelia", "Horatio", "Laertes", "Polonius"]
-VERBS = ["speaks", "weeps", "laughs", "swears", "sleeps"]
-PLACES = ["in the castle", "on the platform", "by the river", "at the gate", "in the hall"]
-
-
-def play(rng: random.Random, lines: int) -> str:
-    """A play of a tiny grammar: speaker lines and stage directions, learnable in seconds."""
-    out = []
-    for _ in range(lines):
-        name = rng.choice(NAMES)
-        if rng.random() < 0.2:
-            out.append(f"[Enter {name}.]\n")
-        else:
-            out.append(f"{name[:3]}.\n{name} {rng.choice(VERBS)} {rng.choice(PLACES)}.\n")
-    return "\n".join(out)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("plays")
-    rng = random.Random(12)
-    for i in range(7):  # play0..play2 trained on, play3..play6 held out (the last four by name)
-        (folder / f"play{i}.txt").write_text(play(rng, 300 if i < 3 else 60))
-    return folder
-
-
 def config(**fields: object) -> LMConfig:
     return LMConfig.model_validate({"size": "tiny", "steps": STEPS, **fields})
 

@@ -13,6 +13,7 @@ import torch
 from edge.core.errors import ConfigError
 from models.nexume.launch import torchrun_command
 from models.nexume.train import TrainConfig, train
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:
@@ -29,7 +30,7 @@ def test_two_processes_train_the_model_one_process_trains(tmp_path: Path) -> Non
     done = subprocess.run([sys.executable, "-m", "trickle.cli", "train", "nexume", "--dataset", "digits",
                            "--method", "fp32", "--epochs", "2", "--set", "batch_size=33", "--seed", "3",
                            "--nproc", "2", "--out", str(out), "--json"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert done.returncode == 0, done.stderr + done.stdout
     assert json.loads(done.stdout.splitlines()[-1])["nproc"] == 2
     two = _state(out)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +14,7 @@ import soundfile
 
 from models.data.base import DatasetError
 from models.data.userdata import UserData, load_user
-
-
-def trickle(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trickle", *args], capture_output=True, text=True, timeout=600)
+from tests.helpers import trickle
 
 
 def write_audio(root: Path, rates: tuple[int, int] = (8000, 8000), per_class: int = 8) -> Path:

@@ -22,31 +22,8 @@ import pytest
 from edge.contract.protocol import Ack, Result, Telemetry, encode, topic
 from server.mqtt.bridge import SERVER_USER
 from server.ports import free_port, port_open
+from tests.helpers import MqttPeer
 from tests.server.conftest import ServerProc, needs_mosquitto, wait_for
-
-
-class Peer:
-    """A paho client with a chosen client id that records its CONNACK and what it receives."""
-
-    def __init__(self, port: int, user: str, password: str, client_id: str, clean: bool = True) -> None:
-        self.received: list[tuple[str, bytes]] = []
-        self.connack: list[int] = []
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
-        self.c.username_pw_set(user, password)
-        self.c.on_connect = lambda c, u, f, reason, p: self.connack.append(int(reason.value))
-        self.c.on_message = lambda c, u, m: self.received.append((m.topic, bytes(m.payload)))
-        self.c.reconnect_delay_set(30, 60)  # a refused peer does not come back during the test
-        self.c.connect("127.0.0.1", port)
-        self.c.loop_start()
-        wait_for(lambda: self.connack, 10, f"the CONNACK of {client_id}")
-
-    @property
-    def accepted(self) -> bool:
-        return self.connack[-1] == 0
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 def _result(device: str, key: str, token: str) -> bytes:
@@ -54,7 +31,7 @@ def _result(device: str, key: str, token: str) -> bytes:
                          bundle_version=1, latency_s=0.001), token)
 
 
-def _publish_results(peer: Peer, fleet: str, device: str, token: str, keys: list[str]) -> None:
+def _publish_results(peer: MqttPeer, fleet: str, device: str, token: str, keys: list[str]) -> None:
     for key in keys:
         peer.c.publish(topic(fleet, device, "result"), _result(device, key, token), qos=1).wait_for_publish(10)
 
@@ -65,21 +42,20 @@ def test_no_device_can_take_the_bridge_s_or_another_device_s_client_id(embedded_
     server = embedded_server
     tokens = {name: server.register(name).read_text() for name in ("dev-a", "dev-b", "attacker")}
     port = server.mqtt_port
-    b = Peer(port, "dev-b", tokens["dev-b"], "dev-b")
+    b = MqttPeer(port, "dev-b", tokens["dev-b"], "dev-b")
     peers = [b]
     try:
         assert b.accepted
         for client_id, clean in ((SERVER_USER, False), (SERVER_USER, True), ("dev-b", True), ("dev-a", True)):
-            intruder = Peer(port, "attacker", tokens["attacker"], client_id, clean)
+            intruder = MqttPeer(port, "attacker", tokens["attacker"], client_id, clean)
             peers.append(intruder)
             assert not intruder.accepted, f"the broker let 'attacker' in as client id {client_id!r}"
             intruder.close()
-        watch = Peer(port, "attacker", tokens["attacker"], "attacker")  # as itself: fine, but only its own topics
+        watch = MqttPeer(port, "attacker", tokens["attacker"], "attacker")  # as itself: fine, but only its own topics
         peers.append(watch)
         assert watch.accepted
-        watch.c.subscribe(topic("f", "dev-b", "result"), qos=1)
-        watch.c.subscribe(topic("f", "dev-b", "ack"), qos=1)
-        time.sleep(0.3)
+        watch.subscribe(topic("f", "dev-b", "result"))
+        watch.subscribe(topic("f", "dev-b", "ack"))
         _publish_results(b, "f", "dev-b", tokens["dev-b"], [f"dev-b:result:{i}" for i in range(20)])
         wait_for(lambda: len(server.messages("dev-b", "result")) == 20, 20, "dev-b's results stored")
         assert b.c.is_connected(), "dev-b was kicked off by a client naming its id"
@@ -98,11 +74,10 @@ def test_a_device_cannot_shadow_or_acknowledge_another_device_s_messages(embedde
     server = embedded_server
     t_squat, t_victim = server.register("squatter").read_text(), server.register("victim").read_text()
     keys = [f"victim:result:{i}" for i in range(10)]
-    squatter = Peer(server.mqtt_port, "squatter", t_squat, "squatter")
-    victim = Peer(server.mqtt_port, "victim", t_victim, "victim")
+    squatter = MqttPeer(server.mqtt_port, "squatter", t_squat, "squatter")
+    victim = MqttPeer(server.mqtt_port, "victim", t_victim, "victim")
     try:
-        victim.c.subscribe(topic("f", "victim", "ack"), qos=1)
-        time.sleep(0.3)
+        victim.subscribe(topic("f", "victim", "ack"))
         _publish_results(squatter, "f", "squatter", t_squat, keys)
         wait_for(lambda: len(server.messages("squatter", "result")) == 10, 20, "the squatter's results")
         assert victim.received == []  # nothing acknowledged to the victim for keys it never sent

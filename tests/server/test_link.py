@@ -77,12 +77,12 @@ def test_broker_restart_and_server_kill_9_mid_stream_lose_nothing(mosquitto: Mos
         n = _n_samples(bundles)
         _, agent = _stream(server, "n2", bundles, tmp_path, "0.01", 30)
         mosquitto.stop()
-        time.sleep(0.3)
+        time.sleep(0.3)  # the outage itself: the broker stays down a moment
         mosquitto.start()
         seen = len(server.messages("n2", "result"))
         wait_for(lambda: len(server.messages("n2", "result")) >= seen + 30, 60, "results after the broker restart")
         server.stop(signal.SIGKILL)
-        time.sleep(0.3)
+        time.sleep(0.3)  # the outage itself
         server.start()
         assert agent.wait(180) == 0, (tmp_path / "agent.log").read_text()[-3000:]
         _assert_exactly_once(server, "n2", n)
@@ -94,7 +94,7 @@ def test_graceful_server_restart_with_the_embedded_broker_loses_nothing(embedded
                                                                           tmp_path: Path) -> None:
     _, agent = _stream(embedded_server, "n3", bundles, tmp_path, "0.01", 30)
     embedded_server.stop(signal.SIGTERM)
-    time.sleep(0.5)
+    time.sleep(0.5)  # the outage itself
     embedded_server.start()
     assert agent.wait(180) == 0, (tmp_path / "agent.log").read_text()[-3000:]
     _assert_exactly_once(embedded_server, "n3", _n_samples(bundles))

@@ -7,7 +7,6 @@ import asyncio
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,50 +17,7 @@ import torch
 from edge.core.errors import ConfigError
 from server.ports import free_port
 from server.service import ServeConfig, Service
-
-SENTENCES = ["To be, or not to be, that is the question.", "All the world's a stage, and all the men and women merely players.",
-             "Now is the winter of our discontent made glorious summer.", "O Romeo, Romeo, wherefore art thou Romeo?",
-             "The quality of mercy is not strained; it droppeth as the gentle rain from heaven."]
-CONTEXT = 512
-
-
-@dataclass
-class Models:
-    target: Path
-    draft: Path
-    small_vocab_draft: Path
-
-
-def _save_llama(folder: Path, tokenizer: Any, vocab: int, seed: int, layers: int, hidden: int) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=None)
-    # float64: one forward over K + 1 tokens and K + 1 forwards over one token agree on every
-    # argmax only when rounding cannot flip a near tie
-    LlamaForCausalLM(config).double().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
-    root = tmp_path_factory.mktemp("llm")
-    out = Models(root / "target", root / "draft", root / "draft-small-vocab")
-    _save_llama(out.target, tokenizer, len(tokenizer), seed=0, layers=2, hidden=32)
-    _save_llama(out.draft, tokenizer, len(tokenizer), seed=1, layers=1, hidden=16)
-    _save_llama(out.small_vocab_draft, tokenizer, len(tokenizer) - 10, seed=1, layers=1, hidden=16)
-    return out
+from tests.language import CONTEXT, Models
 
 
 @contextmanager

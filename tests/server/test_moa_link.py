@@ -20,9 +20,7 @@ from edge.llm.draft import OnnxMoADraft
 from edge.llm.generate import HttpVerifyLink, MqttVerifyLink, SessionLostError, generate
 from server.ports import free_port
 from server.service import ServeConfig, Service
-from tests.models.test_lm import corpus as corpus
-from tests.server.test_llm import Models
-from tests.server.test_llm import models as models
+from tests.language import Models
 from tests.server.test_verify import PROMPTS, _greedy
 
 

@@ -7,42 +7,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import paho.mqtt.client as mqtt
 
 from edge.contract.protocol import topic
 from server.mqtt.bridge import SERVER_USER
 from server.ports import free_port, port_open
 from server.service import read_or_create_token
 from server.store.store import open_store
+from tests.helpers import MqttPeer
 from tests.server.conftest import ServerProc, needs_mosquitto, wait_for
-
-
-class Client:
-    """A paho client that records what it receives."""
-
-    def __init__(self, port: int, user: str, password: str, client_id: str | None = None) -> None:
-        self.received: list[tuple[str, bytes]] = []
-        self.connected = threading.Event()
-        self.reason: int | None = None
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"t-{user}-{free_port()}")
-        self.c.username_pw_set(user, password)
-        self.c.on_message = lambda c, u, m: self.received.append((m.topic, m.payload))
-        self.c.on_connect = self._on_connect
-        self.c.connect("127.0.0.1", port)
-        self.c.loop_start()
-
-    def _on_connect(self, c: object, u: object, flags: object, reason: object, props: object) -> None:
-        self.reason = int(getattr(reason, "value", reason))  # type: ignore[arg-type]
-        self.connected.set()
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 @needs_mosquitto
@@ -63,21 +39,20 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
     run_as = "user root\n" if os.geteuid() == 0 else ""
     conf.write_text(f"listener {port} 127.0.0.1\n{run_as}" + (out / "mosquitto.conf").read_text())
     broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    clients: list[Client] = []
+    clients: list[MqttPeer] = []
     try:
         server_token = read_or_create_token(state / "server.token")
         wait_for(lambda: port_open(port), 10, "mosquitto")
-        watcher = Client(port, SERVER_USER, server_token, SERVER_USER)  # the bridge's identity
-        node_a, node_b = Client(port, "node-a", a.token, "node-a"), Client(port, "node-b", b.token, "node-b")
-        intruder = Client(port, "node-a", "not-the-token")
+        watcher = MqttPeer(port, SERVER_USER, server_token, SERVER_USER)  # the bridge's identity
+        node_a, node_b = MqttPeer(port, "node-a", a.token, "node-a"), MqttPeer(port, "node-b", b.token, "node-b")
+        intruder = MqttPeer(port, "node-a", "not-the-token")
         clients += [watcher, node_a, node_b, intruder]
         for c in clients:
             assert c.connected.wait(10)
         assert watcher.reason == 0 and node_a.reason == 0 and intruder.reason != 0  # a wrong password is refused
-        watcher.c.subscribe("trickle/v1/#", qos=1)
-        node_a.c.subscribe(topic("lab", "node-b", "ota"), qos=1)  # another device's commands: not granted
-        node_b.c.subscribe(topic("lab", "node-b", "ota"), qos=1)
-        time.sleep(0.5)  # the subscriptions' SUBACKs before anything is published
+        watcher.subscribe("trickle/v1/#")
+        node_a.subscribe(topic("lab", "node-b", "ota"))  # another device's commands: not granted (a SUBACK all the same)
+        node_b.subscribe(topic("lab", "node-b", "ota"))
         node_a.c.publish(topic("lab", "node-b", "telemetry"), b"forged", qos=1).wait_for_publish(10)
         node_a.c.publish(topic("lab", "node-a", "telemetry"), b"own", qos=1).wait_for_publish(10)
         watcher.c.publish(topic("lab", "node-b", "ota"), b"for-b", qos=1).wait_for_publish(10)
@@ -88,11 +63,11 @@ def test_devices_are_confined_to_their_own_topics(tmp_path: Path) -> None:
 
         # a device naming the bridge's client id, or another device's, takes nobody's session:
         # Mosquitto makes its client id its user name (use_username_as_clientid)
-        thieves = [Client(port, "node-a", a.token, SERVER_USER), Client(port, "node-a", a.token, "node-b")]
+        thieves = [MqttPeer(port, "node-a", a.token, SERVER_USER), MqttPeer(port, "node-a", a.token, "node-b")]
         clients += thieves
         for thief in thieves:
             assert thief.connected.wait(10)
-        time.sleep(0.5)
+        time.sleep(0.5)  # what must not happen (a takeover) is given time to happen
         assert watcher.c.is_connected() and node_b.c.is_connected()
         node_b.c.publish(topic("lab", "node-b", "telemetry"), b"still-here", qos=1).wait_for_publish(10)
         wait_for(lambda: (topic("lab", "node-b", "telemetry"), b"still-here") in watcher.received, 10,

@@ -199,15 +199,20 @@ def test_mosquitto_clients_see_and_send_valid_messages(mosquitto: Mosquitto, bun
     server.start()
     try:
         token = server.register("m1").read_text()
-        sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-t", "trickle/v1/f/m1/result",
-                                "-C", "1", "-W", "20"], stdout=subprocess.PIPE, text=True)
-        time.sleep(0.3)
+        sub = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-d", "-h", "127.0.0.1", "-p", str(mosquitto.port),
+                                "-t", "trickle/v1/f/m1/result", "-C", "1", "-W", "20"], stdout=subprocess.PIPE, text=True)
+        assert sub.stdout is not None
+        for line in sub.stdout:  # -d: the client's log, line-buffered; its SUBACK before anything is published
+            if "SUBACK" in line:
+                break
         payload = encode(Result(key="m1:result:0", device="m1", ts_s=5.0, label="7", class_index=7, variant="fp32-d00",
                                 bundle_version=1, latency_s=0.001, correct=True), token)
         subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-q", "1",
                         "-t", topic("f", "m1", "result"), "-m", payload.decode()], check=True, timeout=10)
-        seen, _ = sub.communicate(timeout=30)
-        assert json.loads(seen)["key"] == "m1:result:0"  # a plain MQTT client reads the protocol
+        sub.wait(timeout=30)
+        seen = sub.stdout.read()  # through the same buffered reader the loop above read from
+        payload_line = next((line for line in seen.splitlines() if line.startswith("{")), seen)
+        assert json.loads(payload_line)["key"] == "m1:result:0"  # a plain MQTT client reads the protocol
         wait_for(lambda: server.messages("m1", "result"), 10, "the stored result")
         assert server.messages("m1", "result")[0]["label"] == "7"
     finally:

@@ -17,8 +17,8 @@ from bench.netem import NetemProxy
 from edge.contract.protocol import ROUTES, VerifyRequest, VerifyResponse
 from edge.core.errors import LinkError
 from edge.llm.generate import Draft, HttpVerifyLink, generate
-from tests.server.test_llm import Models, _serve
-from tests.server.test_llm import models as models
+from tests.language import Models
+from tests.server.test_llm import _serve
 
 
 class TorchDraft(Draft):

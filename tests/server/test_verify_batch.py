@@ -13,8 +13,7 @@ import pytest
 from edge.contract.protocol import VerifyRequest, VerifyResponse
 from edge.llm.generate import generate
 from server.llm.verify import BadVerifyError, SessionNotHeldError, VerifySessions, _Job
-from tests.server.test_llm import Models
-from tests.server.test_llm import models as models
+from tests.language import Models
 from tests.server.test_verify import TorchDraft, _greedy
 
 
