@@ -15,7 +15,7 @@ adds ``n + 1`` tokens.
 Sampling: Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023 (Algorithm 2): keep ``x_i``
 with probability ``min(1, p_i(x_i) / q_i(x_i))``; on rejection, sample from
 ``norm(max(0, p_i - q_i))``. The emitted tokens are then distributed exactly as sampling the
-target alone (Leviathan et al., Theorem 3.5); ``tests/edge/test_speculative.py`` checks it with a
+target alone (Leviathan et al., Theorem 3.5); ``tests/edge/llm/test_speculative.py`` checks it with a
 chi-square test against the enumerated target distribution.
 
 Trees (EAGLE-2, MoA): node 0 is the last verified token, node ``i > 0`` holds ``tokens[i]`` after

@@ -21,7 +21,7 @@ from edge.llm.generate import HttpVerifyLink, MqttVerifyLink, SessionLostError, 
 from server.ports import free_port
 from server.service import ServeConfig, Service
 from tests.language import Models
-from tests.server.test_verify import PROMPTS, _greedy
+from tests.server.llm.test_verify import PROMPTS, _greedy
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 from models.lm.cache import CachedLM
 from models.lm.moa import MoADraft, MoADrafter, bounded_segments
 from models.lm.speculative import Tree, speculative_generate
-from tests.models.test_speculative import VOCAB, _greedy, _llama
+from tests.models.lm.test_speculative import VOCAB, _greedy, _llama
 
 
 def test_segments_see_only_states_before_them() -> None:

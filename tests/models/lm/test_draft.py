@@ -12,7 +12,7 @@ from edge.core.errors import ConfigError
 from models.lm.draft import load_drafter, load_target, train_draft
 from models.lm.speculative import Tree, speculative_generate
 from models.lm.target import train_lm
-from tests.models.test_lm import config
+from tests.models.lm.test_lm import config
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from edge.agent.link import Link
 from edge.agent.outbox import Outbox, OutboxDamagedError, recover_outbox
 from edge.core.errors import DataError, LinkError
 
-BUNDLE = Path(__file__).parent / "data" / "digits-v1-2026-11.tar"
-PUB = Path(__file__).parent / "data" / "digits-v1-2026-11.pub"
+BUNDLE = Path(__file__).parents[1] / "data" / "digits-v1-2026-11.tar"
+PUB = Path(__file__).parents[1] / "data" / "digits-v1-2026-11.pub"
 
 
 def _config(state: Path, **extra: object) -> AgentConfig:

@@ -133,7 +133,7 @@ def test_too_many_members_are_refused(tmp_path: Path) -> None:
 
 def test_a_compressed_real_bundle_still_loads(tmp_path: Path) -> None:
     """The rules refuse bombs, not bundles: a real signed bundle, gzipped or xz-ed, reads as before."""
-    real = Path(__file__).parent / "data" / "digits-v1-2026-11.tar"
+    real = Path(__file__).parents[1] / "data" / "digits-v1-2026-11.tar"
     for name, pack in (("b.tar.gz", gzip.compress), ("b.tar.xz", lzma.compress)):
         packed = tmp_path / name
         packed.write_bytes(pack(real.read_bytes()))

@@ -19,7 +19,7 @@ from examples.my_network import tiny_cnn
 from models.nexume.custom import PrecisionSwitch, build, switchable
 from models.nexume.switchable import FLOAT_BITS
 from tests.helpers import trickle
-from tests.models.test_userdata import wide_table, write_audio
+from tests.models.data.test_userdata import wide_table, write_audio
 
 
 def test_switchable_ties_the_weights_and_keeps_the_float_network() -> None:

@@ -14,7 +14,7 @@ from edge.contract.protocol import VerifyRequest, VerifyResponse
 from edge.llm.generate import generate
 from server.llm.verify import BadVerifyError, SessionNotHeldError, VerifySessions, _Job
 from tests.language import Models
-from tests.server.test_verify import TorchDraft, _greedy
+from tests.server.llm.test_verify import TorchDraft, _greedy
 
 
 def _target(models: Models) -> object:

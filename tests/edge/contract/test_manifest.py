@@ -13,7 +13,7 @@ from edge.classify.runtime import Runtime
 from edge.contract.bundle import BundleError, pack, read_bundle, read_trusted, tar_bytes
 from edge.contract.manifest import SCHEMA_FILE, Manifest, json_schema
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 OLD = DATA / "digits-v1-2026-11.tar"  # written by trickle 0.1.0 before the typed manifest (commit 70f1dbb)
 OLD_KEY = DATA / "digits-v1-2026-11.pub"
 

@@ -18,7 +18,7 @@ from edge.contract.protocol import ROUTES, VerifyRequest, VerifyResponse
 from edge.core.errors import LinkError
 from edge.llm.generate import Draft, HttpVerifyLink, generate
 from tests.language import Models
-from tests.server.test_llm import _serve
+from tests.server.llm.test_llm import _serve
 
 
 class TorchDraft(Draft):
