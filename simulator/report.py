@@ -265,8 +265,8 @@ def voltage_envelope(result: SimulationResult, traced: list[Any], bins: int = EN
         np.fmax.at(hi[row], k, v)
         sums, counts = np.bincount(k, v, bins), np.bincount(k, None, bins)
         mean[row] = np.where(counts > 0, sums / np.maximum(counts, 1), held)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a bin before any node's first event
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: a bin before any node's first event
         return edges, np.nanmin(lo, axis=0), np.nanmedian(mean, axis=0), np.nanmax(hi, axis=0)
 
 

@@ -74,31 +74,25 @@ class Outbox:
         if problems != ["ok"]:
             raise OutboxDamagedError(f"{self.path}: the outbox is damaged ({'; '.join(problems)[:200]}); {RECOVER_HINT}")
 
-    @_guarded
     def put(self, key: str, topic: str, payload: bytes, state: dict[str, str] | None = None) -> None:
         """Queue a message (a key already queued is kept as it was) and, atomically, save ``state``."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("INSERT OR IGNORE INTO outbox (key, topic, payload) VALUES (?, ?, ?)", (key, topic, payload))
-                for name, value in (state or {}).items():
-                    self._db.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", (name, value))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        self._queue([(key, topic, payload)], state or {})
 
-    @_guarded
     def put_many(self, messages: Iterable[tuple[str, str, bytes]]) -> int:
         """Queue many (key, topic, payload) in one transaction, one fsync: a bulk producer (a
         simulated fleet's backlog) pays for one durable write, not one per message. A key already
         queued is kept as it was; all or none are queued. Returns how many were new."""
+        return self._queue(messages, {})
+
+    @_guarded
+    def _queue(self, messages: Iterable[tuple[str, str, bytes]], state: dict[str, str]) -> int:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 before = self._db.total_changes
                 self._db.executemany("INSERT OR IGNORE INTO outbox (key, topic, payload) VALUES (?, ?, ?)", messages)
                 added = self._db.total_changes - before
+                self._db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", state.items())
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -206,8 +206,6 @@ class VerifySessions:
     def _logits(self, jobs: list[_Job]) -> list[np.ndarray]:
         """Per job, the (K + 1, V) target logits after its last history token and each draft token,
         in one target forward (each session's cache then holds its new tokens)."""
-        import torch
-
         if len(jobs) == 1:  # unpadded
             job = jobs[0]
             assert job.session is not None
@@ -217,8 +215,7 @@ class VerifySessions:
 
         lms = [job.session.lm for job in jobs]  # type: ignore[union-attr]  # _open gave every job its session
         feeds = [(job.history + job.req.draft)[lm.cached :] for job, lm in zip(jobs, lms)]
-        with torch.inference_mode():
-            logits = batched_logits(self.target, lms, feeds)
+        logits = batched_logits(self.target, lms, feeds)  # in inference mode, as every CachedLM forward
         return [z[len(feed) - len(job.req.draft) - 1 :].double().numpy() for z, feed, job in zip(logits, feeds, jobs)]
 
     def _finish(self, job: _Job, logits: np.ndarray, took: float) -> VerifyResponse:

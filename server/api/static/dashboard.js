@@ -152,11 +152,12 @@ function bars(svg, series) {
   });
 }
 
-function binName(series) {
+const BIN_NAMES = { 1: "second", 60: "minute", 3600: "hour", 86400: "day" };
+
+function binName(series) {  // "5 min", "hour", "2 h": the bin as people say it
   const b = series.bin_s;
-  const size = b % 86400 === 0 ? `${b / 86400} d` : b % 3600 === 0 ? `${b / 3600} h` : b % 60 === 0 ? `${b / 60} min` : `${b} s`;
-  return size.replace(/^1 (d|h|min|s)$/, "$1").replace(/^d$/, "day").replace(/^h$/, "hour").replace(/^min$/, "minute")
-             .replace(/^s$/, "second");
+  if (BIN_NAMES[b]) return BIN_NAMES[b];
+  return b % 86400 === 0 ? `${b / 86400} d` : b % 3600 === 0 ? `${b / 3600} h` : b % 60 === 0 ? `${b / 60} min` : `${b} s`;
 }
 
 function resultCharts(container, over) {
