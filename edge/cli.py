@@ -300,11 +300,11 @@ def infer(args: argparse.Namespace) -> int:
 def _infer_early(bundle: Bundle, inputs: list[Path], as_json: bool) -> int:
     import numpy as np
 
-    from edge.classify.early import EarlyDecider
+    from edge.classify.early import early_decider
 
     if not inputs:
         raise ConfigError("INPUT", None, "give series files to decide on")
-    decider = EarlyDecider(bundle)
+    decider = early_decider(bundle)
     labels = bundle.manifest.labels
     for path in inputs:
         suffix = path.suffix.lower()

@@ -268,6 +268,10 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
     from edge.classify.early import EarlyDecider
 
     early = bundle.manifest.early
+    if early is not None and early.estimator != "tandem":
+        raise IntModelError(f"bundle {bundle.manifest.model}: its early rule reads causal MiniRocket features "
+                            f"(estimator {early.estimator!r}), which the firmware does not run; fit "
+                            "FirmboundClassifier(estimator='tandem') and export it with calibration series for a board")
     if early is None or early.integer is None:
         raise IntModelError(f"bundle {bundle.manifest.model}: no integer early rule (export.early with calibration "
                             "series)")

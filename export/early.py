@@ -16,6 +16,11 @@ frame model quantized after training (int8 per-channel weights, int8 activations
 calibration frames; ``frame-int8.npz``), the pieces and c, L in fixed point (``rule-q.npy``) and
 an exp table (``exp-q16.npy``); and the first calibration series as the firmware's test series
 (``series.npy``).
+
+A classifier with the ``rocket`` estimator exports its causal MiniRocket convolutions, decision
+points and linear heads as ``rocket.npz`` (``early.features``; its one variant names that file as
+format ``npz``) and the rule over the sorted posterior; ``edge.classify.early_rocket`` runs it.
+It has no integer form: the firmware refuses such a bundle by name.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from models.firmbound import ConvexContinuation, FirmboundClassifier, stack_fram
 from simulator.devices import MCUS
 
 RULE_FILE = "rule.npy"
+ROCKET_FILE = "rocket.npz"
 INT_FILES = {"frame": "frame-int8.npz", "rule": "rule-q.npy", "exp": "exp-q16.npy"}
 SERIES_FILE = "series.npy"
 MAX_EXP_TABLE = 4096  # entries (16 KiB of flash): logit scales down to ~0.003
@@ -181,6 +187,11 @@ def export_early(clf: FirmboundClassifier, out: Path, labels: list[str] | None =
 
     if not hasattr(clf, "rule_"):
         raise ExportError("the classifier is not fitted")
+    if clf.estimator == "rocket":
+        if calibration is not None:
+            raise ExportError("calibration series: the rocket estimator has no integer form for the firmware "
+                              "(export without calibration, or fit estimator='tandem' for a board)")
+        return export_rocket(clf, out, labels, name, key, bundle_version)
     slopes, intercepts = rule_arrays(clf)
     buf = io.BytesIO()
     np.save(buf, np.concatenate([slopes, intercepts[..., None]], axis=2), allow_pickle=False)  # byte-deterministic
@@ -231,4 +242,53 @@ def export_early(clf: FirmboundClassifier, out: Path, labels: list[str] | None =
         early_doc["integer"] = {**INT_FILES, **fixed, "input_scale": model.input_scale,
                                 "logit_zero_point": logit_layer.output_offset, "logit_scale": logit_layer.output_scale}
 
+    return write_bundle(pack(doc, files, load_private_key(key) if key else None), out)
+
+
+def rocket_arrays(clf: FirmboundClassifier) -> dict[str, np.ndarray]:
+    """``rocket.npz``: the convolutions (``edge.classify.rocket.CausalRocket``'s fields), the decision
+    points and the heads (logits = weights[p] @ features + head_biases[p], standardization folded in)."""
+    est = clf.dre_
+    r = est.rocket
+    return {"dilations": r.dilations.astype(np.int32), "kernels": r.kernels.astype(np.int32),
+            "channels": r.channels.astype(np.uint8), "biases": r.biases.astype(np.float32),
+            "pair_of": r.pair_of.astype(np.int32), "points": est.points.astype(np.int32),
+            "weights": est.weights.astype(np.float32), "head_biases": est.biases.astype(np.float32)}
+
+
+def export_rocket(clf: FirmboundClassifier, out: Path, labels: list[str] | None, name: str, key: Path | None,
+                  bundle_version: int) -> Path:
+    """The bundle of a classifier with the rocket estimator (see the module's docstring)."""
+    from edge import __version__
+
+    slopes, intercepts = rule_arrays(clf)
+    est = clf.dre_
+    r = est.rocket
+    channels, k = len(est.mean), len(clf.classes_)
+    names = labels or [str(c) for c in clf.classes_]
+    if len(names) != k:
+        raise ExportError(f"labels: {len(names)} given for {k} classes")
+    conv_macs = int(r.channels.sum()) + 9 * len(r.dilations)  # per sample: channel sums, 9 taps per pair
+    head_macs = r.n_features * k  # per decision point
+    doc = {
+        "schema_version": SCHEMA_VERSION, "model": name, "task": name, "labels": names,
+        "inputs": [{"name": "x", "shape": [1, channels], "dtype": "float32"}],
+        "outputs": [{"name": "logits", "shape": [1, k], "dtype": "float32"}],
+        "preprocessing": {"description": "one sample of every channel, standardized; the device updates causal "
+                                         "MiniRocket features with it and, at a decision point, a linear head",
+                          "raw": {"shape": [channels], "dtype": "float32"},
+                          "steps": [{"op": "standardize", "mean": est.mean.tolist(), "std": est.std.tolist()}]},
+        "variants": [{"name": "fp32-rocket", "bits": 32, "drop": 0.0, "formats": {"npz": ROCKET_FILE},
+                      "energy_j": {m: p.compute_energy_j(conv_macs + head_macs) for m, p in MCUS.items()},
+                      "accuracy": {},
+                      "layers": [{"name": "rocket", "macs": conv_macs, "param_bytes": 4 * r.n_features,
+                                  "outputs": r.n_features},
+                                 {"name": "head", "macs": head_macs, "param_bytes": 4 * (head_macs + k) * len(est.points),
+                                  "outputs": k}]}],
+        "early": {"file": RULE_FILE, "horizon": clf.n_timepoints_, "estimator": "rocket", "features": ROCKET_FILE,
+                  "context": r.receptive_field, "cost": clf.rule_.cost, "loss": clf.rule_.loss, "method": "cfl"},
+        "creator": f"trickle {__version__}", "bundle_version": bundle_version,
+    }
+    files = {ROCKET_FILE: _npz(rocket_arrays(clf)),
+             RULE_FILE: _npy(np.concatenate([slopes, intercepts[..., None]], axis=2))}
     return write_bundle(pack(doc, files, load_private_key(key) if key else None), out)

@@ -41,17 +41,20 @@ def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str =
 def early_model(bundle: Bundle, series: np.ndarray, y: np.ndarray, integer: bool | None = None,
                 full_length: bool = False) -> InferenceModel:
     """An early-decision bundle (``edge.classify.early``) as the nodes' task: per sample, sense and run the
-    frame model; the rule's decision on each raw test series (n, channels, T) says how many samples
-    its task takes and whether it is right. ``integer``: the rule in integers (the firmware's;
-    default when the bundle has it), else in float. ``full_length``: ignore the rule, sense all T
-    samples and decide at the end (the baseline a rule saves against)."""
-    from edge.classify.early import EarlyDecider
+    frame model (for the rocket estimator: update its features, and run a head at each decision
+    point, charged per sample as the heads run per sample taken on these series); the rule's
+    decision on each raw test series (n, channels, T) says how many samples its task takes and
+    whether it is right. ``integer``: the rule in integers (the firmware's; default when the bundle
+    has it), else in float. ``full_length``: ignore the rule, sense all T samples and decide at the
+    end (the baseline a rule saves against; the rocket estimator runs one head, at T)."""
+    from edge.classify.early import early_decider
+    from edge.classify.early_rocket import RocketDecider
 
     early = bundle.manifest.early
     if early is None:
         raise BundleError(f"bundle {bundle.manifest.model}: no early-decision rule")
     integer = early.integer is not None if integer is None else integer
-    decider = EarlyDecider(bundle, integer=integer)
+    decider = early_decider(bundle, integer=integer)
     x = np.asarray(series, dtype=np.float32)
     if x.ndim != 3 or x.shape[1:] != (decider.channels, decider.horizon) or len(x) != len(y):
         raise DataError(f"series of shape {x.shape} with {len(y)} labels: expected (n, {decider.channels}, "
@@ -63,9 +66,16 @@ def early_model(bundle: Bundle, series: np.ndarray, y: np.ndarray, integer: bool
     correct = predicted == truth
     v = bundle.manifest.variants[0]
     bits = 8 if integer else 32
-    layers = tuple(LayerSpec(name=layer.name, macs=layer.macs, output_bytes=math.ceil((layer.outputs or 0) * min(bits, 8) / 8))
+    samples = np.array([d.t for d in decisions])
+    head_share = 1.0  # the rocket estimator's head runs at decision points only: its MACs per sample
+    if isinstance(decider, RocketDecider):
+        points = decider.points
+        heads = np.ones(len(x)) if full_length else np.searchsorted(points, samples, side="right")
+        head_share = float(heads.sum() / samples.sum())
+    layers = tuple(LayerSpec(name=layer.name, macs=round(layer.macs * (head_share if layer.name == "head" else 1.0)),
+                             output_bytes=math.ceil((layer.outputs or 0) * min(bits, 8) / 8))
                    for layer in v.layers)
     frame = ModelVariant(bits=min(bits, 8), drop=v.drop, layers=layers, correct=correct, accuracy=float(correct.mean()),
                          predicted=predicted)
     return InferenceModel((frame,), adaptive=False,
-                          early=EarlyTask(np.array([d.t for d in decisions]), decider.horizon))
+                          early=EarlyTask(samples, decider.horizon))

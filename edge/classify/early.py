@@ -91,13 +91,58 @@ class Decision:
     posterior: np.ndarray  # (K,)
 
 
-class EarlyDecider:
+class StreamingDecider:
+    """What every early decider shares: ``update`` one sample, ``reset``, ``run`` a whole series."""
+
+    horizon: int
+    channels: int
+    done: Decision | None
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def update(self, sample: np.ndarray) -> Decision:
+        raise NotImplementedError
+
+    def run(self, series: np.ndarray, to_horizon: bool = False) -> Decision:
+        """The decision on one whole series (channels, T): where the rule stops, or with
+        ``to_horizon`` the one after the last sample (the full-length decision of the same model)."""
+        self.reset()
+        decision = None
+        for t in range(series.shape[1]):
+            decision = self.update(series[:, t])
+            if decision.stop:
+                if not to_horizon or decision.t >= self.horizon:
+                    break
+                self.done = None
+        if decision is None:
+            raise DataError("an empty series")
+        return decision
+
+
+def early_decider(bundle: Bundle, integer: bool = False) -> StreamingDecider:
+    """The decider a bundle's early rule needs: the frame model's (``EarlyDecider``) or causal
+    MiniRocket's (``edge.classify.early_rocket.RocketDecider``)."""
+    rule = bundle.manifest.early
+    if rule is not None and rule.estimator == "rocket":
+        from edge.classify.early_rocket import RocketDecider
+
+        if integer:
+            raise BundleError(f"bundle {bundle.manifest.model}: its rule reads causal MiniRocket features "
+                              "(estimator 'rocket'), which have no integer form")
+        return RocketDecider(bundle)
+    return EarlyDecider(bundle, integer=integer)
+
+
+class EarlyDecider(StreamingDecider):
     """Streams samples through a bundle's frame model and stopping rule."""
 
     def __init__(self, bundle: Bundle, integer: bool = False) -> None:
         rule = bundle.manifest.early
         if rule is None:
             raise BundleError(f"bundle {bundle.manifest.model}: no early-decision rule (export one with export.early)")
+        if rule.estimator != "tandem":
+            raise BundleError(f"bundle {bundle.manifest.model}: a {rule.estimator} rule (use early_decider)")
         if integer and rule.integer is None:
             raise BundleError(f"bundle {bundle.manifest.model}: no integer rule (export with calibration series)")
         self.manifest = bundle.manifest
@@ -230,17 +275,3 @@ class EarlyDecider:
             self.done = decision
         return decision
 
-    def run(self, series: np.ndarray, to_horizon: bool = False) -> Decision:
-        """The decision on one whole series (channels, T): where the rule stops, or with
-        ``to_horizon`` the one after the last sample (the full-length decision of the same model)."""
-        self.reset()
-        decision = None
-        for t in range(series.shape[1]):
-            decision = self.update(series[:, t])
-            if decision.stop:
-                if not to_horizon or decision.t >= self.horizon:
-                    break
-                self.done = None
-        if decision is None:
-            raise DataError("an empty series")
-        return decision

@@ -34,7 +34,7 @@ class Runtime:
             raise ConfigError("--backend", backend, f"must be one of {list(BACKENDS)}")
         if bundle.manifest.early is not None:
             raise BundleError(f"bundle {bundle.manifest.model} decides early, sample by sample: run it with "
-                              "edge.classify.early.EarlyDecider (trickle edge infer --early)")
+                              "edge.classify.early.early_decider (trickle edge infer --early)")
         self.bundle = bundle
         self.backend = backend
         self.manifest = bundle.manifest

@@ -191,12 +191,18 @@ class EarlyInteger(_Model):
 
 
 class EarlyRule(_Model):
-    """An early-decision rule (FIRMBOUND, ``edge.classify.early``): the variant is a frame model, fed the last
-    ``context`` samples; ``file`` holds the stopping rule's max-affine pieces per time step."""
+    """An early-decision rule (FIRMBOUND, ``edge.classify.early``); ``file`` holds the stopping rule's
+    max-affine pieces per decision point. With ``estimator`` ``tandem`` the variant is a frame model,
+    fed the last ``context`` samples, and the rule decides at every sample; with ``rocket`` the
+    ``features`` file holds causal MiniRocket's convolutions and a linear head per decision point
+    (``edge.classify.early_rocket``), and the rule reads the posterior sorted in decreasing order."""
 
     file: FileName
     horizon: int = Field(ge=2)
     """T: the decision is forced after this many samples."""
+    estimator: Literal["tandem", "rocket"] = "tandem"
+    features: FileName | None = None
+    """``rocket``: the .npz of the convolutions, the decision points and their heads."""
     context: PositiveInt
     cost: float = Field(gt=0)
     """c: the sampling cost per sample, in units of the misclassification loss."""

@@ -25,7 +25,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def fitted() -> FirmboundClassifier:
     x, y, _ = gaussian_sequences(1500, n_classes=3, dim=6, length=16, offset=0.8, seed=0)
-    return FirmboundClassifier(cost=0.1, hidden=16, context=2, epochs=15).fit(x, y)
+    return FirmboundClassifier(estimator="tandem", cost=0.1, hidden=16, context=2, epochs=15).fit(x, y)
 
 
 def test_the_device_decides_where_the_estimator_does(fitted: FirmboundClassifier, tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_the_device_decides_where_the_estimator_does(fitted: FirmboundClassifier
 
 def test_a_gp_rule_does_not_export(tmp_path: Path) -> None:
     x, y, _ = gaussian_sequences(300, dim=4, length=6, offset=0.8, seed=0)
-    clf = FirmboundClassifier(method="gp", hidden=0, epochs=2).fit(x, y)
+    clf = FirmboundClassifier(estimator="tandem", method="gp", cost=0.1, hidden=0, context=1, epochs=2).fit(x, y)
     with pytest.raises(ExportError, match="only a cfl rule exports"):
         export_early(clf, tmp_path / "b")
 

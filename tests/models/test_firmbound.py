@@ -86,7 +86,7 @@ def test_frames_are_causal() -> None:
 
 def test_predict_then_update_predict_keep_decisions() -> None:
     x, y, _ = gaussian_sequences(400, dim=4, length=12, offset=1.0, seed=0)
-    clf = FirmboundClassifier(cost=0.2, hidden=0, epochs=10).fit(x, y)
+    clf = FirmboundClassifier(estimator="tandem", cost=0.2, context=1, hidden=0, epochs=10).fit(x, y)
     labels, final = clf.predict(x[:, :, :4])
     early = clf.get_state_info().copy()
     assert 0 < final.mean() < 1 and np.all(early[final, 0] <= 4)
@@ -104,8 +104,8 @@ def test_predict_then_update_predict_keep_decisions() -> None:
     hm, acc, earliness = clf.score(x, y)
     assert acc > 0.9 and earliness < 0.6 and hm > 0.5
     with pytest.raises(ConfigError, match="sampling cost must be positive"):
-        FirmboundClassifier(cost=0.0, hidden=0, epochs=1).fit(x, y)
-    clf_j = FirmboundClassifier(energy_per_sample_j=2e-6, joules_per_loss=1e-5, hidden=0, epochs=1)
+        FirmboundClassifier(estimator="tandem", cost=0.0, context=1, hidden=0, epochs=1).fit(x, y)
+    clf_j = FirmboundClassifier(estimator="tandem", context=1, energy_per_sample_j=2e-6, joules_per_loss=1e-5, hidden=0, epochs=1)
     assert clf_j.sampling_cost() == pytest.approx(0.2)
 
 

@@ -15,8 +15,7 @@ A finite-horizon sequential test, learned from data in two parts:
    (gpytorch's sparse variational GP on inducing points). The rule stops at the first t with
    G_st(π_t) ≤ c + Ê_t(π_t), and at T at the latest.
 
-``FirmboundClassifier`` wraps both in sktime's early-classification interface (``fit``,
-``predict`` / ``update_predict`` on growing prefixes, ``state_info``). ``gaussian_sequences``
+``gaussian_sequences``
 makes the paper's synthetic task, whose true LLR is known; for two classes
 ``exact_backward_induction`` solves the optimal stopping problem on a grid of the true LLR (the
 oracle the learned rule is measured against).
@@ -27,14 +26,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
-from sktime.classification.early_classification.base import BaseEarlyClassifier
 from torch import nn
 
-from edge.core.errors import ConfigError, DataError
+from edge.core.errors import ConfigError
 
 LOSS_L = 10.0  # the misclassification loss L (the paper's PENALTY_L)
 
@@ -264,21 +262,29 @@ class GPContinuation:
 
 @dataclass
 class StoppingRule:
-    """Per time step t < T: a regression of the continuation value; stop at the first t with
-    G_st(π_t) <= c + Ê_t(π_t) (at T at the latest)."""
+    """Per decision point i but the last: a regression of the continuation value; stop at the
+    first i with G_st(π_i) <= c·Δ_i + Ê_i(π_i) (at the last point at the latest). Δ_i: the samples
+    from point i to the next (1 when the rule decides at every sample). ``symmetric``: the
+    regressions read the posterior sorted in decreasing order (the risk of a posterior does not
+    depend on which class leads, so the classes pool their data)."""
 
     cost: float
     loss: float
-    continuation: list[Any]  # length T - 1
+    continuation: list[Any]  # length: decision points − 1
     train_seconds: float = 0.0
+    steps: np.ndarray | None = None  # (points − 1,) samples between points; None: 1 each
+    symmetric: bool = False
 
     def continue_risk(self, t: int, pi: np.ndarray) -> np.ndarray:
-        """c + Ê[G_t+1 | π_t], the estimate held within [0, L] where the risk lives."""
-        return np.asarray(self.cost + np.clip(self.continuation[t].predict(pi), 0.0, self.loss))
+        """c·Δ_t + Ê[G_t+1 | π_t], the estimate held within [0, L] where the risk lives."""
+        step = 1.0 if self.steps is None else float(self.steps[t])
+        s = np.sort(pi, axis=-1)[..., ::-1] if self.symmetric else pi
+        return np.asarray(self.cost * step + np.clip(self.continuation[t].predict(s), 0.0, self.loss))
 
     def hitting_times(self, pi: np.ndarray) -> np.ndarray:
-        """τ (1..T) of posteriors π (n, t, K) of prefixes t <= T; 0 where a prefix shorter than T is
-        still open (at T every series stops)."""
+        """τ (1..points, an index of decision points) of posteriors π (n, t, K) at the first t
+        points; 0 where fewer points than all are given and the series is still open (at the last
+        point every series stops)."""
         n, t_max, _ = pi.shape
         horizon = len(self.continuation) + 1
         tau = np.zeros(n, int)
@@ -290,27 +296,33 @@ class StoppingRule:
         return tau
 
     def decide(self, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(hitting time τ in 1..T, predicted class index) of posteriors π (n, T, K)."""
+        """(hitting time τ in 1..points, predicted class index) of posteriors π (n, points, K)."""
         tau = self.hitting_times(pi)
         return tau, pi[np.arange(len(pi)), tau - 1].argmax(1)
 
 
 def backward_induction(pi: np.ndarray, cost: float, method: str = "cfl", loss: float = LOSS_L,
-                       seed: int = 0) -> StoppingRule:
-    """Learn the finite-horizon rule from training posteriors π (n, T, K)."""
+                       seed: int = 0, steps: np.ndarray | None = None, symmetric: bool = False) -> StoppingRule:
+    """Learn the finite-horizon rule from training posteriors π (n, points, K); ``steps``: the
+    samples between consecutive points (default 1: a point per sample)."""
     if method not in ("cfl", "gp"):
         raise ConfigError("method", method, "must be cfl or gp")
     if cost <= 0:
         raise ConfigError("cost", cost, "the sampling cost must be positive")
-    start = time.perf_counter()
     t_max = pi.shape[1]
+    if steps is not None and (len(steps) != t_max - 1 or np.any(np.asarray(steps) <= 0)):
+        raise ConfigError("steps", list(np.asarray(steps)), f"must be {t_max - 1} positive sample counts")
+    start = time.perf_counter()
+    s = np.sort(pi, axis=-1)[..., ::-1] if symmetric else pi
     g = stopping_risk(pi[:, -1], loss)
     models: list[Any] = [None] * (t_max - 1)
     for t in range(t_max - 2, -1, -1):
         model = ConvexContinuation(seed=seed) if method == "cfl" else GPContinuation(seed=seed)
-        models[t] = model.fit(pi[:, t], g)
-        g = np.minimum(stopping_risk(pi[:, t], loss), cost + np.clip(model.predict(pi[:, t]), 0.0, loss))
-    return StoppingRule(cost, loss, models, time.perf_counter() - start)
+        models[t] = model.fit(s[:, t], g)
+        step = 1.0 if steps is None else float(steps[t])
+        g = np.minimum(stopping_risk(pi[:, t], loss), cost * step + np.clip(model.predict(s[:, t]), 0.0, loss))
+    return StoppingRule(cost, loss, models, time.perf_counter() - start,
+                        None if steps is None else np.asarray(steps, np.float64), symmetric)
 
 
 def bayes_risk(tau: np.ndarray, correct: np.ndarray, cost: float, loss: float = LOSS_L) -> float:
@@ -370,141 +382,3 @@ def exact_backward_induction(offset: float, length: int, cost: float, loss: floa
         value[t] = np.minimum(g_st, cont[t])
     risk = cost + float(expect(value[0], np.zeros(1), np.full(1, 0.5))[0])  # the first sample is always taken
     return ExactRule(grid, np.tile(g_st, (length, 1)), value, cont, risk)
-
-
-# ---- sktime's early-classification interface ----------------------------------------------------
-
-
-class FirmboundClassifier(BaseEarlyClassifier):
-    """FIRMBOUND as an sktime early classifier.
-
-    ``predict(X)`` on series X (n, channels, t) returns the class and whether the decision is
-    final at t (the rule says stop by t, or t is the full length). ``update_predict`` takes longer
-    prefixes of the same series; ``state_info`` keeps, per series, the time its decision was made
-    (0 while open) and the index of the class decided (or leading, while open).
-
-    Parameters: ``cost`` (c, per sample, in units of the misclassification loss ``loss`` = L;
-    give ``energy_per_sample_j`` and ``joules_per_loss`` to derive it from energy instead),
-    ``method`` (cfl or gp), ``context`` (stacked samples per frame), ``hidden`` (0: a linear frame
-    model), ``epochs``, ``random_state``.
-
-    >>> from models.firmbound import FirmboundClassifier, gaussian_sequences
-    >>> X, y, _ = gaussian_sequences(200, dim=4, length=12, offset=1.0)
-    >>> clf = FirmboundClassifier(cost=0.2, hidden=0, epochs=5).fit(X, y)
-    >>> labels, final = clf.predict(X[:, :, :6])  # six samples seen so far
-    >>> labels, final = clf.update_predict(X[:, :, :12])  # the whole series: every decision is final
-    >>> bool(final.all())
-    True
-    """
-
-    _tags: ClassVar[dict[str, Any]] = {
-        "capability:multivariate": True,
-        "capability:random_state": True,
-        "X_inner_mtype": "numpy3D",
-        "authors": ["trickle"],
-        # as sktime's TEASER: early classifiers keep what earlier predict calls decided, and their
-        # predict / predict_proba return two arrays, which the generic idempotence checks compare as one
-        "tests:skip_by_name": [
-            "test_non_state_changing_method_contract",
-            "test_fit_idempotent",
-            "test_multiprocessing_idempotent",
-            "test_persistence_via_pickle",
-            "test_save_estimators_to_file",
-        ],
-    }
-
-    def __init__(self, cost: float = 0.1, method: str = "cfl", loss: float = LOSS_L, context: int = 1,
-                 hidden: int = 32, epochs: int = 60, energy_per_sample_j: float | None = None,
-                 joules_per_loss: float | None = None, random_state: int = 0) -> None:
-        self.cost = cost
-        self.method = method
-        self.loss = loss
-        self.context = context
-        self.hidden = hidden
-        self.epochs = epochs
-        self.energy_per_sample_j = energy_per_sample_j
-        self.joules_per_loss = joules_per_loss
-        self.random_state = random_state
-        super().__init__()
-
-    def sampling_cost(self) -> float:
-        if self.energy_per_sample_j is not None:
-            if not self.joules_per_loss:
-                raise ConfigError("joules_per_loss", self.joules_per_loss, "is needed with energy_per_sample_j")
-            return float(self.energy_per_sample_j / self.joules_per_loss)
-        return float(self.cost)
-
-    def _fit(self, X: np.ndarray, y: np.ndarray) -> FirmboundClassifier:
-        if len(np.unique(y)) < 2:
-            raise DataError("FIRMBOUND needs at least two classes")
-        self.n_timepoints_ = X.shape[2]
-        self.dre_ = fit_density_ratio(X, y, self.context, self.hidden, self.epochs, seed=self.random_state)
-        self.classes_ = self.dre_.classes
-        self.rule_ = backward_induction(posteriors(self.dre_.accumulated(X)), self.sampling_cost(), self.method,
-                                        self.loss, self.random_state)
-        return self
-
-    def decisions(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(hitting time τ in 1..T, class) of whole series X (n, channels, T)."""
-        tau, idx = self.rule_.decide(posteriors(self.dre_.accumulated(X)))
-        return tau, self.classes_[idx]
-
-    def _decide_prefix(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        t = X.shape[2]
-        if t > self.n_timepoints_:
-            raise DataError(f"series of length {t}: the rule was learned for at most {self.n_timepoints_}")
-        pi = posteriors(self.dre_.accumulated(X))
-        tau = self.rule_.hitting_times(pi)
-        at = np.where(tau > 0, tau, t) - 1
-        return tau, pi[np.arange(len(X)), at], at
-
-    def _predict_proba(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        tau, proba, _ = self._decide_prefix(X)
-        self.state_info = np.column_stack([tau, proba.argmax(1)])
-        return proba, tau > 0
-
-    def _predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        proba, final = self._predict_proba(X)
-        return self.classes_[proba.argmax(1)], final
-
-    def _update_predict_proba(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Longer prefixes of the series last predicted: all of them (decisions once made stand), or,
-        as sktime's loop passes them, only those still open, in order."""
-        before = self.state_info
-        if before is None:
-            raise DataError("update_predict: call predict on shorter prefixes of these series first")
-        open_rows = np.flatnonzero(before[:, 0] == 0)
-        if len(X) == len(before):
-            rows = np.arange(len(X))
-        elif len(X) == len(open_rows):
-            rows = open_rows
-        else:
-            raise DataError(f"update_predict: {len(X)} series; the last predict saw {len(before)}, {len(open_rows)} "
-                            "of them still open")
-        tau, proba, _ = self._decide_prefix(X)
-        kept = before[rows, 0] > 0  # a decision once made stands
-        if np.any(before[rows, 0][kept] > X.shape[2]):
-            raise DataError("update_predict: the prefixes are shorter than ones already decided on")
-        tau[kept] = before[rows, 0][kept]
-        pi_all = posteriors(self.dre_.accumulated(X))
-        proba[kept] = pi_all[np.flatnonzero(kept), tau[kept] - 1]
-        state = before.copy()
-        state[rows] = np.column_stack([tau, proba.argmax(1)])
-        self.state_info = state
-        return proba, tau > 0
-
-    def _update_predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        proba, final = self._update_predict_proba(X)
-        return self.classes_[proba.argmax(1)], final
-
-    def _score(self, X: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-        """(harmonic mean of accuracy and 1 − earliness, accuracy, earliness), as sktime's early classifiers."""
-        tau, pred = self.decisions(X)
-        accuracy = float((pred == y).mean())
-        earliness = float((tau / X.shape[2]).mean())
-        hm = 2 * accuracy * (1 - earliness) / (accuracy + 1 - earliness) if accuracy + 1 - earliness > 0 else 0.0
-        return hm, accuracy, earliness
-
-    @classmethod
-    def get_test_params(cls, parameter_set: str = "default") -> list[dict[str, Any]]:
-        return [{"epochs": 3, "hidden": 0}, {"epochs": 3, "method": "cfl", "cost": 0.5, "context": 2}]
