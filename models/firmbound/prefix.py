@@ -48,6 +48,15 @@ class PrefixPosteriors:
     classes: np.ndarray
     train_seconds: float = 0.0
 
+    def subset(self, index: np.ndarray | list[int]) -> PrefixPosteriors:
+        """The same estimator deciding at fewer points (``index`` into ``points``; it must keep the last)."""
+        index = np.asarray(index, np.int64)
+        if not len(index) or index[-1] != len(self.points) - 1 or np.any(np.diff(index) <= 0):
+            raise ConfigError("index", index.tolist(), f"increasing indices into {len(self.points)} points, ending "
+                              "with the last")
+        return PrefixPosteriors(self.rocket, self.points[index], self.mean, self.std, self.weights[index],
+                                self.biases[index], self.classes, self.train_seconds)
+
     def standardize(self, x: np.ndarray) -> np.ndarray:
         return ((np.asarray(x, np.float32) - self.mean[None, :, None]) / self.std[None, :, None]).astype(np.float32)
 

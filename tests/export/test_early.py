@@ -129,3 +129,36 @@ def test_the_firmware_decides_as_the_edge_does_bit_for_bit(fitted: FirmboundClas
     report = flash(bundle, "mps2-an386", tmp_path / "m4")
     assert report["mismatches"] == 0 and report["decisions"] == report["expected_decisions"]
     assert len(report["instructions_per_series"]) == report["series"] == 8
+
+
+def test_a_rocket_rule_runs_on_the_edge_as_the_estimator_decides_and_the_firmware_refuses_it(tmp_path: Path) -> None:
+    """The rocket estimator's bundle: causal MiniRocket features, a head per decision point and the
+    rule over the sorted posterior, streamed by edge.classify.early_rocket in numpy without torch;
+    decisions equal to the estimator's on >= 99 % of test series. The firmware cannot run it and
+    says so by name, as does an export with calibration series; the simulator charges its heads."""
+    from edge.classify.early import early_decider
+    from edge.core.errors import BundleError
+    from export.cgen import generate_early
+    from export.intmodel import IntModelError
+    from simulator.bundle_model import early_model
+
+    x, y, _ = gaussian_sequences(240, n_classes=3, dim=3, length=30, offset=0.5, seed=0)
+    xt, yt, _ = gaussian_sequences(200, n_classes=3, dim=3, length=30, offset=0.5, seed=1)
+    clf = FirmboundClassifier(n_features=252, decision_points=16).fit(x, y)
+    bundle = read_bundle(export_early(clf, tmp_path / "b", labels=["a", "b", "c"], name="rocket"))
+    assert bundle.manifest.early is not None and bundle.manifest.early.estimator == "rocket"
+    tau, pred = clf.decisions(xt)
+    decider = early_decider(bundle)
+    got = [decider.run(s) for s in xt]
+    assert np.mean([d.t == t and d.label == p for d, t, p in zip(got, tau, pred)]) >= 0.99
+    assert 1 < tau.mean() < 30 and {d.t for d in got} <= set(clf.points_.tolist())
+    with pytest.raises(IntModelError, match="estimator 'rocket'.*firmware does not run"):
+        generate_early(bundle, xt[:2])
+    with pytest.raises(BundleError, match="no integer form"):
+        early_decider(bundle, integer=True)
+    with pytest.raises(ExportError, match="rocket estimator has no integer form"):
+        export_early(clf, tmp_path / "c", calibration=x)
+    early, full = early_model(bundle, xt, yt), early_model(bundle, xt, yt, full_length=True)
+    head = {v.name: v.macs for v in bundle.manifest.variants[0].layers}["head"]
+    assert early.variants[0].layers[1].macs > full.variants[0].layers[1].macs == round(head / 30)
+    assert early.early is not None and early.early.samples.mean() == pytest.approx(tau.mean())

@@ -116,3 +116,43 @@ def test_sktime_estimator_checks_pass() -> None:
     results = check_estimator(FirmboundClassifier, raise_exceptions=False, tests_to_exclude=skipped)
     failed = {k: v for k, v in results.items() if v != "PASSED"}
     assert len(results) > 100 and not failed, failed
+
+
+def _ucr(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from models.data.userdata import UserData, load_user
+
+    d = load_user(f"ucr:{name}", UserData(pad=True))
+    return d.x_train, d.y_train, d.x_test, d.y_test
+
+
+@pytest.mark.parametrize(("name", "accuracy", "hm"), [("GunPoint", 0.7, 0.75), ("BasicMotions", 0.8, 0.8)])
+def test_the_defaults_work_on_a_univariate_and_a_multivariate_set(name: str, accuracy: float, hm: float) -> None:
+    """Issue 30's probe: ``FirmboundClassifier()`` as a user fits it. The old defaults (one sample
+    per frame) were near chance on univariate series; these choose their cost by internal
+    validation and decide well before T."""
+    x, y, xt, yt = _ucr(name)
+    clf = FirmboundClassifier().fit(x, y)
+    score, acc, earliness = clf.score(xt, yt)
+    assert acc >= accuracy and score >= hm and earliness < 0.5, (score, acc, earliness)
+    assert clf.cost_ in clf.validation_scores_ and clf.validation_scores_[clf.cost_] == max(clf.validation_scores_.values())
+    assert len(clf.points_) == 64 and clf.points_[-1] == x.shape[2]
+
+
+def test_every_setting_the_bench_uses_is_a_parameter() -> None:
+    params = FirmboundClassifier().get_params()
+    for name in ("estimator", "cost", "decision_points", "n_features", "context", "hidden", "epochs", "batch_size"):
+        assert name in params
+    with pytest.raises(ConfigError, match="estimator = 'lstm'"):
+        FirmboundClassifier(estimator="lstm").fit(*gaussian_sequences(20, dim=2, length=5)[:2])
+
+
+def test_the_rule_charges_each_step_its_samples_and_may_read_sorted_posteriors() -> None:
+    """With a step of s samples between decision points, continuing costs c·s: a cost that makes
+    one sample worth waiting for makes ten not."""
+    pi = np.tile(np.array([[0.6, 0.4], [0.99, 0.01]]), (200, 1, 1))
+    pi[100:] = pi[100:, :, ::-1]  # the other class leads as often: the sorted posterior pools both
+    cheap = backward_induction(pi, 0.5, steps=np.array([1.0]), symmetric=True)
+    dear = backward_induction(pi, 0.5, steps=np.array([10.0]), symmetric=True)
+    assert (cheap.hitting_times(pi) == 2).all() and (dear.hitting_times(pi) == 1).all()
+    with pytest.raises(ConfigError, match="steps"):
+        backward_induction(pi, 0.5, steps=np.array([1.0, 2.0]))
