@@ -48,6 +48,7 @@ from simulator.devices import MCUS, PRECISION_CYCLE_FACTOR, known_mcu
 
 if TYPE_CHECKING:
     from models.nexume.parallel import DataParallel
+    from simulator.config import Scenario
 
 Method = Literal["nexume", "uniform", "qat8", "fp32"]
 DROP_LEVELS = (0.0, 0.25, 0.5)  # the dropout levels a device can choose among (variants)
@@ -100,6 +101,13 @@ class TrainConfig(Config):
     """λ2: weight of the dropout cost term."""
     search_temperature: float = Field(0.5, gt=0, le=10)
     """τ of the configuration search: lower picks the best (q, d) more greedily."""
+    schedule: Literal["deployment", "search"] = "deployment"
+    """nexume: ``deployment`` trains each (q, d) as often as DynInfer runs it on ``harvest_scenario``'s
+    simulated nodes (models.nexume.deployment), plus ``full_share`` of the steps at full width;
+    ``search``: the λ-weighted search per energy draw (ConfigSearch)."""
+    full_share: float = Field(0.25, ge=0.0, le=1.0)
+    """nexume with the deployment schedule: the share of steps that train the full network (q_max
+    bits, no dropout) whatever the node runs, so it stays strong where energy is plenty."""
     mcu: str = "msp430fr5994"
     """MCU whose cost model prices the variants (simulator.devices.MCUS)."""
     harvest_scenario: str = "nrel_24h"
@@ -192,6 +200,7 @@ class TrainResult:
     train_time_s: float
     history: list[dict[str, float]] = field(default_factory=list)
     variants: list[dict[str, float]] = field(default_factory=list)
+    schedule_mix: dict[tuple[int, float], float] | None = None  # nexume's deployment schedule: (q, d) -> share
 
 
 @dataclass
@@ -244,7 +253,12 @@ class ConfigSearch:
 
 
 def _schedule(cfg: TrainConfig, sampler: EnergySampler | None, search: ConfigSearch | None, rng: np.random.Generator,
-              step: int) -> tuple[int, float]:
+              step: int, mix: dict[tuple[int, float], float] | None = None) -> tuple[int, float]:
+    if mix is not None:  # the deployment schedule
+        if rng.random() < cfg.full_share:
+            return cfg.q_max, 0.0
+        configs = list(mix)
+        return configs[int(rng.choice(len(configs), p=np.array([mix[g] for g in configs])))]
     if cfg.method == "qat8":
         return 8, 0.0
     if cfg.method == "fp32":
@@ -253,6 +267,19 @@ def _schedule(cfg: TrainConfig, sampler: EnergySampler | None, search: ConfigSea
         return int(rng.choice(SUPPORTED_BITS)), float(rng.uniform(0.0, cfg.d_max))
     assert sampler is not None and search is not None
     return search.choose(sampler.draw(step) / sampler.energy_max_j, rng)
+
+
+def deployment_schedule(cfg: TrainConfig, model: Any, scenario: Scenario | None = None) -> dict[tuple[int, float], float]:
+    """The share of inferences DynInfer runs with each deployable (q, d) on ``scenario`` (default: the
+    config's ``harvest_scenario``, one worker, no traces)."""
+    from models.nexume.deployment import deployment_mix
+    from simulator.config import load_scenario, scenario_path
+
+    if scenario is None:
+        scenario = load_scenario(scenario_path(cfg.harvest_scenario), run={"workers": 1}, nodes={"record_traces": 0})
+    grid = [(b, d) for b in reversed(SUPPORTED_BITS) for d in drop_levels(model)
+            if d <= cfg.d_max and cfg.q_min <= b <= cfg.q_max]
+    return deployment_mix(model, scenario, grid)
 
 
 def build_model(cfg: TrainConfig, data: Dataset) -> Any:
@@ -266,22 +293,28 @@ def build_model(cfg: TrainConfig, data: Dataset) -> Any:
 
 def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[str, float]], None] | None = None,
           model: Any = None, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-          subset: np.ndarray | None = None, parallel: DataParallel | None = None) -> TrainResult:
+          subset: np.ndarray | None = None, parallel: DataParallel | None = None,
+          deployment: Scenario | None = None) -> TrainResult:
     """Train ``cfg.method`` on ``data``; ``progress(epoch, epochs, metrics)`` after each epoch. ``model``
     (a ``models.nexume.custom.UserNet``) replaces the network ``cfg`` names. ``loss_fn(logits, batch
     indices)`` replaces the cross-entropy (knowledge distillation, ``models.distill``); ``subset``:
     the training examples to use (a pruned set). ``parallel``: this process's place among torchrun's
-    ranks (``models.nexume.parallel``): each takes its share of every batch and they step together."""
+    ranks (``models.nexume.parallel``): each takes its share of every batch and they step together.
+    ``deployment``: the scenario the nexume deployment schedule simulates (default: ``cfg.harvest_scenario``)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     model = model if model is not None else build_model(cfg, data)
-    sampler = EnergySampler.from_scenario(cfg.harvest_scenario, seed=cfg.seed) if cfg.method == "nexume" else None
+    searching = cfg.method == "nexume" and cfg.schedule == "search"
+    planning = time.perf_counter()  # the schedule's simulation counts as training time
+    sampler = EnergySampler.from_scenario(cfg.harvest_scenario, seed=cfg.seed) if searching else None
+    mix = deployment_schedule(cfg, model, deployment) if cfg.method == "nexume" and not searching else None
+    planning = time.perf_counter() - planning
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     rows = torch.arange(len(x)) if subset is None else torch.from_numpy(np.asarray(subset, dtype=np.int64))
     task_loss = loss_fn or (lambda logits, batch: F.cross_entropy(logits, y[batch]))
     weights = trained_weights(model)
     n_layers = len(weights) // 2
-    search = ConfigSearch.for_model(model, cfg) if cfg.method == "nexume" else None
+    search = ConfigSearch.for_model(model, cfg) if searching else None
     updates = [torch.zeros_like(p) for p in weights]
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     history: list[dict[str, float]] = []
@@ -297,7 +330,7 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
                 search.loss = dict(zip(search.loss, parallel.broadcast(list(search.loss.values()))))
         total, n_seen, correct, chosen_j = 0.0, 0, 0, 0.0
         for batch in order.split(cfg.batch_size):
-            bits, drop = _schedule(cfg, sampler, search, rng, step)
+            bits, drop = _schedule(cfg, sampler, search, rng, step, mix)
             model.configure(bits, drop)
             # the λ terms are constant in the weights: they act through the choice of (q, d) (ConfigSearch)
             cost = cfg.lambda_q * precision_cost(bits) * n_layers + cfg.lambda_d * drop * n_layers
@@ -324,8 +357,8 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
             progress(epoch + 1, cfg.epochs, metrics)
     if cfg.method == "nexume" and cfg.finetune_epochs and cfg.rare_fraction > 0:
         _finetune_rare(model, cfg, x, y, rows, task_loss, weights, updates, rng, parallel)
-    elapsed = time.perf_counter() - started
-    result = TrainResult(cfg, model, elapsed, history)
+    elapsed = time.perf_counter() - started + planning
+    result = TrainResult(cfg, model, elapsed, history, schedule_mix=mix)
     if parallel is None or parallel.rank == 0:  # the other ranks hold the same model and save nothing
         result.variants = evaluate_variants(model, data, cfg.mcu)
     return result

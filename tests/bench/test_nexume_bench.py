@@ -57,6 +57,9 @@ def test_small_nexume_benchmark(tmp_path: Path) -> None:
     train_s = doc["training_time_s"]
     assert doc["training_time_ratio_vs_qat"] == pytest.approx(train_s["nexume"]["mean"] / train_s["qat8_layer"]["mean"])
     assert doc["training_time_ratio_vs_qat"] > 0
+    uniform = [r["gain_pts_vs_uniform"] for r in rows]
+    assert doc["nexume_gain_vs_uniform_pts_min"] == pytest.approx(min(uniform))
+    assert doc["nexume_gain_vs_uniform_pts_mean"] == pytest.approx(sum(uniform) / len(uniform))
 
     # the fixed 8-bit deployments always run their one variant: on always-on power nothing is lost, so their
     # accuracy within deadline is the test accuracy, up to the sampling of 4 nodes x 2 h of events

@@ -32,7 +32,7 @@ def test_raising_lambda_lowers_the_energy_of_what_training_chooses() -> None:
     data = load("digits")
     chosen = {}
     for lq in (0.0, 1.0):
-        r = train(TrainConfig(dataset="digits", epochs=2, lambda_q=lq, finetune_epochs=0), data)
+        r = train(TrainConfig(dataset="digits", epochs=2, lambda_q=lq, finetune_epochs=0, schedule="search"), data)
         chosen[lq] = np.mean([h["chosen_energy_j"] for h in r.history])
     assert chosen[1.0] < 0.9 * chosen[0.0]
 
@@ -159,3 +159,40 @@ def test_missing_shared_data_is_a_clear_error(tmp_path) -> None:  # type: ignore
         load("fsdd", tmp_path)
     with pytest.raises(DatasetError, match="no such file or folder"):
         load("mnist")
+
+
+def test_the_deployment_schedule_is_what_dyninfer_runs_on_the_named_node() -> None:
+    """Issue 30: train for the node the model will run on. On continuous power DynInfer always
+    affords the full network, so the schedule is 8-bit QAT; on a scarce piezo node with a small
+    capacitor it runs cheaper configurations too; the same scenario gives the same schedule."""
+    from models.nexume.deployment import energy_ranked_model
+    from models.nexume.train import deployment_schedule
+    from simulator.config import load_scenario, scenario_path
+
+    data = load("digits")
+    model = SwitchableNet(arch_for("digits", data.input_shape, data.n_classes))
+    cfg = TrainConfig(dataset="digits")
+    steady = load_scenario(None, harvester={"kind": "constant", "power_w": 0.1}, run={"duration_s": 600, "workers": 1},
+                           storage={"capacitance_f": 4.7e-3, "v_initial_v": 3.0}, workload={"sense_period_s": 10.0},
+                           nodes={"count": 1, "record_traces": 0})
+    assert deployment_schedule(cfg, model, steady) == {(8, 0.0): 1.0}
+    scarce = load_scenario(scenario_path("piezo_machine"), storage={"capacitance_f": 1e-3},
+                           run={"duration_s": 3 * 3600, "workers": 1}, workload={"sense_period_s": 10.0},
+                           nodes={"count": 2, "record_traces": 0})
+    mix = deployment_schedule(cfg, model, scarce)
+    assert sum(mix.values()) == pytest.approx(1.0) and mix.get((8, 0.0), 0.0) < 0.99 and len(mix) > 1
+    assert deployment_schedule(cfg, model, scarce) == mix
+    # DynInfer's stand-in accuracies rise with a variant's work, so it runs the costliest it affords
+    stand_in = energy_ranked_model(model, list(mix))
+    work = [sum(layer.macs for layer in v.layers) * v.bits for v in stand_in.variants]
+    assert np.argsort(work).tolist() == np.argsort([v.accuracy for v in stand_in.variants]).tolist()
+
+
+def test_the_deployment_schedule_keeps_a_share_at_full_width() -> None:
+    from models.nexume.train import _schedule
+
+    cfg = TrainConfig(full_share=0.25)
+    rng = np.random.default_rng(0)
+    picks = [_schedule(cfg, None, None, rng, i, {(2, 0.5): 1.0}) for i in range(4000)]
+    assert abs(np.mean([p == (8, 0.0) for p in picks]) - 0.25) < 0.03
+    assert set(picks) == {(8, 0.0), (2, 0.5)}
