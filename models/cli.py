@@ -2,6 +2,7 @@
 
     trickle train nexume --dataset fsdd --epochs 30 --out runs/train/fsdd
     trickle train nexume --dataset digits --method qat8          # the fixed 8-bit QAT baseline
+    trickle train nexume --dataset fsdd --set harvest_scenario=piezo_machine   # for the node it will run on
     trickle train nexume --dataset fsdd --nproc 2                 # data-parallel through torchrun (gloo)
     trickle train nexume --nproc 2 --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400   # on each node
     trickle train lm --size base --out runs/lm/base               # 40 min, plays from DATA/shakespeare/plays

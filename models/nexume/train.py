@@ -1,7 +1,16 @@
-"""NExUME DynFit: energy-aware training for intermittently powered nodes (ICLR 2025).
+"""NExUME training for intermittently powered nodes (ICLR 2025): train for the node it will run on.
 
-At every iteration the energy at hand E_b is drawn from a simulated node living on a real
-harvest trace (simulator/, not a uniform random number); then (NExUME §3.2) the bit-width q and
+The default ``deployment`` schedule (issue 30): DynInfer on the device runs the most accurate
+(bit-width, dropout) variant the stored energy affords, so the simulator runs the user's scenario
+(``harvest_scenario``) with the network's variants first (``models.nexume.deployment``) and
+counts how often each runs; training draws each step's (q, d) from those shares, with
+``full_share`` of the steps at full width (8 bit, no dropout) so the network stays strong where
+energy is plenty. On continuous power every inference affords the full network and training is
+8-bit QAT. (Measured against the uniform schedule and the λ-search, per part, in
+``docs/results/nexume.md``.)
+
+The ``search`` schedule, the paper's DynFit: at every iteration the energy at hand E_b is drawn
+from a simulated node living on a real harvest trace; then (NExUME §3.2) the bit-width q and
 the structured dropout d the step trains are chosen to minimise
 
     L(q, d) = CE(q, d) + λ1 · Σ_j c_q(q_j) + λ2 · Σ_i c_d(d_i)   subject to  E(q, d) <= E_b
@@ -15,11 +24,13 @@ configuration's loss is measured again on a batch at the start of each epoch, an
 with probability ∝ exp(−L / τ). So λ decides which configurations the weights are trained for
 (raising λ1 trains the cheap ones more), not only the loss value. (The paper updates per-layer
 dropout rates by projected gradient steps; here dropout levels are the deployable variants' and
-are searched like the bit-widths.) Per-weight update counts are kept, and after the main phase
-the rarely updated weights are fine-tuned with dropout and quantization off.
+are searched like the bit-widths.)
+
+Both schedules keep per-weight update counts, and after the main phase the rarely updated
+weights are fine-tuned with dropout and quantization off.
 
 Methods (the baselines of the evaluation use the same network and loop):
-``nexume`` as above; ``uniform``: q and d drawn uniformly, energy-unaware (the ablation);
+``nexume`` as above (either schedule); ``uniform``: q and d drawn uniformly, energy-unaware (the ablation);
 ``qat8``: fixed 8-bit QAT, no dropout; ``fp32``: float training (quantized after training).
 
     trickle train nexume --dataset digits --epochs 20 --out runs/train/digits
