@@ -19,7 +19,7 @@ import io
 
 import numpy as np
 
-from edge.classify.early import Decision, StreamingDecider
+from edge.classify.decision import Decision, StreamingDecider
 from edge.classify.preprocess import apply
 from edge.classify.rocket import KERNELS, CausalRocket
 from edge.contract.bundle import Bundle

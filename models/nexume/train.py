@@ -5,7 +5,7 @@ The default ``deployment`` schedule (issue 30): DynInfer on the device runs the 
 (``harvest_scenario``) with the network's variants first (``models.nexume.deployment``) and
 counts how often each runs; training draws each step's (q, d) from those shares, with
 ``full_share`` of the steps at full width (8 bit, no dropout) so the network stays strong where
-energy is plenty. On continuous power every inference affords the full network and training is
+energy is plenty, and ``spread`` of the others evenly over every (q, d) the node runs at all. On continuous power every inference affords the full network and training is
 8-bit QAT. (Measured against the uniform schedule and the λ-search, per part, in
 ``docs/results/nexume.md``.)
 
@@ -119,6 +119,10 @@ class TrainConfig(Config):
     full_share: float = Field(0.25, ge=0.0, le=1.0)
     """nexume with the deployment schedule: the share of steps that train the full network (q_max
     bits, no dropout) whatever the node runs, so it stays strong where energy is plenty."""
+    spread: float = Field(0.5, ge=0.0, le=1.0)
+    """nexume with the deployment schedule: of the other steps, the share spread evenly over every
+    (q, d) the node runs at all (the rest follow how often it runs each): a variant that runs
+    rarely, when energy is scarce, still gets trained."""
     mcu: str = "msp430fr5994"
     """MCU whose cost model prices the variants (simulator.devices.MCUS)."""
     harvest_scenario: str = "nrel_24h"
@@ -269,7 +273,10 @@ def _schedule(cfg: TrainConfig, sampler: EnergySampler | None, search: ConfigSea
         if rng.random() < cfg.full_share:
             return cfg.q_max, 0.0
         configs = list(mix)
-        return configs[int(rng.choice(len(configs), p=np.array([mix[g] for g in configs])))]
+        share = np.array([mix[g] for g in configs])
+        if rng.random() < cfg.spread:
+            share = np.ones(len(configs)) / len(configs)
+        return configs[int(rng.choice(len(configs), p=share))]
     if cfg.method == "qat8":
         return 8, 0.0
     if cfg.method == "fp32":

@@ -196,3 +196,10 @@ def test_the_deployment_schedule_keeps_a_share_at_full_width() -> None:
     picks = [_schedule(cfg, None, None, rng, i, {(2, 0.5): 1.0}) for i in range(4000)]
     assert abs(np.mean([p == (8, 0.0) for p in picks]) - 0.25) < 0.03
     assert set(picks) == {(8, 0.0), (2, 0.5)}
+    # the even spread: a configuration the node runs rarely still gets its share
+    mix = {(2, 0.5): 0.9, (4, 0.5): 0.1}
+    for spread, want in ((0.0, 0.1), (0.5, 0.3), (1.0, 0.5)):
+        cfg = TrainConfig(full_share=0.0, spread=spread)
+        rng = np.random.default_rng(1)
+        picks = [_schedule(cfg, None, None, rng, i, mix) for i in range(4000)]
+        assert abs(np.mean([p == (4, 0.5) for p in picks]) - want) < 0.03, spread
