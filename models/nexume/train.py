@@ -5,9 +5,9 @@ The default ``deployment`` schedule (issue 30): DynInfer on the device runs the 
 (``harvest_scenario``) with the network's variants first (``models.nexume.deployment``) and
 counts how often each runs; training draws each step's (q, d) from those shares, with
 ``full_share`` of the steps at full width (8 bit, no dropout) so the network stays strong where
-energy is plenty, and ``spread`` of the others evenly over every (q, d) the node runs at all. On continuous power every inference affords the full network and training is
-8-bit QAT. (Measured against the uniform schedule and the λ-search, per part, in
-``docs/results/nexume.md``.)
+energy is plenty, and ``spread`` of the others evenly over every (q, d) the node runs at all.
+On continuous power every inference affords the full network and training is 8-bit QAT.
+(Measured against the uniform schedule and the λ-search, per part, in ``docs/results/nexume.md``.)
 
 The ``search`` schedule, the paper's DynFit: at every iteration the energy at hand E_b is drawn
 from a simulated node living on a real harvest trace; then (NExUME §3.2) the bit-width q and
