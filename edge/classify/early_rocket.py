@@ -21,7 +21,7 @@ import numpy as np
 
 from edge.classify.decision import Decision, StreamingDecider
 from edge.classify.preprocess import apply
-from edge.classify.rocket import KERNELS, CausalRocket
+from edge.classify.rocket import KERNEL_LENGTH, KERNELS, CausalRocket
 from edge.contract.bundle import Bundle
 from edge.core.errors import BundleError, DataError
 
@@ -41,7 +41,9 @@ def read_rocket(data: bytes, name: str, classes: int, channels: int, horizon: in
     checks = [
         (a["kernels"].shape == (pairs,) and np.all((a["kernels"] >= 0) & (a["kernels"] < len(KERNELS))),
          f"kernels: {pairs} indices below {len(KERNELS)}"),
-        (pairs > 0 and np.all(a["dilations"] >= 1), "dilations: at least one pair, each >= 1"),
+        (pairs > 0 and np.all(a["dilations"] >= 1)
+         and (KERNEL_LENGTH - 1) * int(a["dilations"].max()) < max(horizon, KERNEL_LENGTH),
+         f"dilations: at least one pair, each >= 1, a kernel spanning at most the horizon {horizon}"),
         (a["channels"].shape == (pairs, channels), f"channels: shape ({pairs}, {channels})"),
         (a["pair_of"].shape == (features,) and np.all((a["pair_of"] >= 0) & (a["pair_of"] < pairs)),
          f"pair_of: {features} pair indices"),

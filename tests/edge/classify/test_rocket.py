@@ -70,3 +70,30 @@ def test_bad_series_are_one_clear_error() -> None:
         rocket.prefix_features(bad, [3])
     with pytest.raises(DataError, match="a sample of 2 channels"):
         rocket.stream().push(np.zeros(2))
+
+
+def test_a_damaged_feature_file_is_one_clear_bundle_error() -> None:
+    import io
+
+    from edge.classify.early_rocket import read_rocket
+    from edge.core.errors import BundleError
+
+    rocket = CausalRocket.fit(_series(), n_features=100)
+    good = {"dilations": rocket.dilations, "kernels": rocket.kernels, "channels": rocket.channels.astype(np.uint8),
+            "biases": rocket.biases, "pair_of": rocket.pair_of, "points": np.array([10, 20, 40]),
+            "weights": np.zeros((3, 2, rocket.n_features), np.float32), "head_biases": np.zeros((3, 2), np.float32)}
+
+    def npz(**change: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        np.savez(buf, **(good | change))
+        return buf.getvalue()
+
+    assert read_rocket(npz(), "rocket.npz", 2, 3, 40)[0].n_features == rocket.n_features
+    for change, message in ((dict(points=np.array([10, 5, 40])), "points: increasing"),
+                            (dict(dilations=rocket.dilations * 100), "a kernel spanning at most the horizon 40"),
+                            (dict(weights=np.zeros((3, 3, rocket.n_features), np.float32)), "weights: shape"),
+                            (dict(kernels=rocket.kernels + 84), "kernels: ")):
+        with pytest.raises(BundleError, match=message):
+            read_rocket(npz(**change), "rocket.npz", 2, 3, 40)
+    with pytest.raises(BundleError, match="not a rocket feature file"):
+        read_rocket(b"not a zip", "rocket.npz", 2, 3, 40)
