@@ -283,5 +283,37 @@ def _write(out: dict[str, Any], results_dir: Path, docs_dir: Path, quick: bool) 
                 for name, v in out["ablation"].items()]
         heads = [c.replace("|", " ").replace("0.001", "1 mF").replace(" None", "") for c in cells]
         lines.append(markdown_table(["training", *heads, "vs nexume (pts)"], rows, align="l" + "r" * (len(cells) + 1)))
+    _plot(out, docs_dir / f"nexume{suffix}.png")
+    lines += ["", f"![accuracy within deadline per cell](nexume{suffix}.png)"]
     write_atomic(docs_dir / f"nexume{suffix}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _plot(out: dict[str, Any], path: Path) -> None:
+    """Accuracy within deadline per cell: the fixed 8-bit QAT, uniform and nexume, mean ± std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = out["table"]
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    fig, axes = plt.subplots(len(datasets), 1, figsize=(8, 2.6 * len(datasets)), sharey=True, squeeze=False)
+    width = 0.27
+    for ax, dataset in zip(axes[:, 0], datasets):
+        cells = [r for r in rows if r["dataset"] == dataset]
+        xs = np.arange(len(cells))
+        for k, method in enumerate(("qat8_layer", "uniform", "nexume")):
+            stats = [r[f"{method}_accuracy_within_deadline"] for r in cells]
+            ax.bar(xs + (k - 1) * width, [100 * s["mean"] for s in stats], width, yerr=[100 * s["std"] for s in stats],
+                   label=method, capsize=2)
+        ax.set_xticks(xs, [r["source"] + ("" if r["capacitance_f"] is None else f"\n{r['capacitance_f'] * 1e3:g} mF")
+                           for r in cells], fontsize=8)
+        ax.set_ylabel("accuracy within\ndeadline (%)")
+        ax.set_title(dataset, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, ncol=3, loc="upper center")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
