@@ -32,18 +32,32 @@ def costs_for(length: int, loss: float = LOSS_L) -> list[float]:
     return [b * loss / length for b in COST_BASES if b * loss / length <= loss / 2]
 
 
+OBJECTIVES = ("auto", "accurate")  # cost chosen by internal validation: best harmonic mean, or earliest within 1 point
+
+
 def choose_cost(pi: np.ndarray, truth: np.ndarray, points: np.ndarray, method: str, loss: float,
-                seed: int, symmetric: bool, fit_pi: np.ndarray | None = None) -> tuple[float, dict[float, float]]:
-    """The sampling cost whose rule has the best harmonic mean on validation posteriors π (n, P, K)
-    of series with class indices ``truth``; the rule is learned on ``fit_pi`` (default: π itself)."""
+                seed: int, symmetric: bool, fit_pi: np.ndarray | None = None, objective: str = "auto"
+                ) -> tuple[float, dict[float, float]]:
+    """The sampling cost chosen on validation posteriors π (n, P, K) of series with class indices
+    ``truth`` (the rule learned on ``fit_pi``, default π itself): ``auto``, the best harmonic mean
+    of accuracy and 1 − earliness; ``accurate``, the earliest mean stop whose accuracy stays within
+    1 point of the full-length accuracy on π, or of one series where there are fewer than 100
+    (scores: 1 − earliness there, −1 elsewhere)."""
     length = int(points[-1])
+    full = float((pi[:, -1].argmax(1) == truth).mean())
+    tolerance = max(0.01, 1.0 / len(pi))
     scores = {}
     for cost in costs_for(length, loss):
         rule = backward_induction(pi if fit_pi is None else fit_pi, cost, method, loss, seed,
                                   np.diff(points) if len(points) > 1 else None, symmetric)
         tau, pred = rule.decide(pi)
-        scores[cost] = harmonic_mean(float((pred == truth).mean()), float((points[tau - 1] / length).mean()))
-    return max(scores, key=lambda c: scores[c]), scores
+        accuracy, earliness = float((pred == truth).mean()), float((points[tau - 1] / length).mean())
+        if objective == "accurate":
+            scores[cost] = 1.0 - earliness if accuracy >= full - tolerance - 1e-12 else -1.0
+        else:
+            scores[cost] = harmonic_mean(accuracy, earliness)
+    best = max(scores, key=lambda c: scores[c])
+    return (min(scores) if scores[best] < 0 else best), scores
 
 
 class FirmboundClassifier(BaseEarlyClassifier):
@@ -64,7 +78,9 @@ class FirmboundClassifier(BaseEarlyClassifier):
       length among 5 %, 25 % and 50 % of T on a held-out quarter of the training series.
     - ``cost``: c, per sample, in units of the misclassification loss ``loss`` = L; ``"auto"``
       (default) picks it by internal validation (out-of-fold posteriors, or the held-out quarter)
-      as the one of best harmonic mean of accuracy and 1 − earliness; or give
+      as the one of best harmonic mean of accuracy and 1 − earliness (sktime's score), and
+      ``"accurate"`` as the one that stops earliest while staying within 1 point (or one series,
+      on fewer than 100) of the full-length accuracy there; or give
       ``energy_per_sample_j`` and ``joules_per_loss`` to derive it from energy.
     - ``method``: the continuation regression, ``cfl`` (exports to the device) or ``gp``.
 
@@ -119,10 +135,10 @@ class FirmboundClassifier(BaseEarlyClassifier):
             if not self.joules_per_loss:
                 raise ConfigError("joules_per_loss", self.joules_per_loss, "is needed with energy_per_sample_j")
             return float(self.energy_per_sample_j / self.joules_per_loss)
-        if self.cost == "auto":
+        if self.cost in OBJECTIVES:
             return None
         if isinstance(self.cost, str):
-            raise ConfigError("cost", self.cost, "a positive number, or 'auto'")
+            raise ConfigError("cost", self.cost, "a positive number, 'auto' or 'accurate'")
         return float(self.cost)
 
     # ---- fitting ----------------------------------------------------------------------------
@@ -149,7 +165,7 @@ class FirmboundClassifier(BaseEarlyClassifier):
         if cost is None:
             truth = np.searchsorted(est.classes, y)
             cost, self.validation_scores_ = choose_cost(oof, truth, est.points, self.method, self.loss,
-                                                        self.random_state, symmetric=True)
+                                                        self.random_state, symmetric=True, objective=str(self.cost))
         self.cost_ = cost
         self.rule_: StoppingRule = backward_induction(oof, cost, self.method, self.loss, self.random_state,
                                                       np.diff(est.points) if len(est.points) > 1 else None,
@@ -192,7 +208,7 @@ class FirmboundClassifier(BaseEarlyClassifier):
             dre, pi_val, truth = fitted[best]
             cost, cost_scores = choose_cost(pi_val, truth, np.arange(1, length + 1), self.method, self.loss,
                                             self.random_state, symmetric=False,
-                                            fit_pi=posteriors(dre.accumulated(X[fit_idx])))
+                                            fit_pi=posteriors(dre.accumulated(X[fit_idx])), objective=str(self.cost))
         return best, float(cost), scores, cost_scores
 
     # ---- deciding ---------------------------------------------------------------------------

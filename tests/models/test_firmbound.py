@@ -156,3 +156,16 @@ def test_the_rule_charges_each_step_its_samples_and_may_read_sorted_posteriors()
     assert (cheap.hitting_times(pi) == 2).all() and (dear.hitting_times(pi) == 1).all()
     with pytest.raises(ConfigError, match="steps"):
         backward_induction(pi, 0.5, steps=np.array([1.0, 2.0]))
+
+
+def test_cost_accurate_stops_later_than_auto_to_keep_full_length_accuracy() -> None:
+    """``cost="accurate"``: the earliest stop within 1 point of full-length accuracy on the
+    out-of-fold posteriors (the bench's criterion for the node), against the harmonic mean's pick."""
+    x, y, xt, yt = _ucr("GunPoint")
+    quick, careful = (FirmboundClassifier(cost=c).fit(x, y) for c in ("auto", "accurate"))
+    _, acc_quick, early_quick = quick.score(xt, yt)
+    _, acc_careful, early_careful = careful.score(xt, yt)
+    assert careful.cost_ < quick.cost_ and early_careful > early_quick
+    assert acc_careful >= 0.98 > acc_quick and early_careful < 0.6  # full length: 0.987
+    with pytest.raises(ConfigError, match="'auto' or 'accurate'"):
+        FirmboundClassifier(cost="fast").fit(x, y)
