@@ -58,7 +58,7 @@ from models.firmbound import (
     harmonic_mean,
     posteriors,
 )
-from models.firmbound.classifier import costs_for
+from models.firmbound.classifier import choose_cost, costs_for
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -326,8 +326,7 @@ def real_set(name: str, quick: bool, simulate_node: bool = True) -> dict[str, An
     hm, acc, earliness = defaults.score(xt, yt)
     defaults_s = time.perf_counter() - fitted
     # the bench's own procedure at the same criterion: the cost of best harmonic mean on the OOF posteriors
-    bench_cost = max(rules, key=lambda c: harmonic_mean(float((rules[c].decide(oof)[1] == truth).mean()),
-                                                        float((points[rules[c].decide(oof)[0] - 1] / length).mean())))
+    bench_cost, _ = choose_cost(oof, truth, points, "cfl", LOSS_L, 0, symmetric=True)
     tau_b, pred_b = rules[bench_cost].decide(pi_t)
     bench_acc = float((pred_b == truth_t).mean())
     full_acc = float((pi_t[:, -1].argmax(1) == truth_t).mean())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,18 +22,20 @@ class Decision:
     posterior: np.ndarray  # (K,)
 
 
-class StreamingDecider:
+class StreamingDecider(ABC):
     """What every early decider shares: ``update`` one sample, ``reset``, ``run`` a whole series."""
 
     horizon: int
     channels: int
     done: Decision | None
 
+    @abstractmethod
     def reset(self) -> None:
-        raise NotImplementedError
+        """Forget the series: the next sample is its first."""
 
+    @abstractmethod
     def update(self, sample: np.ndarray) -> Decision:
-        raise NotImplementedError
+        """Take the next sample (channels,); once a decision is final, it is returned again."""
 
     def run(self, series: np.ndarray, to_horizon: bool = False) -> Decision:
         """The decision on one whole series (channels, T): where the rule stops, or with

@@ -125,6 +125,7 @@ class RocketStream:
         span = (KERNEL_LENGTH - 1) * r.dilations  # the oldest tap's age, per pair
         # per pair and tap j: the window column of z[t − (8 − j)·d] (the newest sample is the last column)
         self._cols = (r.receptive_field - 1 - span[:, None] + np.arange(KERNEL_LENGTH)[None] * r.dilations[:, None])
+        self._channels = r.channels.astype(np.float32)
 
     def reset(self) -> None:
         self.window[:] = 0
@@ -139,8 +140,8 @@ class RocketStream:
         self.window = np.roll(self.window, -1, axis=1)
         self.window[:, -1] = sample
         r = self.rocket
-        summed = r.channels.astype(np.float32) @ self.window  # (pairs, window): each pair's channel sum
-        taps = np.take_along_axis(summed, self._cols, axis=1)  # (pairs, 9)
+        # each pair's channel sum at its nine taps only: (channels, pairs, 9) summed over its channels
+        taps = np.einsum("pc,cpj->pj", self._channels, self.window[:, self._cols])
         # the same order of additions as the batch path: 3·(three taps) − sum of all nine
         three = np.take_along_axis(taps, KERNELS[r.kernels], axis=1)
         conv = 3 * (three[:, 0] + three[:, 1] + three[:, 2]) - _ordered_sum(taps)

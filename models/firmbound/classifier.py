@@ -228,15 +228,16 @@ class FirmboundClassifier(BaseEarlyClassifier):
         tau, idx = self.rule_.decide(pi)
         return points[tau - 1], self.classes_[idx]
 
-    def _decide_prefix(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(samples after which each decision was made, 0 while open; the posterior it stands on)."""
+    def _decide_prefix(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(samples after which each decision was made, 0 while open; the posterior it stands on;
+        and the posteriors π (n, p, K) at the decision points ``points`` within X's length)."""
         pi, points = self.prefix_posteriors(X)
         tau = self.rule_.hitting_times(pi)
         at = np.where(tau > 0, tau, pi.shape[1]) - 1
-        return np.where(tau > 0, points[at], 0), pi[np.arange(len(X)), at]
+        return np.where(tau > 0, points[at], 0), pi[np.arange(len(X)), at], pi, points
 
     def _predict_proba(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        tau, proba = self._decide_prefix(X)
+        tau, proba, _, _ = self._decide_prefix(X)
         self.state_info = np.column_stack([tau, proba.argmax(1)])
         return proba, tau > 0
 
@@ -258,15 +259,13 @@ class FirmboundClassifier(BaseEarlyClassifier):
         else:
             raise DataError(f"update_predict: {len(X)} series; the last predict saw {len(before)}, {len(open_rows)} "
                             "of them still open")
-        tau, proba = self._decide_prefix(X)
+        tau, proba, pi_all, points = self._decide_prefix(X)
         kept = before[rows, 0] > 0  # a decision once made stands
         if np.any(before[rows, 0][kept] > X.shape[2]):
             raise DataError("update_predict: the prefixes are shorter than ones already decided on")
         tau[kept] = before[rows, 0][kept]
         if kept.any():
-            pi_all, points = self.prefix_posteriors(X)
-            at = np.searchsorted(points, tau[kept])
-            proba[kept] = pi_all[np.flatnonzero(kept), at]
+            proba[kept] = pi_all[np.flatnonzero(kept), np.searchsorted(points, tau[kept])]
         state = before.copy()
         state[rows] = np.column_stack([tau, proba.argmax(1)])
         self.state_info = state
