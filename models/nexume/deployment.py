@@ -26,13 +26,18 @@ from simulator.workload import InferenceModel, LayerSpec, ModelVariant
 Config = tuple[int, float]  # (bits, drop)
 
 
+def variant_layers(model: Any, bits: int, drop: float) -> tuple[LayerSpec, ...]:
+    """The simulator's layer work of one (bits, drop) variant."""
+    return tuple(LayerSpec(name=c.name, macs=c.macs, output_bytes=math.ceil(c.outputs * min(bits, 8) / 8))
+                 for c in model.layer_costs(drop))
+
+
 def energy_ranked_model(model: Any, grid: Sequence[Config]) -> InferenceModel:
     """The model's variants as the simulator needs them, their accuracy a stand-in rising with
     their MACs × bits (what DynInfer's choice needs before any is measured)."""
     variants = []
     for bits, drop in grid:
-        layers = tuple(LayerSpec(name=c.name, macs=c.macs, output_bytes=math.ceil(c.outputs * min(bits, 8) / 8))
-                       for c in model.layer_costs(drop))
+        layers = variant_layers(model, bits, drop)
         variants.append((bits, drop, layers, sum(layer.macs for layer in layers) * bits))
     top = max(v[3] for v in variants)
     return InferenceModel(tuple(ModelVariant(bits=min(b, 8), drop=d, layers=layers, correct=np.ones(1, bool),

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from models.data.base import Dataset
+from models.nexume.deployment import variant_layers
 from models.nexume.switchable import SUPPORTED_BITS, SwitchableNet
 from models.nexume.train import DROP_LEVELS
-from simulator.workload import InferenceModel, LayerSpec, ModelVariant
+from simulator.workload import InferenceModel, ModelVariant
 
 
 @torch.no_grad()
@@ -28,8 +28,7 @@ def net_inference_model(model: SwitchableNet, data: Dataset, variants: Sequence[
     out = []
     for bits, drop in variants:
         correct = model.configure(bits, drop)(x).argmax(1).numpy() == data.y_test
-        layers = tuple(LayerSpec(name=c.name, macs=c.macs, output_bytes=math.ceil(c.outputs * min(bits, 8) / 8))
-                       for c in model.layer_costs(drop))
+        layers = variant_layers(model, bits, drop)
         out.append(ModelVariant(bits=min(bits, 8), drop=drop, layers=layers, correct=np.asarray(correct, dtype=bool),
                                 accuracy=float(correct.mean())))
     return InferenceModel(tuple(out), adaptive=adaptive, margin=margin)
