@@ -8,7 +8,7 @@
 
 Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
 state_dir, store, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
-tls_key, llm, llm_draft, llm_draft_k, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue, workers,
+tls_key, llm, llm_draft, llm_draft_k, llm_decoding, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue, workers,
 job_stale_s, job_attempts)
 < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
 
@@ -71,7 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", type=Path, metavar="DIR",
                    help="a smaller causal LM with the same tokenizer: speculative decoding inside (with --llm)")
     p.add_argument("--draft-k", type=int, metavar="K",
-                   help="draft tokens per target call (default 4; the most with --adaptive-k)")
+                   help="draft tokens per target call (default 4; the most with auto decoding or --adaptive-k)")
+    p.add_argument("--decoding", choices=["auto", "chain"],
+                   help="auto (default): each round drafts the K in 0..--draft-k that measured costs say is fastest, "
+                        "0 (plain decoding) included; chain: always --draft-k")
     p.add_argument("--adaptive-k", action="store_true", default=None,
                    help="choose each call's draft length from the running acceptance rate")
     p.add_argument("--tree", metavar="DxBxW",
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
              "broker": args.broker,
              "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "llm": args.llm, "llm_draft": args.draft,
-             "llm_draft_k": args.draft_k, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,
+             "llm_draft_k": args.draft_k, "llm_decoding": args.decoding, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,
              "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue, "workers": args.workers}
     config = load_config(ServeConfig, args.config, args.set, flags)
     if args.write_mosquitto_config is not None:

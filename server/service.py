@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import uvicorn
 from pydantic import Field, field_validator, model_validator
@@ -76,7 +76,11 @@ class ServeConfig(Config):
     llm_draft: Path | None = None
     """A smaller causal LM with the same tokenizer: speculative decoding inside (needs llm)."""
     llm_draft_k: int = Field(4, ge=1, le=32)
-    """Draft tokens per target call (the most, with llm_adaptive_k)."""
+    """Draft tokens per target call (the most, with auto decoding or llm_adaptive_k)."""
+    llm_decoding: Literal["auto", "chain"] = "auto"
+    """auto: each round drafts the K in 0..llm_draft_k (0: plain decoding) of most expected tokens per
+    second, from costs measured at load and kept current, and samples coupled (the seed fixes the
+    text, draft or no draft); chain: always llm_draft_k. llm_adaptive_k or llm_tree choose those instead."""
     llm_adaptive_k: bool = False
     """Choose each call's draft length from the running acceptance rate (at most llm_draft_k)."""
     llm_tree: str | None = Field(None, pattern=r"^[1-9][0-9]?x[1-9][0-9]?x[1-9][0-9]?$")
@@ -153,7 +157,8 @@ class Service:
             from server.llm.completions import LlmService
 
             llm = LlmService.load(config.llm, config.llm_draft, config.llm_concurrency, config.llm_queue,
-                                  k=config.llm_draft_k, adaptive=config.llm_adaptive_k, tree=config.llm_tree)
+                                  k=config.llm_draft_k, adaptive=config.llm_adaptive_k, tree=config.llm_tree,
+                                  auto=config.llm_decoding == "auto")
         if llm is not None:
             from server.llm.verify import answer
 

@@ -26,6 +26,17 @@ in turn with probability ``min(1, p(x) / q(x))``, and after each rejection ``p``
 ``norm(max(0, p - q))`` (SpecInfer's multi-round speculative sampling, Miao et al. 2024, Thm 4.2);
 when all are rejected, or the node has none, the next token is drawn from what ``p`` has become.
 A chain is the tree whose nodes each have one candidate, and then both rules draw the same.
+
+Coupled sampling (auto mode): every position of the text gets its own Gumbel noise, drawn from
+the seed and the position alone (``GumbelNoise``), and a token is ``argmax(log p + g)`` — an
+exact draw from ``p`` (the Gumbel-max trick), whatever came before, since the noise of a position
+is independent of the tokens that chose the prefix. The draft proposes ``argmax(log q + g)`` with
+the same noise, and the target keeps it when its own coupled choice is the same token: greedy
+verification on perturbed logits. The text is then the target's own coupled sample token for
+token, whatever the draft, however many tokens each round drafts (so a cost model driven by
+timings can choose K freely and a seed still fixes the text), and a draft close to the target
+agrees with it most of the time. It keeps somewhat fewer draft tokens than the rule above
+(the coupling is not the maximal one).
 """
 
 from __future__ import annotations
@@ -91,6 +102,34 @@ def accept_sampling(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray, rng:
         # total is 0 only if p == q, where rejection has probability 0; guard rounding anyway
         return i, int(rng.choice(len(residual), p=residual / total if total > 0 else p[i]))
     return k, int(rng.choice(p.shape[1], p=p[k]))
+
+
+class GumbelNoise:
+    """Standard Gumbel noise per text position, a function of (seed, position) only: position
+    ``start + i`` reads row ``i`` of one stream seeded by ``seed``, made in blocks of ``block``
+    positions (one generator call per block, not per token)."""
+
+    def __init__(self, seed: int, vocab: int, start: int = 0, block: int = 32) -> None:
+        if seed < 0 or vocab < 1 or block < 1:
+            raise ValueError(f"seed = {seed}, vocab = {vocab}, block = {block}: need seed >= 0, vocab and block >= 1")
+        self.rng, self.vocab, self.start, self.block = np.random.default_rng(seed), vocab, start, block
+        self.blocks: list[np.ndarray] = []
+
+    def __call__(self, position: int) -> np.ndarray:
+        """(vocab,) the noise of ``position`` (>= start)."""
+        i = position - self.start
+        if i < 0:
+            raise ValueError(f"position {position} is before the first noisy position {self.start}")
+        while len(self.blocks) * self.block <= i:  # blocks come in order, so a position's row never depends on use
+            self.blocks.append(self.rng.gumbel(size=(self.block, self.vocab)))
+        return self.blocks[i // self.block][i % self.block]
+
+
+def coupled_choice(p: np.ndarray, noise: np.ndarray) -> int:
+    """``argmax(log p + noise)``: with standard Gumbel noise, an exact draw from ``p`` (tokens of
+    probability 0 are never chosen)."""
+    with np.errstate(divide="ignore"):
+        return int(np.argmax(np.log(p) + noise))
 
 
 def _children(parents: np.ndarray, tokens: np.ndarray) -> list[dict[int, int]]:

@@ -40,13 +40,16 @@ import torch
 
 from edge.llm.acceptance import (
     AcceptanceRate,
+    GumbelNoise,
     accept_greedy,
     accept_sampling,
     accept_tree_greedy,
     accept_tree_sampling,
     best_draft_length,
+    coupled_choice,
     distribution,
 )
+from edge.llm.cost import AutoSession, DecodeCost
 from models.lm.cache import CachedLM
 
 
@@ -172,14 +175,19 @@ def _greedy_or_sampled(logits: np.ndarray, temperature: float, top_p: float, rng
     return int(rng.choice(len(q), p=q)), q
 
 
-def draft_chain(drafter: Drafter, seq: list[int], k: int, temperature: float, top_p: float, rng: np.random.Generator
-                ) -> tuple[list[int], np.ndarray | None]:
+def draft_chain(drafter: Drafter, seq: list[int], k: int, temperature: float, top_p: float, rng: np.random.Generator,
+                noise: Callable[[int], np.ndarray] | None = None) -> tuple[list[int], np.ndarray | None]:
     """K tokens drafted one after another (argmax when greedy, else sampled) and, when sampling,
-    the (K, V) distributions they were drawn from (what the acceptance rule needs)."""
+    the (K, V) distributions they were drawn from (what the acceptance rule needs). ``noise``:
+    coupled sampling (auto mode), the Gumbel noise of a text position; then no q is returned."""
     tokens: list[int] = []
     dists = []
     for _ in range(k):
-        token, q = _greedy_or_sampled(drafter.path_logits(seq, [tokens])[0], temperature, top_p, rng)
+        logits = drafter.path_logits(seq, [tokens])[0]
+        if noise is not None and temperature > 0:
+            token, q = coupled_choice(distribution(logits, temperature, top_p), noise(len(seq) + len(tokens))), None
+        else:
+            token, q = _greedy_or_sampled(logits, temperature, top_p, rng)
         tokens.append(token)
         if q is not None:
             dists.append(q)
@@ -302,15 +310,24 @@ class IndependentDrafter:
 def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_new_tokens: int, k: int = 4,
                          temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
                          eos_token_id: int | None = None, on_tokens: Callable[[list[int]], None] | None = None,
-                         tree: Tree | None = None, adaptive: bool = False) -> tuple[list[int], DecodeStats]:
+                         tree: Tree | None = None, adaptive: bool = False, auto: DecodeCost | AutoSession | None = None
+                         ) -> tuple[list[int], DecodeStats]:
     """The prompt's continuation by speculative decoding, and what it cost. ``temperature`` 0 is
     greedy (lossless token for token); otherwise speculative sampling (lossless in distribution).
-    A chain of ``k`` tokens per target call (at most ``k`` when ``adaptive``), or a ``tree``.
-    ``on_tokens`` is called with each block of tokens as it is verified (for streaming); the
-    blocks concatenate to the returned tokens."""
+    A chain of ``k`` tokens per target call (at most ``k`` when ``adaptive``), or a ``tree``, or
+    ``auto``: each round the chain length in 0..k (0: plain decoding) of most expected tokens per
+    second by the measured cost model (``edge.llm.cost``), which the round's timings update;
+    sampling is then coupled (``edge.llm.acceptance``), so the text is the same whatever K the
+    timings choose. ``on_tokens`` is called with each block of tokens as it is verified (for
+    streaming); the blocks concatenate to the returned tokens."""
     if k < 1 or max_new_tokens < 0 or not prompt:
         raise ValueError(f"k = {k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: need k >= 1, "
                          "max_new_tokens >= 0 and a non-empty prompt")
+    if auto is not None and (tree is not None or adaptive):
+        raise ValueError("auto chooses the chain length itself: give auto, or a tree, or adaptive, not several")
+    session = auto.session(k) if isinstance(auto, DecodeCost) else auto
+    noise = GumbelNoise(seed, int(target.config.vocab_size), start=len(prompt))  # coupled sampling (auto)
+
     rng = np.random.default_rng(seed)
     lm = CachedLM(target, keep_hidden=getattr(drafter, "needs_hidden", False))
     lm.reset()
@@ -328,9 +345,12 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
     end = len(prompt) + max_new_tokens
     while len(seq) < end:
         room = end - len(seq) - 1  # draft tokens that can still be used
-        can = room > 0 and drafter.prepare(seq)
         verified = len(seq)
-        if tree is not None:
+        if session is not None:
+            kept, n_drafted, nxt = _auto_round(lm, drafter, session, seq, room, temperature, top_p, noise)
+            stats.k_per_call.append(n_drafted)
+        elif tree is not None:
+            can = room > 0 and drafter.prepare(seq)
             drafted = draft_tree(drafter, seq, tree, min(tree.depth, room), temperature, top_p, rng) if can \
                 else DraftTree.root(seq[-1])
             logits = lm.tree_logits(seq[-1], drafted)  # (nodes, V): at the root, then each node
@@ -343,6 +363,7 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
             lm.keep(verified, path)
             kept, n_drafted = [drafted.tokens[i] for i in path], len(drafted.tokens) - 1
         else:
+            can = room > 0 and drafter.prepare(seq)
             want = best_draft_length(acceptance.rate, k, 1.0, cost) if adaptive else k  # cost: a drafted token / a target call
             draft, q = draft_chain(drafter, seq, min(want, room), temperature, top_p, rng) if can else ([], None)
             logits = lm.logits(seq + draft)  # (len(draft) + 1, V): after the last verified token, then each draft token
@@ -373,3 +394,40 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
     out = seq[len(prompt) : end]
     stats.new_tokens = len(out)
     return out, stats
+
+
+def _auto_round(lm: CachedLM, drafter: Drafter, session: AutoSession, seq: list[int], room: int,
+                temperature: float, top_p: float, noise: Callable[[int], np.ndarray]) -> tuple[list[int], int, int]:
+    """One round of auto mode: (kept draft tokens, tokens drafted, the target's next token). The
+    draft is asked nothing (not even to catch up) in a round that decodes plainly."""
+    want = min(session.choose(), room)
+    started = time.perf_counter()
+    draft: list[int] = []
+    if want > 0 and drafter.prepare(seq):
+        draft, _ = draft_chain(drafter, seq, want, temperature, top_p, np.random.default_rng(0), noise=noise)
+        session.observe_draft(len(draft), time.perf_counter() - started)
+    started = time.perf_counter()
+    logits = lm.logits(seq + draft)  # (len(draft) + 1, V)
+    session.observe_verify(len(draft) + 1, time.perf_counter() - started)
+    if temperature == 0:
+        choice = logits.argmax(-1).numpy()
+    else:
+        p = distribution(logits.numpy(), temperature, top_p)
+        choice = np.array([coupled_choice(p[i], noise(len(seq) + i)) for i in range(len(p))])
+    n, nxt = accept_greedy(np.array(draft, dtype=np.int64), choice)
+    if draft:
+        session.observe_acceptance(n, len(draft))
+    return draft[:n], len(draft), nxt
+
+
+@torch.inference_mode()
+def calibrate(target: Any, drafter: Drafter, k: int, rounds: int = 4) -> DecodeCost:
+    """A cost model for ``auto`` measured on this machine: ``rounds`` each of plain decoding, a
+    one-token draft and a ``k``-token draft, on a made-up prompt (what is drafted does not matter,
+    only what it costs)."""
+    vocab = int(target.config.vocab_size)
+    prompt = [(7 * i + 3) % vocab for i in range(16)]
+    cost = DecodeCost.prior(verify_s=1e-3, draft_token_s=1e-3)
+    plan = (0, 1, k) * rounds
+    speculative_generate(target, drafter, prompt, len(plan) * (k + 1) + 1, k=k, auto=cost.session(k, plan))
+    return cost

@@ -6,12 +6,15 @@ decoding inside when a draft model is loaded.
 
 The target is a Hugging Face causal LM in a local folder (``save_pretrained``); the draft is a
 folder of ``trickle train draft`` (MoA, EAGLE-style or independent) or any causal LM sharing the
-target's vocabulary. Drafting is a chain of K tokens, of adaptive length, or a tree
-(``models.lm.speculative``). Without a draft every token is one target call
-(the same verify loop with a drafter that proposes nothing, so sampling means the same thing
-either way). At most ``concurrency`` generations run at once; up to ``queue`` more wait; beyond
-that a request gets 503 at once, so memory stays bounded. A prompt that leaves no room for
-``max_tokens`` in the model's context gets 400 naming the limit.
+target's vocabulary. Decoding is ``auto`` by default: each round drafts the chain length (0, plain
+decoding, included) that the costs measured at load and kept current from timings say is fastest
+(``edge.llm.cost``), so a draft that does not pay on this machine is left idle, and sampling is
+coupled, so a seed gives the same text with any draft or none. Otherwise a chain of K tokens, of
+adaptive length, or a tree (``models.lm.speculative``). Without a draft every token is one target
+call (the same verify loop with a drafter that proposes nothing). At most ``concurrency``
+generations run at once; up to ``queue`` more wait; beyond that a request gets 503 at once, so
+memory stays bounded. A prompt that leaves no room for ``max_tokens`` in the model's context gets
+400 naming the limit.
 
 Torch and transformers are imported only when a model is loaded (``trickle --help`` stays fast).
 """
@@ -143,11 +146,13 @@ class LlmService:
 
     def __init__(self, target: Any, tokenizer: Any, draft: Any | None = None, name: str = "trickle-lm",
                  concurrency: int = 1, queue: int = 16, drafter: Callable[[], Any] | None = None, k: int = 4,
-                 adaptive: bool = False, tree: str | None = None) -> None:
+                 adaptive: bool = False, tree: str | None = None, auto: bool = True) -> None:
         from models.lm.speculative import Tree
 
         self.target, self.tokenizer, self.draft, self.name = target, tokenizer, draft, name
         self.k, self.adaptive = k, adaptive
+        self.auto = auto and not adaptive and not tree  # auto decoding, unless another mode is asked for
+        self.cost: Any = None  # auto's DecodeCost, measured at the first generation with a draft and kept current
         self.draft_vocab: list[int] | None = None  # an independent draft's draft vocabulary (models.lm.speculative.DraftHead)
         self.tree = Tree(*(int(n) for n in tree.split("x"))) if tree else None  # DEPTHxBRANCHxWIDTH
         # a fresh Drafter per request (drafters keep per-sequence state); by default around the draft LM
@@ -163,7 +168,7 @@ class LlmService:
 
     @classmethod
     def load(cls, target_dir: Path, draft_dir: Path | None = None, concurrency: int = 1, queue: int = 16, k: int = 4,
-             adaptive: bool = False, tree: str | None = None) -> LlmService:
+             adaptive: bool = False, tree: str | None = None, auto: bool = True) -> LlmService:
         import torch
 
         torch.set_num_threads(1)  # batch 1 on CPU: one thread per generation is faster under contention
@@ -174,7 +179,7 @@ class LlmService:
             tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError("llm", str(target_dir), f"has no loadable tokenizer ({type(err).__name__})") from None
-        decoding: dict[str, Any] = {"k": k, "adaptive": adaptive, "tree": tree}
+        decoding: dict[str, Any] = {"k": k, "adaptive": adaptive, "tree": tree, "auto": auto}
         if draft_dir is not None and _draft_kind(draft_dir) in ("moa", "eagle"):  # trickle train draft --kind moa|eagle
             from models.lm.draft import load_drafter
 
@@ -184,6 +189,7 @@ class LlmService:
                           drafter=lambda: type(reader)(reader.draft, reader.vocab), **decoding)
             if _draft_kind(draft_dir) == "moa":
                 service.moa = reader.draft
+            service.auto_session()  # auto decoding's costs, measured now rather than in the first request
             return service
         draft = _load_lm(draft_dir, "llm_draft") if draft_dir is not None else None
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -192,6 +198,7 @@ class LlmService:
         service = cls(target, tokenizer, draft, target_dir.name, concurrency, queue, **decoding)
         if draft_dir is not None and (draft_dir / "draft.json").is_file():  # trickle train draft --kind independent
             service.draft_vocab = json.loads((draft_dir / "draft.json").read_text()).get("draft_vocab")
+        service.auto_session()
         return service
 
     def encode(self, prompt: str, max_tokens: int) -> list[int]:
@@ -209,20 +216,41 @@ class LlmService:
     def complete(self, prompt: str | list[int], max_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,
                  seed: int = 0, on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
         """Generate (blocking): speculative decoding when a draft is loaded, else plain."""
-        from models.lm.speculative import IndependentDrafter, NoDrafter, speculative_generate
+        from models.lm.speculative import speculative_generate
 
         ids = self.encode(prompt, max_tokens) if isinstance(prompt, str) else prompt
-        if self.make_drafter is not None:
-            drafter = self.make_drafter()
-        else:
-            drafter = IndependentDrafter(self.draft, self.draft_vocab) if self.draft is not None else NoDrafter()
         eos = self.tokenizer.eos_token_id
-        tokens, stats = speculative_generate(self.target, drafter, ids, max_tokens, k=self.k, temperature=temperature,
+        tokens, stats = speculative_generate(self.target, self.drafter(), ids, max_tokens, k=self.k, temperature=temperature,
                                              top_p=top_p, seed=seed, eos_token_id=eos, on_tokens=on_tokens,
-                                             tree=self.tree if self.speculative else None, adaptive=self.adaptive)
+                                             tree=self.tree if self.speculative else None, adaptive=self.adaptive,
+                                             auto=self.auto_session())
         stopped = eos is not None and bool(tokens) and tokens[-1] == eos
         return Completion(self.decode(tokens), len(ids), len(tokens), "stop" if stopped else "length",
                           stats.tokens_per_second, stats.accept_length, stats.target_calls, self.speculative)
+
+    def drafter(self) -> Any:
+        """A fresh Drafter for one generation (drafters keep per-sequence state)."""
+        from models.lm.speculative import IndependentDrafter, NoDrafter
+
+        if self.make_drafter is not None:
+            return self.make_drafter()
+        return IndependentDrafter(self.draft, self.draft_vocab) if self.draft is not None else NoDrafter()
+
+    def auto_session(self) -> Any:
+        """Auto decoding's per-generation choices (None in another mode). Without a draft every round
+        decodes plainly, and sampling is coupled all the same: a seed gives the same text with a draft
+        or without."""
+        if not self.auto:
+            return None
+        from edge.llm.cost import DecodeCost
+        from models.lm.speculative import calibrate
+
+        if not self.speculative:
+            return DecodeCost.prior(verify_s=1.0, draft_token_s=1.0).session(0)
+        with self._sessions_lock:
+            if self.cost is None:  # measured once, on this machine, then kept current by every generation
+                self.cost = calibrate(self.target, self.drafter(), self.k)
+        return self.cost.session(self.k)
 
     def sessions(self) -> Any:
         """The target's client–server verification sessions (``server.llm.verify``), made once."""

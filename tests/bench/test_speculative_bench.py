@@ -15,9 +15,14 @@ def test_quick_benchmark_writes_all_keys_and_is_lossless(tmp_path: Path, shared_
     doc = json.loads((tmp_path / "speculative-quick.json").read_text())
     for key in speculative.GOALS:
         assert isinstance(doc[key], float) and doc[key] > 0, key
-    assert set(doc["draft_val_loss"]) == set(speculative.KINDS)
-    assert all(out["greedy_outputs_equal_target_generate"].values()), out["greedy_outputs_equal_target_generate"]
+    tiny = doc["targets"]["tiny"]
+    assert set(tiny["draft_val_loss"]) == set(speculative.KINDS)
+    assert all(tiny["greedy_outputs_equal_target_generate"].values()), tiny["greedy_outputs_equal_target_generate"]
+    assert tiny["auto_sampled_outputs_equal_across_drafts"]
+    assert doc["auto_speedup_vs_target_min"] == min(doc["auto_speedup_vs_target"].values())
+    assert len(doc["auto_speedup_vs_target"]) == 2 * len(speculative.KINDS)
     assert "| moa " in (tmp_path / "speculative-quick.md").read_text()
-    measured = {(r["method"], r["mode"], r["temperature"]) for r in doc["rows"]}
+    assert out["best_speedup_vs_target_greedy"] >= out["moa_speedup_vs_target_greedy"]
+    measured = {(r["method"], r["mode"], r["temperature"]) for r in tiny["rows"]}
     for kind in speculative.KINDS:  # every draft in every mode, greedy and sampling
         assert {(kind, mode, t) for mode in speculative.MODES for t in (0.0, speculative.SAMPLING_T)} <= measured

@@ -11,11 +11,13 @@ import pytest
 from scipy.stats import chisquare
 
 from edge.llm.acceptance import (
+    GumbelNoise,
     accept_greedy,
     accept_sampling,
     accept_tests,
     accept_tree_greedy,
     accept_tree_sampling,
+    coupled_choice,
     distribution,
     residual,
 )
@@ -110,6 +112,56 @@ def test_sampling_split_across_a_link_draws_from_the_target_exactly() -> None:
         return n, nxt if nxt is not None else residual(p[n], q[n], device)  # on the device
 
     assert _chi_square_p(_speculative(split, 3, seed=31)) > 1e-3
+
+
+def _coupled(k: int, shared: bool = False) -> tuple[np.ndarray, float]:
+    """Coupled sampling (auto mode): SAMPLES sequences, each with its own seed, drafted K at a time
+    by DRAFT with the position's noise and kept where the target's coupled choice agrees; and the
+    share of draft tokens kept."""
+    out = np.empty((SAMPLES, TOKENS), dtype=np.int64)
+    kept = tried = 0
+    for s in range(SAMPLES):
+        fresh = GumbelNoise(s, V, start=1, block=4)
+
+        def noise(position: int, fresh: GumbelNoise = fresh) -> np.ndarray:
+            return fresh(1 if shared else position)
+
+        seq = [0]
+        while len(seq) <= TOKENS:
+            drafted = []
+            for i in range(k):
+                drafted.append(coupled_choice(DRAFT[([*seq, *drafted])[-1]], noise(len(seq) + i)))
+            choice = np.array([coupled_choice(TARGET[t], noise(len(seq) + i))
+                               for i, t in enumerate([seq[-1], *drafted])])
+            n, nxt = accept_greedy(np.array(drafted), choice)
+            kept, tried = kept + n, tried + k
+            seq += [*drafted[:n], nxt]
+        out[s] = seq[1 : TOKENS + 1]
+    return out, kept / tried
+
+
+def test_coupled_sampling_draws_from_the_target_exactly_and_keeps_draft_tokens() -> None:
+    samples, kept = _coupled(3)
+    assert _chi_square_p(samples) > 1e-3
+    # the draft is another random chain: agreement is what the coupling buys (independent
+    # noise would agree on sum_x p(x) q(x) only)
+    chance = float(np.mean([TARGET[t] @ DRAFT[t] for t in range(V)]))
+    assert kept > chance + 0.1
+
+
+def test_coupled_sampling_with_noise_shared_across_positions_fails_the_same_test() -> None:
+    """The noise must be fresh per position: reusing one draw for every position biases the text."""
+    samples, _ = _coupled(3, shared=True)
+    assert _chi_square_p(samples) < 1e-6
+
+
+def test_gumbel_noise_of_a_position_does_not_depend_on_the_order_asked() -> None:
+    ahead, in_order = GumbelNoise(7, V, start=3, block=2), GumbelNoise(7, V, start=3, block=2)
+    late = ahead(9).copy()
+    assert np.array_equal([in_order(p) for p in range(3, 10)][-1], late) and not np.array_equal(ahead(3), late)
+    assert not np.array_equal(GumbelNoise(8, V, start=3)(3), in_order(3))
+    with pytest.raises(ValueError, match="before the first"):
+        ahead(2)
 
 
 def test_a_broken_rule_fails_the_same_test() -> None:

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from edge.core.errors import ConfigError
+from edge.llm.cost import DecodeCost
 from models.lm.draft import load_drafter, load_target, train_draft
-from models.lm.speculative import Tree, speculative_generate
+from models.lm.speculative import NoDrafter, Tree, speculative_generate
 from models.lm.target import train_lm
 from tests.models.lm.test_lm import config
 
@@ -41,10 +42,16 @@ def test_a_trained_draft_is_lossless_and_accepted_more_than_untrained(kind: str,
             got, stats = speculative_generate(target, drafter, prompt, 24, k=4, eos_token_id=tok.eos_token_id)
             assert got == expected[: len(got)] and (len(got) == 24 or got[-1] == tok.eos_token_id), (name, kind)
             lengths[name] += stats.accept_length / len(prompts)
-            for how in (dict(tree=Tree(depth=4, branch=2, width=2)), dict(k=6, adaptive=True)):
+            # auto: plain rounds between drafting ones, so the draft must catch up on the text it skipped
+            mixed = DecodeCost.prior(verify_s=0.01, draft_token_s=0.001).session(6, plan=(0, 0, 3, 0, 6, 1, 0, 0, 2))
+            for how in (dict(tree=Tree(depth=4, branch=2, width=2)), dict(k=6, adaptive=True), dict(k=6, auto=mixed)):
                 again, _ = speculative_generate(target, drafter, prompt, 24, eos_token_id=tok.eos_token_id,
                                                 **how)  # type: ignore[arg-type]
                 assert again == got, (name, kind, how)
+            drafting = DecodeCost.prior(verify_s=0.01, draft_token_s=0.001).session(6, plan=(0, 2, 0, 6))
+            sampled = [speculative_generate(target, d, prompt, 24, k=6, temperature=0.7, seed=3, auto=cost)[0]
+                       for d, cost in ((NoDrafter(), DecodeCost.prior(verify_s=0.01, draft_token_s=1.0)), (drafter, drafting))]
+            assert sampled[0] == sampled[1], (name, kind)
     assert lengths["draft"] > lengths["untrained"] + 0.5, lengths
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from edge.llm.cost import DecodeCost, Line
 from models.lm.cache import CachedLM
-from models.lm.speculative import DraftTree, IndependentDrafter, Tree, speculative_generate
+from models.lm.speculative import DraftTree, IndependentDrafter, NoDrafter, Tree, calibrate, speculative_generate
 
 VOCAB = 64
 
@@ -57,8 +58,25 @@ class AlwaysWrong:
         return np.stack(rows)
 
 
+class FixedCost(DecodeCost):
+    """A cost model that timings do not move: auto mode's choices made by hand."""
+
+    def __init__(self, verify_s: float, draft_token_s: float) -> None:
+        super().__init__(Line(0.0, draft_token_s), Line(verify_s, 0.0))
+
+    def observe_draft(self, k: int, seconds: float) -> None:
+        pass
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        pass
+
+
+FREE_DRAFTS = FixedCost(verify_s=1.0, draft_token_s=0.0)  # auto drafts the most the acceptance rate pays for
+DEAR_DRAFTS = FixedCost(verify_s=1.0, draft_token_s=2.0)  # auto never drafts
+
 PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 9, 11], list(range(10, 30))]
-SHAPES = {"chain k=1": dict(k=1), "chain k=3": dict(k=3), "chain k=6": dict(k=6), "adaptive k<=6": dict(k=6, adaptive=True),
+SHAPES = {"auto, drafts free": dict(k=6, auto=FREE_DRAFTS), "auto, drafts dear": dict(k=6, auto=DEAR_DRAFTS),
+          "chain k=1": dict(k=1), "chain k=3": dict(k=3), "chain k=6": dict(k=6), "adaptive k<=6": dict(k=6, adaptive=True),
           "tree 4x2x3": dict(tree=Tree(depth=4, branch=2, width=3)), "tree 2x3x1": dict(tree=Tree(depth=2, branch=3, width=1))}
 
 
@@ -85,6 +103,47 @@ def test_greedy_equals_the_targets_greedy_generate(target: torch.nn.Module, shap
                 assert stats.target_calls == -(-24 // (tree.depth + 1)) if tree.width == 1 else stats.target_calls < 12
             if name == "always wrong":
                 assert stats.kept == 0 and stats.target_calls == 24
+
+
+class Counting(IndependentDrafter):
+    """An independent draft that counts what it is asked."""
+
+    asked = 0
+
+    def prepare(self, seq: list[int]) -> bool:
+        self.asked += 1
+        return super().prepare(seq)
+
+
+def test_auto_samples_the_same_text_whatever_it_drafts(target: torch.nn.Module) -> None:
+    """Coupled sampling: the seed fixes the text; the draft and the K each round chooses do not."""
+    measured = calibrate(target, IndependentDrafter(_llama(1, layers=1, hidden=16)), k=4)
+    assert measured.verify.seconds(1) > 0 and measured.draft.seconds(1) > 0
+    for prompt in PROMPTS[:2]:
+        plain, _ = speculative_generate(target, NoDrafter(), prompt, 24, k=4, temperature=0.8, top_p=0.95, seed=5,
+                                        auto=DEAR_DRAFTS)
+        for drafter in (IndependentDrafter(_llama(1, layers=1, hidden=16)), IndependentDrafter(target), AlwaysWrong(target)):
+            for cost in (FREE_DRAFTS, DEAR_DRAFTS, measured):
+                tokens, _ = speculative_generate(target, drafter, prompt, 24, k=4, temperature=0.8, top_p=0.95, seed=5,
+                                                     auto=cost)
+                assert tokens == plain, (prompt, type(drafter).__name__, cost)
+        right = speculative_generate(target, IndependentDrafter(target), prompt, 24, k=4, temperature=0.8, seed=5,
+                                     auto=FREE_DRAFTS)[1]
+        assert right.kept == right.drafted > 0  # a draft equal to the target is always kept
+    other, _ = speculative_generate(target, NoDrafter(), PROMPTS[0], 24, k=4, temperature=0.8, top_p=0.95, seed=6,
+                                    auto=DEAR_DRAFTS)
+    assert other != plain
+
+
+def test_auto_never_asks_a_draft_that_cannot_pay(target: torch.nn.Module) -> None:
+    dear = Counting(_llama(1, layers=1, hidden=16))
+    _, stats = speculative_generate(target, dear, [1, 2, 3], 24, k=4, auto=DEAR_DRAFTS)
+    assert dear.asked == 0 and stats.drafted == 0 and stats.target_calls == 24
+    free = Counting(_llama(1, layers=1, hidden=16))
+    speculative_generate(target, free, [1, 2, 3], 24, k=4, auto=FREE_DRAFTS)
+    assert free.asked > 0
+    with pytest.raises(ValueError, match="auto chooses the chain length"):
+        speculative_generate(target, free, [1, 2, 3], 4, k=4, auto=FREE_DRAFTS, adaptive=True)
 
 
 def test_adaptive_k_drafts_longer_for_a_draft_that_is_right() -> None:

@@ -69,11 +69,14 @@ def test_greedy_with_a_draft_equals_without_and_equals_generate(models: Models, 
         assert fast["trickle"]["target_calls"] <= len(out) and fast["trickle"]["tokens_per_second"] > 0
 
 
-def test_sampling_is_reproducible_by_seed(speculative: str) -> None:
+def test_sampling_is_reproducible_by_seed_with_a_draft_or_without(speculative: str, plain: str) -> None:
+    """Auto decoding samples coupled: the seed alone fixes the text, whatever the draft and K."""
     body = {"prompt": "All the world", "max_tokens": 20, "temperature": 0.8, "top_p": 0.9, "seed": 7}
     first = _complete(speculative, **body)
     assert first["choices"][0]["text"] == _complete(speculative, **body)["choices"][0]["text"]
+    assert first["choices"][0]["text"] == _complete(plain, **body)["choices"][0]["text"]
     assert first["usage"]["completion_tokens"] >= 1
+    assert _complete(plain, **{**body, "seed": 8})["choices"][0]["text"] != first["choices"][0]["text"]
 
 
 def test_streamed_chunks_concatenate_to_the_text(speculative: str) -> None:
