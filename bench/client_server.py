@@ -52,7 +52,12 @@ LINKS = [(0.0, 50e6), (0.02, 50e6), (0.1, 50e6), (0.3, 50e6), (0.1, 1e6)]
 CLIENTS = (1, 2, 4, 8)
 K_MAX = 12
 OFFLINE_TOKENS = 64
+FLEET = (1, 2, 4, 8, 16, 32)  # devices at once in the fleet-capacity co-simulation (bench.llm_fleet)
+FLEET_RTT_S = 0.02
+SLO_S = 0.1  # p95 time per output token a device is served within (10 tokens/s, set before measuring)
 GOALS = {
+    "fleet_devices_at_slo_ratio_sd_vs_api_only": (">=", 2.0),
+    "server_forwards_per_token_sd": ("<=", 0.3),
     "moa_cs_speedup_vs_independent_cs_rtt100": (">=", 1.3),
     "moa_cs_server_calls_per_token_rtt100": ("<=", 0.3),
     "moa_cs_bytes_per_token": ("<=", 2048.0),
@@ -184,6 +189,42 @@ def _throughput(draft_dir: Path, url: str, token: str, prompts: list[list[int]],
     return sum(done) / (time.perf_counter() - t0)
 
 
+def _fleet(target: Any, moa_dir: Path, onnx_moa: Any, prompts: list[list[int]], new: int, quick: bool) -> dict[str, Any]:
+    """The fleet-capacity co-simulation (``bench.llm_fleet``): which parts are measured here and
+    which are modelled is said there. Two cost tables for the server's forwards: as built
+    (``batched_logits``, copying each session's cache into the batch every round) and the forward
+    alone (a persistent batched cache)."""
+    from bench import llm_fleet
+    from models.lm.draft import load_drafter
+
+    context = len(prompts[0]) + new // 2
+    rows = (1, 2, 4) if quick else llm_fleet.ROWS
+    tables = {"as built": llm_fleet.measure_forward_costs(target, context, rows=rows, prompt_tokens=len(prompts[0])),
+              "forward only": llm_fleet.measure_forward_only(target, context, rows=rows, prompt_tokens=len(prompts[0]))}
+    traces = llm_fleet.record_traces(target, load_drafter(moa_dir, target), prompts, new, K_MAX)
+    onnx_moa.reset()  # a drafted token's time on the device: the MoA bundle under onnxruntime
+    history = prompts[0][:]
+    t0 = time.perf_counter()
+    for _ in range(32):
+        history.append(int(np.argmax(onnx_moa.next_logits(history))))
+    draft_token_s = (time.perf_counter() - t0) / 32
+    fleet = (1, 2, 4) if quick else FLEET
+    out: dict[str, Any] = {"draft_token_s": draft_token_s, "rtt_ms": FLEET_RTT_S * 1e3, "slo_s": SLO_S,
+                           "costs": {name: c.as_dict() for name, c in tables.items()}, "rows": {},
+                           "mean_run_length": float(np.mean([np.mean(t) for t in traces]))}
+    for name, costs in tables.items():
+        got = [llm_fleet.simulate(policy, n, traces, costs, FLEET_RTT_S, draft_token_s, new=new, k_max=K_MAX)
+               for policy in ("api", "sd") for n in fleet]
+        for r in got:
+            print(f"fleet ({name}) {r['policy']:3s} {r['devices']:2d} devices: {r['tokens_per_second']:7.1f} tok/s, "
+                  f"p95 {1e3 * r['p95_time_per_token_s']:6.1f} ms/token, {r['server_rows_per_token']:.2f} rows/token",
+                  flush=True)
+        at_slo = {p: llm_fleet.devices_at_slo(got, p, SLO_S) for p in ("api", "sd")}
+        out["rows"][name] = got
+        out[name] = {"devices_at_slo": at_slo, "ratio": llm_fleet.ratio(at_slo["sd"], at_slo["api"])}
+    return out
+
+
 def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS, corpus: Path | None = None) -> dict[str, Any]:
     from bench.speculative import _prompts
     from edge.llm.draft import OnnxEagleDraft, OnnxMoADraft
@@ -231,6 +272,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
             nll = {"moa": _offline_nll(target, moa, url, token, prompts),
                    "eagle": _offline_nll(target, eagle, url, token, prompts),
                    "independent": _offline_nll(target, indep, url, token, prompts)}
+            fleet = _fleet(target, moa_dir, moa, prompts, new, quick)
             throughput, per_forward = {}, {}
             for clients in CLIENTS:
                 before = _verify_counts(url)
@@ -244,7 +286,12 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
             proc.wait(30)
     at = {(r["method"], r["rtt_ms"], r["mbit_s"]): r for r in rows}
     moa100, ind100 = at[("moa client-server", 100.0, 50.0)], at[("independent client-server", 100.0, 50.0)]
+    one = next(r for r in fleet["rows"]["as built"] if r["policy"] == "sd" and r["devices"] == 1)
     out: dict[str, Any] = {
+        "fleet_devices_at_slo_ratio_sd_vs_api_only": fleet["as built"]["ratio"],
+        "fleet_devices_at_slo_ratio_sd_vs_api_only_forward_only": fleet["forward only"]["ratio"],
+        "server_forwards_per_token_sd": one["server_rows_per_token"],
+        "fleet": fleet,
         "moa_cs_speedup_vs_independent_cs_rtt100": moa100["tokens_per_second"] / ind100["tokens_per_second"],
         "moa_cs_server_calls_per_token_rtt100": moa100["server_calls_per_token"],
         "moa_cs_bytes_per_token": moa100["bytes_per_token"],
@@ -281,9 +328,57 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                  f"{nll['eagle']:.3f}, independent {nll['independent']:.3f}. Throughput with clients at once "
                  "(verification batched across sessions): "
                  f"{scaling}.\n\n![tokens/s against round-trip time, and throughput against clients]({plot.name})\n\n"
-                 + table + "\n\n| key | measured | goal | |\n| --- | ---: | --- | --- |\n" + "\n".join(verdicts) + "\n")
+                 + table + "\n\n| key | measured | goal | |\n| --- | ---: | --- | --- |\n" + "\n".join(verdicts) + "\n\n"
+                 + _fleet_section(fleet, _plot_fleet(fleet, docs_dir / f"client_server-fleet{suffix}.png")))
     print(f"wrote {results_dir / f'client_server{suffix}.json'}")
     return out
+
+
+def _fleet_section(fleet: dict[str, Any], plot: Path) -> str:
+    rows = [(name, r["policy"], r["devices"], f"{r['tokens_per_second']:.1f}", f"{1e3 * r['p95_time_per_token_s']:.1f}",
+             f"{r['server_rows_per_token']:.2f}", f"{r['server_forwards_per_token']:.3f}", f"{r['server_busy_share']:.2f}")
+            for name, got in fleet["rows"].items() for r in got]
+    served = "; ".join(f"{name}: API only {fleet[name]['devices_at_slo']['api']}, speculative "
+                       f"{fleet[name]['devices_at_slo']['sd']}" for name in fleet["rows"])
+    return ("## Fleet capacity (co-simulation, `bench/llm_fleet.py`)\n\n"
+            f"N devices against one server at {fleet['rtt_ms']:.0f} ms RTT, each making two requests back to back; "
+            "speculative: the MoA draft on the device (a drafted token "
+            f"{1e3 * fleet['draft_token_s']:.2f} ms, measured with onnxruntime), the server verifying every waiting round "
+            "in one forward; API only: the server decoding every running request in one forward per step (continuous "
+            "batching). Measured: the server's forwards (two cost tables: as built, `batched_logits` copying each "
+            "session's cache into the batch every round, and the target's forward alone on a persistent batched "
+            "cache), the draft's agreement with the target at every position (mean run "
+            f"{fleet['mean_run_length']:.2f} tokens), the drafted token's time. Modelled: the link, queueing, the "
+            f"device's choice of K. Devices served within p95 {1e3 * fleet['slo_s']:.0f} ms per token: {served}.\n\n"
+            f"![p95 time per token against devices]({plot.name})\n\n"
+            + markdown_table(["server forwards", "policy", "devices", "tokens/s", "p95 ms / token", "rows / token",
+                              "forwards / token", "server busy"], rows, align="llrrrrrr") + "\n")
+
+
+def _plot_fleet(fleet: dict[str, Any], path: Path) -> Path:
+    """p95 time per token and aggregate tokens/s against devices, per policy and cost table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, got in fleet["rows"].items():
+        for policy, label in (("api", "API only"), ("sd", "speculative")):
+            mine = sorted((r for r in got if r["policy"] == policy), key=lambda r: r["devices"])
+            style = "-" if name == "as built" else "--"
+            n = [r["devices"] for r in mine]
+            a.plot(n, [1e3 * r["p95_time_per_token_s"] for r in mine], style, marker="o", label=f"{label} ({name})")
+            b.plot(n, [r["tokens_per_second"] for r in mine], style, marker="o", label=f"{label} ({name})")
+    a.axhline(1e3 * fleet["slo_s"], color="grey", linestyle=":", label="SLO")
+    a.set(xscale="log", yscale="log", xlabel="devices", ylabel="p95 ms per token", title="Latency")
+    b.set(xscale="log", xlabel="devices", ylabel="tokens / s (all devices)", title="Throughput")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _plot(rows: list[dict[str, Any]], throughput: dict[int, float], per_forward: dict[int, float], path: Path) -> Path:
