@@ -14,13 +14,18 @@ The server is ``trickle serve --llm runs/lm/base --draft runs/lm/draft-moa`` in 
 - **independent client–server**: the independent draft (``runs/lm/draft-independent``, run by
   transformers here, as no ONNX form of it exists yet) with the same loop over HTTP;
 - **API only**: the server generates everything (``/v1/completions``, its own MoA drafting inside);
+- **auto (moa)**: the MoA client in auto mode (``edge.llm.generate``: each round drafting or asking
+  the server for the rest as one block, from what it measured of the link; its estimates are
+  kept across the prompts of one link, as a device keeps them);
 - **draft only**: the MoA draft alone, no server.
 
 Links: round trips 0, 20, 100 and 300 ms at 50 Mbit/s, and 100 ms at 1 Mbit/s. Quality after a
 disconnection: the link drops after the first round and each draft writes 64 tokens alone; the
 target's mean negative log-likelihood of them (lower: closer to what the target would write).
 Throughput with 1, 2, 4 and 8 clients at once (MoA over HTTP, no emulated delay), and how many
-rounds each batched target forward verified (the server's /metrics).
+rounds each batched target forward verified (the server's /metrics). Fleet capacity with 1..32
+devices, speculative against API only with continuous batching: a co-simulation on measured
+costs (``bench.llm_fleet``, which says what is measured and what modelled).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ FLEET = (1, 2, 4, 8, 16, 32)  # devices at once in the fleet-capacity co-simulat
 FLEET_RTT_S = 0.02
 SLO_S = 0.1  # p95 time per output token a device is served within (10 tokens/s, set before measuring)
 GOALS = {
+    "auto_tokens_per_s_ratio_vs_best_fixed_min": (">=", 0.95),
     "fleet_devices_at_slo_ratio_sd_vs_api_only": (">=", 2.0),
     "server_forwards_per_token_sd": ("<=", 0.3),
     "moa_cs_speedup_vs_independent_cs_rtt100": (">=", 1.3),
@@ -105,8 +111,8 @@ def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[byt
 
 
 def _cs(draft: Any, port: int, token: str, prompts: list[list[int]], new: int, rtt: float, bps: float,
-        mqtt: bool = False) -> dict[str, Any]:
-    from edge.llm.generate import HttpVerifyLink, MqttVerifyLink, VerifyLink, generate
+        mqtt: bool = False, auto: bool = False) -> dict[str, Any]:
+    from edge.llm.generate import HttpVerifyLink, LinkEstimates, MqttVerifyLink, VerifyLink, generate
 
     tokens = calls = 0
     seconds = 0.0
@@ -114,8 +120,10 @@ def _cs(draft: Any, port: int, token: str, prompts: list[list[int]], new: int, r
         address = f"mqtt://127.0.0.1:{proxy.port}"
         link: VerifyLink = MqttVerifyLink.connect(address, "default", "bench", token, timeout_s=30) if mqtt \
             else HttpVerifyLink(proxy.url, token, timeout_s=30)
+        estimates = LinkEstimates()  # auto: what the device learns of this link, kept across its generations
         for i, prompt in enumerate(prompts):
-            result = generate(draft, link, prompt, new, k=K_MAX, adaptive=True, session=f"b{time.monotonic_ns()}-{i}")
+            result = generate(draft, link, prompt, new, k=K_MAX, adaptive=True, session=f"b{time.monotonic_ns()}-{i}",
+                              auto=auto, estimates=estimates)
             tokens, calls, seconds = tokens + len(result.tokens), calls + result.server_calls, seconds + result.seconds
         link.close()
         down = proxy.bytes_down
@@ -255,10 +263,10 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
             for rtt, bps in links:
                 for method, draft in (("moa client-server", moa), ("moa client-server (mqtt)", moa),
                                       ("eagle client-server", eagle), ("independent client-server", indep),
-                                      ("api only", None)):
+                                      ("api only", None), ("auto (moa)", moa)):
                     figures = _api(url, tok, prompts, new, rtt, bps) if draft is None else \
                         _cs(draft, mqtt_port if "mqtt" in method else port, token, prompts, new, rtt, bps,
-                            mqtt="mqtt" in method)
+                            mqtt="mqtt" in method, auto=method.startswith("auto"))
                     rows.append({"method": method, "rtt_ms": rtt * 1e3, "mbit_s": bps / 1e6, **figures})
                     print(f"{method:28s} rtt {rtt * 1e3:5.0f} ms {bps / 1e6:4.0f} Mbit/s  "
                           f"{rows[-1]['tokens_per_second']:6.1f} tok/s", flush=True)
@@ -287,7 +295,12 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
     at = {(r["method"], r["rtt_ms"], r["mbit_s"]): r for r in rows}
     moa100, ind100 = at[("moa client-server", 100.0, 50.0)], at[("independent client-server", 100.0, 50.0)]
     one = next(r for r in fleet["rows"]["as built"] if r["policy"] == "sd" and r["devices"] == 1)
+    auto_ratio = {f"{rtt * 1e3:g} ms {bps / 1e6:g} Mbit/s": at[("auto (moa)", rtt * 1e3, bps / 1e6)]["tokens_per_second"]
+                  / max(at[(m, rtt * 1e3, bps / 1e6)]["tokens_per_second"] for m in ("api only", "moa client-server"))
+                  for rtt, bps in links}
     out: dict[str, Any] = {
+        "auto_tokens_per_s_ratio_vs_best_fixed_min": min(auto_ratio.values()),
+        "auto_tokens_per_s_ratio_vs_best_fixed": auto_ratio,
         "fleet_devices_at_slo_ratio_sd_vs_api_only": fleet["as built"]["ratio"],
         "fleet_devices_at_slo_ratio_sd_vs_api_only_forward_only": fleet["forward only"]["ratio"],
         "server_forwards_per_token_sd": one["server_rows_per_token"],

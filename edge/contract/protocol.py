@@ -210,6 +210,7 @@ class Command(_Strict):
 
 MAX_DRAFT = 256  # draft tokens one verification may carry (a re-verified offline suffix is one long draft)
 MAX_HISTORY = 8192
+MAX_GENERATE = 1024  # tokens one round may ask the server to decode itself
 
 
 class VerifyRequest(_Strict):
@@ -236,6 +237,11 @@ class VerifyRequest(_Strict):
     state_kind: Literal["moa", "features"] = "moa"
     """Which states: the MoA draft's (its Layer Self-Attention over the target's keys/values,
     projected: needs the server's MoA draft) or the target's last hidden states (EAGLE-style)."""
+    generate: int = Field(0, ge=0, le=MAX_GENERATE)
+    """After the round, the server decodes up to this many more tokens itself (greedy, or sampled
+    from the target when temperature > 0), one step at a time batched with other sessions' rounds,
+    and returns them as ``generated``: the device's "API only" block (when the round ends with a
+    correction the device must draw, nothing is generated)."""
 
 
 class VerifyResponse(_Strict):
@@ -256,6 +262,15 @@ class VerifyResponse(_Strict):
     (``edge.llm.draft.encode_states``): the target states of the request's ``state_kind`` of
     history tokens states_from.. that the target's cache holds."""
     states_from: int | None = Field(None, ge=0)
+    generated: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_GENERATE)
+    """Tokens the server decoded itself after ``next`` (``generate``; ``history`` counts them)."""
+    generate_ms: float = Field(0.0, ge=0)
+    """The server's time decoding them (its batched steps, shared with other sessions)."""
+    load: int = Field(0, ge=0)
+    """Rounds waiting at the server when this one was answered (how busy it is)."""
+    speculation: Literal["ok", "refused"] = "ok"
+    """``refused``: the server was overloaded and did not verify the draft (``accepted`` 0); it
+    decoded the tokens itself instead (``generated``). Ask it for blocks rather than drafts."""
 
 
 class VerifyCall(Message):

@@ -11,6 +11,14 @@ output; sampling splits speculative sampling exactly: the server runs the accept
 draft's probabilities of its tokens, and after a rejection the device draws the correction from
 norm(max(0, p − q)) with its own q (``edge.llm.acceptance.accept_tests`` and ``residual``).
 
+Auto mode (``auto=True``) decides each round between drafting (adaptive K) and asking the server
+to decode the rest itself (``VerifyRequest.generate``: the server's decode steps batched with
+other sessions', one round trip for the whole block): whichever gives more expected tokens per
+second by the round trip, the server's time per token and the acceptance rate measured so far
+(``LinkEstimates``, kept across generations over one link). While the round trip is unknown, and
+for a while after the server refused a draft as overloaded (``speculation: refused``), it asks
+for blocks.
+
 When the server cannot be reached (refused, timed out, dropped), generation goes on with the draft
 alone; those tokens are *unverified*. The link is tried again after K such tokens and at least
 ``retry_s``, and once more at the end; when it answers,
@@ -34,6 +42,7 @@ import numpy as np
 
 from edge.contract.protocol import (
     MAX_DRAFT,
+    MAX_GENERATE,
     ROUTES,
     VerifyCall,
     VerifyReply,
@@ -46,6 +55,7 @@ from edge.contract.protocol import (
 )
 from edge.core.errors import LinkError
 from edge.llm.acceptance import AcceptanceRate, best_draft_length, distribution, residual
+from edge.llm.cost import expected_tokens
 
 
 class Draft(ABC):
@@ -222,6 +232,44 @@ class Generation:
         return len(self.tokens) / self.seconds if self.seconds else 0.0
 
 
+@dataclass
+class LinkEstimates:
+    """What a device has measured of its link and server, kept across generations (pass the same
+    object to every ``generate`` over one link): the round trip without the server's time, the
+    server's time per token it decodes itself and per verification, the draft's acceptance."""
+
+    rtt_s: float | None = None
+    server_token_s: float | None = None
+    verify_s: float | None = None
+    acceptance: AcceptanceRate = field(default_factory=AcceptanceRate)
+    refused_at: float = -1e9  # when the server last refused to verify a draft (overloaded)
+
+    def observe(self, round_s: float, answer: VerifyResponse) -> None:
+        server_s = (answer.target_ms + answer.generate_ms) / 1e3
+        self.rtt_s = _ewma(self.rtt_s, max(round_s - server_s, 0.0))
+        self.verify_s = _ewma(self.verify_s, answer.target_ms / 1e3)
+        if answer.generated:
+            self.server_token_s = _ewma(self.server_token_s, answer.generate_ms / 1e3 / len(answer.generated))
+        if answer.speculation == "refused":
+            self.refused_at = time.monotonic()
+
+    def prefer_blocks(self, rate: float, k_max: int, token_s: float, left: int, refusal_s: float = 10.0) -> bool:
+        """Whether asking the server for the remaining ``left`` tokens beats drafting: by expected
+        tokens per second of a speculative round against those of one block; yes while the round
+        trip is unknown (a block then measures it at no loss) or the server refused drafts lately."""
+        if self.rtt_s is None or time.monotonic() - self.refused_at < refusal_s:
+            return True
+        verify = self.verify_s or 0.0
+        step = self.server_token_s if self.server_token_s is not None else verify
+        k = best_draft_length(rate, k_max, self.rtt_s + verify, token_s)
+        speculative = expected_tokens(rate, k) / (k * token_s + self.rtt_s + verify)
+        return left / (self.rtt_s + verify + (left - 1) * step) > speculative
+
+
+def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """How ``generate`` decodes: ``k`` tokens drafted per round (at most ``k`` when ``adaptive``:
@@ -229,7 +277,8 @@ class DecodeOptions:
     ``temperature`` 0 is greedy, else speculative sampling with ``top_p`` from ``seed``; the
     server ``session`` (a fresh one when None); ``retry_s``: how long the link rests after a
     failure; ``on_divergence``: replace offline text the target disagrees with (``"correct"``)
-    or keep it (``"keep"``)."""
+    or keep it (``"keep"``); ``auto``: each round, draft (adaptive K) or ask the server to decode the
+    rest itself (``LinkEstimates.prefer_blocks``: measured round trip, server speed, acceptance)."""
 
     k: int = 4
     temperature: float = 0.0
@@ -239,28 +288,33 @@ class DecodeOptions:
     retry_s: float = 1.0
     on_divergence: Literal["correct", "keep"] = "correct"
     adaptive: bool = False
+    auto: bool = False
 
 
 def generate(draft: Draft, link: VerifyLink | None, prompt: list[int], max_new_tokens: int, k: int = 4,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, session: str | None = None,
              retry_s: float = 1.0, on_divergence: Literal["correct", "keep"] = "correct", adaptive: bool = False,
-             on_tokens: Callable[[list[int], bool], None] | None = None) -> Generation:
+             on_tokens: Callable[[list[int], bool], None] | None = None, auto: bool = False,
+             estimates: LinkEstimates | None = None) -> Generation:
     """``max_new_tokens`` after ``prompt`` by client–server speculative decoding (see the module
     doc; the settings are ``DecodeOptions``'); ``link`` None is the draft alone.
-    ``on_tokens(tokens, verified)`` streams blocks."""
-    options = DecodeOptions(k, temperature, top_p, seed, session, retry_s, on_divergence, adaptive)
-    return Decoder(draft, link, options).run(prompt, max_new_tokens, on_tokens)
+    ``on_tokens(tokens, verified)`` streams blocks. ``estimates``: what earlier generations over
+    the same link measured (auto mode decides with them; they are updated)."""
+    options = DecodeOptions(k, temperature, top_p, seed, session, retry_s, on_divergence, adaptive, auto)
+    return Decoder(draft, link, options, estimates).run(prompt, max_new_tokens, on_tokens)
 
 
 class Decoder:
     """One generation's state: the history (prompt, verified tokens, then tokens drafted offline),
     the draft's q of each offline token, what the server holds, and the link's running estimates."""
 
-    def __init__(self, draft: Draft, link: VerifyLink | None, options: DecodeOptions) -> None:
+    def __init__(self, draft: Draft, link: VerifyLink | None, options: DecodeOptions,
+                 estimates: LinkEstimates | None = None) -> None:
         self.draft, self.link, self.options = draft, link, options
         self.rng = np.random.default_rng(options.seed)
         self.session = options.session or uuid.uuid4().hex
-        self.acceptance = AcceptanceRate()
+        self.estimates = estimates or LinkEstimates()
+        self.acceptance = self.estimates.acceptance if options.auto else AcceptanceRate()
         self.round_s, self.token_s = 0.05, 0.005  # running estimates (priors)
 
     def run(self, prompt: list[int], max_new_tokens: int,
@@ -322,7 +376,8 @@ class Decoder:
         if unverified:  # back online: the offline suffix is this round's draft
             return unverified[:MAX_DRAFT], self.q_rows[self.verified : self.verified + MAX_DRAFT], self.history[: self.verified]
         o = self.options
-        want = best_draft_length(self.acceptance.rate, o.k, self.round_s, self.token_s) if o.adaptive else o.k
+        adaptive = o.adaptive or o.auto
+        want = best_draft_length(self.acceptance.rate, o.k, self.round_s, self.token_s) if adaptive else o.k
         drafted: list[int] = []
         qs: list[np.ndarray | None] = []
         t0 = time.perf_counter()
@@ -337,18 +392,23 @@ class Decoder:
     def _round(self, link: VerifyLink) -> None:
         """Draft (or take the offline suffix), verify, and take what the target kept."""
         offline = self.verified < len(self.history)
-        drafted, qs, base = self._drafted()
         o = self.options
+        left = self.end - len(self.history)
+        block = o.auto and not offline and self.estimates.prefer_blocks(self.acceptance.rate, o.k, self.token_s, left)
+        drafted, qs, base = ([], [], self.history) if block else self._drafted()
         q_of = None if o.temperature == 0 else [float(q[t]) for q, t in zip(qs, drafted) if q is not None]
         assert q_of is None or len(q_of) == len(drafted)  # every token drawn at a temperature has its q
         request = VerifyRequest(session=self.session, start=self.server_has, tokens=base[self.server_has :], draft=drafted,
                                 q=q_of, temperature=o.temperature, top_p=o.top_p, seed=o.seed,
                                 states_from=self.draft.states_held if self.draft.wants_states else None,
-                                state_kind=self.draft.state_kind)
+                                state_kind=self.draft.state_kind, generate=min(left - 1, MAX_GENERATE) if block else 0)
         t0 = time.perf_counter()
         try:
             answer = link.verify(request)
-            self.round_s = 0.8 * self.round_s + 0.2 * (time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            self.estimates.observe(took, answer)
+            if not block:
+                self.round_s = 0.8 * self.round_s + 0.2 * took
         except SessionLostError:
             if self.server_has:  # resend the whole history; a 409 to that too is a broken link
                 self.server_has = 0
@@ -380,9 +440,9 @@ class Decoder:
     def _verified(self, answer: VerifyResponse, drafted: list[int], correction: int) -> None:
         """A round of new draft tokens: the kept ones and the correction join the history."""
         n = answer.accepted
-        if drafted:
+        if drafted and answer.speculation == "ok":
             self.acceptance.update(n, len(drafted))
-        added = [*drafted[:n], correction][: self.end - len(self.history)]
+        added = [*drafted[:n], correction, *answer.generated][: self.end - len(self.history)]
         self.history += added
         self.q_rows += [None] * len(added)
         self.verified, self.server_has = len(self.history), answer.history

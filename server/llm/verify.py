@@ -13,6 +13,12 @@ recently used goes first. A request about a session the server no longer holds, 
 resends its history from 0, which rebuilds it. Sessions are keyed by the authenticated device, so
 one device can neither read nor disturb another's.
 
+Generation (``generate``: the device's "API only" block): after its verification a round stays in
+the worker and decodes one token per step, each step batched with whatever other rounds are
+waiting — continuous batching — until it has its tokens; then it is answered. Overload: a round
+with a draft that finds ``overload`` rounds already waiting is not verified; the server decodes
+instead and says so (``speculation: refused``), and the device asks for blocks.
+
 Batching: requests are queued to one worker thread, which takes every request waiting (one per
 session, at most ``max_batch``) into one target forward. Requests that arrive while the target is
 busy with a round are verified together in the next. The sequences differ in cached length and
@@ -61,10 +67,21 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     result: VerifyResponse | None = None
     error: BaseException | None = None
+    refused: bool = False  # the server was overloaded: the draft was not verified
     # set while the round runs
     key: tuple[str, str] = ("", "")
     session: _Session | None = None
     history: list[int] = field(default_factory=list)
+    # after the verification, when the request asked the server to generate: one token per batched step
+    outcome: VerifyResponse | None = None
+    remaining: int = 0
+    generated: list[int] = field(default_factory=list)
+    generate_ms: float = 0.0
+
+    @property
+    def draft(self) -> list[int]:
+        """The tokens fed after the history in this step: the draft, none while generating."""
+        return [] if self.outcome is not None else self.req.draft
 
 
 def answer(sessions: VerifySessions | None, owner: str, req: VerifyRequest) -> tuple[int, str, VerifyResponse | None]:
@@ -84,7 +101,7 @@ class VerifySessions:
     """The target and its verification sessions (thread-safe; rounds are batched across sessions)."""
 
     def __init__(self, target: Any, max_sessions: int = 64, ttl_s: float = 600.0, max_tokens: int = 1 << 16,
-                 moa: Any = None, max_batch: int = 16) -> None:
+                 moa: Any = None, max_batch: int = 16, overload: int | None = None) -> None:
         self.target = target
         self.moa = moa  # a models.lm.moa.MoADraft: its Layer Self-Attention runs here, states go to the device
         self.vocab = int(target.config.vocab_size)
@@ -92,8 +109,10 @@ class VerifySessions:
         self.max_sessions, self.ttl_s, self.max_tokens, self.max_batch = max_sessions, ttl_s, max_tokens, max_batch
         self.sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
         self.evicted = 0
+        self.overload = overload if overload is not None else 2 * max_batch  # rounds waiting beyond which drafts are refused
         self.rounds = 0  # target forwards
         self.verified = 0  # requests verified in them
+        self.generated = 0  # tokens the server decoded itself in them (``generate``)
         self._pending: list[_Job] = []
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -109,6 +128,9 @@ class VerifySessions:
             raise BadVerifyError("sampling (temperature > 0) needs q, the draft's probability of each draft token")
         job = _Job(owner, req)
         with self._cond:
+            if req.draft and len(self._pending) >= self.overload:  # too busy to verify: decode instead
+                job.req = req.model_copy(update={"draft": [], "q": None, "generate": max(req.generate, len(req.draft))})
+                job.refused = True
             if self._worker is None:
                 self._worker = threading.Thread(target=self._run, name="trickle-verify", daemon=True)
                 self._worker.start()
@@ -142,8 +164,13 @@ class VerifySessions:
                 for job in batch:
                     if job.result is None and job.error is None:
                         job.error = err
+            going = [job for job in batch if job.result is None and job.error is None]  # still generating
+            if going:
+                with self._cond:
+                    self._pending = going + self._pending  # their next step goes first
             for job in batch:
-                job.done.set()
+                if job not in going:
+                    job.done.set()
 
     def _evict(self, now: float) -> None:
         for key in [k for k, s in self.sessions.items() if now - s.used > self.ttl_s]:
@@ -186,7 +213,8 @@ class VerifySessions:
         ready = []
         for job in batch:
             try:
-                self._open(job)
+                if job.outcome is None:  # a new round (a job generating has its session open)
+                    self._open(job)
                 ready.append(job)
             except (SessionNotHeldError, BadVerifyError) as err:
                 job.error = err
@@ -199,9 +227,42 @@ class VerifySessions:
         all_logits = self._logits(ready)
         took = (time.perf_counter() - started) * 1e3
         self.rounds += 1
-        self.verified += len(ready)
         for job, logits in zip(ready, all_logits):
-            job.result = self._finish(job, logits, took)
+            if job.outcome is None:
+                self.verified += 1
+                job.outcome = self._finish(job, logits, took)
+                job.remaining = job.req.generate if job.outcome.next is not None else 0
+            else:
+                self._step(job, logits[-1], took)
+            assert job.session is not None
+            job.history = job.session.history
+            if job.remaining <= 0 or len(job.history) >= self.context:
+                job.result = self._complete(job)
+
+    def _step(self, job: _Job, logits: np.ndarray, took: float) -> None:
+        """One token the server decodes itself for a job that asked to ``generate``."""
+        session, req = job.session, job.req
+        assert session is not None
+        if req.temperature == 0:
+            token = int(logits.argmax())
+        else:
+            p = distribution(logits, req.temperature, req.top_p)
+            token = int(session.rng.choice(len(p), p=p))
+        session.history = [*session.history, token]  # the cache holds every token but this one
+        job.generated.append(token)
+        job.remaining -= 1
+        job.generate_ms += took
+        self.generated += 1
+
+    def _complete(self, job: _Job) -> VerifyResponse:
+        """The job's answer: the verification's outcome, the tokens generated, the target states."""
+        req, session, outcome = job.req, job.session, job.outcome
+        assert session is not None and outcome is not None
+        states = self._states(session, req.states_from, req.state_kind) if req.states_from is not None else None
+        return outcome.model_copy(update={
+            "history": len(session.history), "generated": job.generated, "generate_ms": job.generate_ms,
+            "load": len(self._pending), "speculation": "refused" if job.refused else "ok",
+            "states": states, "states_from": req.states_from if states is not None else None})
 
     def _logits(self, jobs: list[_Job]) -> list[np.ndarray]:
         """Per job, the (K + 1, V) target logits after its last history token and each draft token,
@@ -209,14 +270,14 @@ class VerifySessions:
         if len(jobs) == 1:  # unpadded
             job = jobs[0]
             assert job.session is not None
-            seq = job.history + job.req.draft
-            return [job.session.lm.logits(seq).numpy()[-len(job.req.draft) - 1 :]]
+            seq = job.history + job.draft
+            return [job.session.lm.logits(seq).numpy()[-len(job.draft) - 1 :]]
         from models.lm.cache import batched_logits
 
         lms = [job.session.lm for job in jobs]  # type: ignore[union-attr]  # _open gave every job its session
-        feeds = [(job.history + job.req.draft)[lm.cached :] for job, lm in zip(jobs, lms)]
+        feeds = [(job.history + job.draft)[lm.cached :] for job, lm in zip(jobs, lms)]
         logits = batched_logits(self.target, lms, feeds)  # in inference mode, as every CachedLM forward
-        return [z[len(feed) - len(job.req.draft) - 1 :].double().numpy() for z, feed, job in zip(logits, feeds, jobs)]
+        return [z[len(feed) - len(job.draft) - 1 :].double().numpy() for z, feed, job in zip(logits, feeds, jobs)]
 
     def _finish(self, job: _Job, logits: np.ndarray, took: float) -> VerifyResponse:
         req, session = job.req, job.session
@@ -238,11 +299,7 @@ class VerifySessions:
         session.used = time.monotonic()
         self.sessions[job.key] = session
         self.sessions.move_to_end(job.key)
-        states = None
-        if req.states_from is not None:
-            states = self._states(session, req.states_from, req.state_kind)
-        return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took,
-                              states=states, states_from=req.states_from if states is not None else None)
+        return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took)
 
     def _states(self, session: _Session, start: int, kind: str = "moa") -> str:
         """The target states (``kind``: the MoA draft's or the target's features) of history

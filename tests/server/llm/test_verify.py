@@ -5,6 +5,7 @@ session is rebuilt; bad, foreign and unauthenticated requests are refused withou
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 from bench.netem import NetemProxy
 from edge.contract.protocol import ROUTES, VerifyRequest, VerifyResponse
 from edge.core.errors import LinkError
-from edge.llm.generate import Draft, HttpVerifyLink, generate
+from edge.llm.generate import Draft, HttpVerifyLink, LinkEstimates, generate
 from tests.language import Models
 from tests.server.llm.test_llm import _serve
 
@@ -254,3 +255,38 @@ def test_a_server_without_a_language_model_answers_404(tmp_path: Path) -> None:
     r = TestClient(app).post(ROUTES["verify"], json={"session": "s", "start": 0, "tokens": [1]},
                              headers={"Authorization": "Bearer admin"})
     assert r.status_code == 404 and "no language model" in r.text
+
+
+def test_auto_asks_for_blocks_over_a_slow_link_and_stays_the_targets_greedy_output(server: tuple[str, dict[str, str]],
+                                                                                 models: Models) -> None:
+    url, tokens = server
+    port = int(url.rsplit(":", 1)[1])
+    estimates = LinkEstimates()
+    with NetemProxy("127.0.0.1", port, rtt_s=0.1) as proxy:
+        link = HttpVerifyLink(proxy.url, tokens["d2"])
+        for prompt in PROMPTS:  # the first measures the link with a block; then blocks win at 100 ms
+            result = generate(TorchDraft(models.draft), link, prompt, 24, k=8, auto=True, estimates=estimates)
+            assert result.tokens == _greedy(models.target, prompt, 24) and result.server_calls == 1, prompt
+    assert estimates.rtt_s is not None and 0.08 < estimates.rtt_s < 0.5
+    fast = LinkEstimates(rtt_s=0.0, verify_s=0.01, server_token_s=0.01)  # a draft right 9 times in 10 pays here
+    fast.acceptance.kept = 0.9 * fast.acceptance.tried
+    link = HttpVerifyLink(url, tokens["d2"])
+    drafted = generate(TorchDraft(models.target), link, PROMPTS[0], 24, k=8, auto=True, estimates=fast)
+    assert drafted.tokens == _greedy(models.target, PROMPTS[0], 24) and drafted.server_calls > 1
+
+
+def test_auto_chooses_by_expected_tokens_per_second() -> None:
+    est = LinkEstimates(rtt_s=0.0, verify_s=0.01, server_token_s=0.01)
+    assert not est.prefer_blocks(0.9, 8, token_s=0.001, left=64)  # no round trip, a good cheap draft: draft
+    assert LinkEstimates(rtt_s=0.3, verify_s=0.01, server_token_s=0.01).prefer_blocks(0.9, 8, 0.001, 64)
+    assert LinkEstimates().prefer_blocks(0.9, 8, 0.001, 64)  # round trip unknown: a block measures it
+    est.refused_at = time.monotonic()  # the server refused a draft lately: blocks
+    assert est.prefer_blocks(0.9, 8, 0.001, 64)
+
+
+def test_sampling_in_auto_mode_is_seeded(server: tuple[str, dict[str, str]], models: Models) -> None:
+    url, tokens = server
+    link = HttpVerifyLink(url, tokens["d1"])
+    runs = [generate(TorchDraft(models.draft), link, PROMPTS[0], 20, temperature=0.8, seed=3, auto=True,
+                     estimates=LinkEstimates()).tokens for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 20

@@ -113,3 +113,39 @@ def test_errors_in_a_batch_stay_with_their_own_request(models: Models, tmp_path:
     assert sessions.sessions[("d1", "s")].history == held  # untouched by the refused requests
     with pytest.raises(SessionNotHeldError):
         sessions.verify("d2", VerifyRequest(session="s", start=len(held), draft=[1]))
+
+
+def test_generation_rounds_are_batched_step_by_step_with_other_sessions(models: Models) -> None:
+    """``generate``: the server decodes the block itself, one token per step, each step in the same
+    forward as the other sessions' steps (continuous batching); the text is the target's greedy one."""
+    sessions = VerifySessions(_target(models))
+    prompts = [[1, 5, 9, 40], [7], list(range(20, 50))]
+    barrier = threading.Barrier(len(prompts))
+    out: dict[int, VerifyResponse] = {}
+
+    def client(i: int) -> None:
+        barrier.wait(timeout=60)
+        out[i] = sessions.verify(f"d{i}", VerifyRequest(session="s", start=0, tokens=prompts[i], generate=15))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i, prompt in enumerate(prompts):
+        got = out[i]
+        assert [got.next, *got.generated] == _greedy(models.target, prompt, 16), i
+        assert got.history == len(prompt) + 16 and got.generate_ms > 0 and got.speculation == "ok"
+    assert sessions.generated == 3 * 15
+    assert sessions.rounds < 3 * 16 - 10  # most steps shared a forward
+    # the session goes on from the generated text: a draft after it is verified as usual
+    more = sessions.verify("d0", VerifyRequest(session="s", start=out[0].history, draft=[1, 2], generate=3))
+    assert more.history == out[0].history + more.accepted + 1 + 3
+
+
+def test_an_overloaded_server_refuses_to_verify_and_decodes_instead(models: Models) -> None:
+    sessions = VerifySessions(_target(models), overload=0)  # always overloaded
+    prompt = [1, 5, 9, 40]
+    got = sessions.verify("d", VerifyRequest(session="s", start=0, tokens=prompt, draft=[3, 3, 3, 3]))
+    assert got.speculation == "refused" and got.accepted == 0
+    assert [got.next, *got.generated] == _greedy(models.target, prompt, 5)  # the draft's length, and the next token
