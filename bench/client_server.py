@@ -8,7 +8,7 @@ The server is ``trickle serve --llm runs/lm/base --draft runs/lm/draft-moa`` in 
 
 - **MoA client–server**: the MoA draft's bundle (``export.lm_draft``, onnxruntime) with
   ``edge.llm.generate`` (adaptive K), states from the server, over HTTP and over MQTT (through the
-  server's embedded broker);
+  server's embedded broker); and its int8 form (``--draft-precision int8``) over HTTP;
 - **EAGLE-style client–server**: the EAGLE-style draft's bundle (``runs/lm/draft-eagle``), fed the
   target's last hidden states of the verified tokens by the server, over HTTP;
 - **independent client–server**: the independent draft (``runs/lm/draft-independent``, run by
@@ -253,15 +253,18 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         export_moa_draft(moa_dir, target_dir, Path(tmp) / "moa")
+        int8 = export_moa_draft(moa_dir, target_dir, Path(tmp) / "moa-int8", precision="int8")
         export_eagle_draft(eagle_dir, target_dir, Path(tmp) / "eagle")
         moa, eagle = OnnxMoADraft(Path(tmp) / "moa"), OnnxEagleDraft(Path(tmp) / "eagle")
+        moa8 = OnnxMoADraft(Path(tmp) / "moa-int8")
         indep = IndependentDraft(indep_dir, target)
         (Path(tmp) / "state").mkdir()
         proc, url, token, mqtt_port = _serve(Path(tmp) / "state", target_dir, moa_dir)
         port = int(url.rsplit(":", 1)[1])
         try:
             for rtt, bps in links:
-                for method, draft in (("moa client-server", moa), ("moa client-server (mqtt)", moa),
+                for method, draft in (("moa client-server", moa), ("moa client-server (int8)", moa8),
+                                      ("moa client-server (mqtt)", moa),
                                       ("eagle client-server", eagle), ("independent client-server", indep),
                                       ("api only", None), ("auto (moa)", moa)):
                     figures = _api(url, tok, prompts, new, rtt, bps) if draft is None else \
@@ -300,6 +303,11 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
                   for rtt, bps in links}
     out: dict[str, Any] = {
         "auto_tokens_per_s_ratio_vs_best_fixed_min": min(auto_ratio.values()),
+        # int8 draft on the device: tokens/s against the float32 draft, same link (verification keeps the text exact)
+        "moa_int8_tokens_per_s_ratio_vs_fp32": {
+            f"{rtt * 1e3:g} ms {bps / 1e6:g} Mbit/s": at[("moa client-server (int8)", rtt * 1e3, bps / 1e6)]["tokens_per_second"]
+            / at[("moa client-server", rtt * 1e3, bps / 1e6)]["tokens_per_second"] for rtt, bps in links},
+        "moa_int8_top1_agreement": int8.top1_agreement,
         "auto_tokens_per_s_ratio_vs_best_fixed": auto_ratio,
         "fleet_devices_at_slo_ratio_sd_vs_api_only": fleet["as built"]["ratio"],
         "fleet_devices_at_slo_ratio_sd_vs_api_only_forward_only": fleet["forward only"]["ratio"],

@@ -27,6 +27,9 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, metavar="DIR",
                    help="a MoA draft's target LM folder: export the draft's device form (ONNX graphs, tokenizer)")
     p.add_argument("--out", type=Path, required=True, help="bundle folder (or .tar with --tar)")
+    p.add_argument("--draft-precision", choices=["fp32", "int8"], default="fp32",
+                   help="with --target: int8 quantizes the draft's weights after the float32 parity check (its "
+                        "agreement with float32 goes into the manifest; verification keeps the text exact)")
     p.add_argument("--formats", default=",".join(FORMATS), metavar="LIST",
                    help=f"comma-separated, among {','.join(FORMATS)} (default: all)")
     p.add_argument("--key", type=Path, metavar="PRIVATE", help="Ed25519 private key file to sign the manifest with")
@@ -131,13 +134,15 @@ def run_export_draft(args: argparse.Namespace) -> int:
     from export.lm_draft import export_lm_draft
 
     out = args.out.with_suffix(".tar") if args.tar and args.out.suffix != ".tar" else args.out
-    manifest = export_lm_draft(args.checkpoint, args.target, out, key=args.key, bundle_version=args.bundle_version)
+    manifest = export_lm_draft(args.checkpoint, args.target, out, key=args.key, bundle_version=args.bundle_version,
+                               precision=args.draft_precision)
+    agreement = "" if manifest.top1_agreement is None else f"; int8 agrees with float32 on {manifest.top1_agreement:.0%}"
     if args.json:
-        print(json.dumps({"bundle": str(out), "signed": args.key is not None,
-                          "parity_max_abs_logit": manifest.parity_max_abs_logit}))
+        print(json.dumps({"bundle": str(out), "signed": args.key is not None, "precision": manifest.precision,
+                          "parity_max_abs_logit": manifest.parity_max_abs_logit, "top1_agreement": manifest.top1_agreement}))
     else:
-        print(f"wrote {out} ({manifest.model} draft bundle, ONNX, {'signed' if args.key else 'unsigned'}; "
-              f"parity with torch: {manifest.parity_max_abs_logit:.1e})")
+        print(f"wrote {out} ({manifest.model} draft bundle, ONNX {manifest.precision}, "
+              f"{'signed' if args.key else 'unsigned'}; parity with torch: {manifest.parity_max_abs_logit:.1e}{agreement})")
     return 0
 
 

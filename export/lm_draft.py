@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from edge.llm.draft import TOKENIZER, OnnxMoADraft
 
 PARITY_ATOL = 1e-3
 OPSET = 18
+Precision = Literal["fp32", "int8"]
 
 
 class _RMSNorm(nn.Module):
@@ -166,9 +167,10 @@ def _verified(target: Any, drafter: Any, ids: list[int], keep_hidden: bool) -> A
 
 
 def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | None = None, bundle_version: int = 1,
-                     parity_ids: list[int] | None = None) -> LmDraftManifest:
+                     parity_ids: list[int] | None = None, precision: Precision = "fp32") -> LmDraftManifest:
     """Write the device form of the MoA draft in ``draft_dir`` (for the target in ``target_dir``)
-    to the bundle ``out`` (signed with ``key``); return its manifest (with the parity measured)."""
+    to the bundle ``out`` (signed with ``key``); return its manifest (with the parity measured).
+    ``precision`` int8: the weights quantized after the float32 parity check (``_int8``)."""
     from models.lm.moa import MoADrafter
 
     signer = load_private_key(key) if key is not None else None
@@ -198,6 +200,9 @@ def export_moa_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | N
     states = draft.target_states(lm.cache, len(ids) - 1).detach().float()[0].numpy()
     device.add_states(0, states)
     doc["parity_max_abs_logit"] = _parity(drafter, device, ids)
+    if precision == "int8":
+        files, doc["top1_agreement"] = _int8(doc, files, device, ids, lambda d: d.add_states(0, states))
+        doc["precision"] = "int8"
     return _write(doc, files, signer, out)
 
 
@@ -217,6 +222,31 @@ def _parity(drafter: Any, device: Any, ids: list[int]) -> float:
     if worst > PARITY_ATOL:
         raise ExportError(f"the ONNX draft misses parity with torch: logits differ by {worst:.2e} > {PARITY_ATOL:g}")
     return worst
+
+
+def _int8(doc: dict[str, Any], files: dict[str, bytes], fp32: Any, ids: list[int], states: Any,
+          steps: int = 32) -> tuple[dict[str, bytes], float]:
+    """The graphs with int8 weights (onnxruntime's dynamic quantization: MatMul and Gather weights
+    per tensor, activations quantized at run time), and how often their greedy token is the float32
+    graphs' along ``steps`` tokens after ``ids`` (the float32 path)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = dict(files)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            if name.endswith(".onnx"):
+                (Path(tmp) / name).write_bytes(data)
+                quantize_dynamic(Path(tmp) / name, Path(tmp) / f"q-{name}", weight_type=QuantType.QInt8)
+                quantized[name] = (Path(tmp) / f"q-{name}").read_bytes()
+    device = type(fp32)(LmDraftBundle(LmDraftManifest.from_json(pack({**doc, "precision": "int8"}, quantized)[MANIFEST]),
+                                      quantized, None))
+    states(device)
+    agree, path = 0, list(ids)
+    for _ in range(steps):
+        want = int(np.argmax(fp32.next_logits(path)))
+        agree += int(np.argmax(device.next_logits(path))) == want
+        path.append(want)
+    return quantized, agree / steps
 
 
 def _write(doc: dict[str, Any], files: dict[str, bytes], signer: Any, out: Path) -> LmDraftManifest:
@@ -251,7 +281,7 @@ class _EagleBlock(_Vocab):
 
 
 def export_eagle_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | None = None, bundle_version: int = 1,
-                       parity_ids: list[int] | None = None) -> LmDraftManifest:
+                       parity_ids: list[int] | None = None, precision: Precision = "fp32") -> LmDraftManifest:
     """The EAGLE-style draft in ``draft_dir`` as an lm-draft bundle: one graph, ``eagle_block``
     (features (1, m, H) and the tokens after them (1, m) at positions start.., the cached keys
     and values → their keys and values, the predicted next features (1, m, H) and the last
@@ -277,20 +307,24 @@ def export_eagle_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path |
     unsigned = pack(doc, files)
     device = OnnxEagleDraft(LmDraftBundle(LmDraftManifest.from_json(unsigned[MANIFEST]), files, None))
     assert lm.hidden is not None
-    device.add_states(0, lm.hidden.detach().float().numpy())
+    features = lm.hidden.detach().float().numpy()
+    device.add_states(0, features)
     doc["parity_max_abs_logit"] = _parity(drafter, device, ids)
+    if precision == "int8":
+        files, doc["top1_agreement"] = _int8(doc, files, device, ids, lambda d: d.add_states(0, features))
+        doc["precision"] = "int8"
     return _write(doc, files, signer, out)
 
 
 def export_lm_draft(draft_dir: Path, target_dir: Path, out: Path, key: Path | None = None,
-                    bundle_version: int = 1) -> LmDraftManifest:
+                    bundle_version: int = 1, precision: Precision = "fp32") -> LmDraftManifest:
     """A MoA or EAGLE-style draft folder (``trickle train draft``), whichever it is, as a bundle."""
     import json
 
     kind = json.loads((draft_dir / "draft.json").read_text()).get("kind") if (draft_dir / "draft.json").is_file() else None
     if kind == "eagle":
-        return export_eagle_draft(draft_dir, target_dir, out, key, bundle_version)
+        return export_eagle_draft(draft_dir, target_dir, out, key, bundle_version, precision=precision)
     if kind == "moa":
-        return export_moa_draft(draft_dir, target_dir, out, key, bundle_version)
+        return export_moa_draft(draft_dir, target_dir, out, key, bundle_version, precision=precision)
     raise ExportError(f"{draft_dir}: a {kind or 'independent'} draft; devices take MoA and EAGLE-style drafts "
                       "(trickle train draft --kind moa|eagle)")

@@ -291,7 +291,13 @@ class LmDraftManifest(_Model):
     target: str
     """The target the draft was trained for (its folder name at export), for people."""
     parity_max_abs_logit: float = Field(ge=0)
-    """Largest logit difference between the ONNX graphs and the torch draft, measured at export."""
+    """Largest logit difference between the float32 ONNX graphs and the torch draft, measured at export."""
+    precision: Literal["fp32", "int8"] = "fp32"
+    """int8: the graphs' weights quantized (onnxruntime dynamic quantization) after the float32
+    parity check; verification keeps the output exact, a draft only has to agree often enough."""
+    top1_agreement: float | None = Field(None, ge=0, le=1)
+    """int8: the share of drafted tokens on which the int8 graphs' argmax is the float32 graphs',
+    measured at export along a held-out sequence."""
 
     def to_json(self) -> bytes:
         return canonical_json(self.model_dump(mode="json", exclude_none=True))

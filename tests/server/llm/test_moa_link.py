@@ -209,3 +209,31 @@ def test_states_survive_the_wire_to_within_int8_rounding() -> None:
     assert back.shape == states.shape
     assert np.all(np.abs(back - states) <= np.abs(states).max(1, keepdims=True) / 127 * 0.51 + 1e-3)
     assert decode_states(encode_states(np.zeros((0, 48))), 48).shape == (0, 48)
+
+
+def test_an_int8_moa_draft_is_smaller_agrees_and_stays_lossless(server: tuple[str, str], models: Models,
+                                                                moa: tuple[Path, Path], tmp_path: Path) -> None:
+    from export.lm_draft import export_moa_draft
+
+    manifest = export_moa_draft(moa[0], models.target, tmp_path / "int8", precision="int8")
+    assert manifest.precision == "int8" and manifest.top1_agreement is not None and manifest.top1_agreement > 0.5
+    size = {name: sum((folder / f).stat().st_size for f in manifest.files if f.endswith(".onnx"))
+            for name, folder in (("fp32", moa[1]), ("int8", tmp_path / "int8"))}
+    assert size["int8"] < 0.6 * size["fp32"]
+    url, token = server
+    draft = OnnxMoADraft(tmp_path / "int8")
+    for prompt in PROMPTS[:2]:  # verification keeps the text the target's, whatever the draft's precision
+        assert generate(draft, HttpVerifyLink(url, token), prompt, 24, k=4).tokens == _greedy(models.target, prompt, 24)
+
+
+def test_auto_mode_keeps_the_moa_draft_fed_through_server_blocks(server: tuple[str, str], models: Models,
+                                                                 moa: tuple[Path, Path]) -> None:
+    """A block the server decodes itself comes back with the target states of its tokens, so a
+    drafting round after it has every state it needs."""
+    from edge.llm.generate import LinkEstimates
+
+    url, token = server
+    draft = OnnxMoADraft(moa[1])
+    first = generate(draft, HttpVerifyLink(url, token), PROMPTS[0], 24, k=4, auto=True, estimates=LinkEstimates())
+    assert first.tokens == _greedy(models.target, PROMPTS[0], 24) and first.server_calls == 1  # one block
+    assert draft.states_held >= len(PROMPTS[0]) + 24 - 1
