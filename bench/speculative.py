@@ -150,7 +150,7 @@ def _measure(size: str, target_dir: Path, draft_dirs: dict[str, Path], corpus: P
              ) -> dict[str, Any]:
     """Every method and mode on one target, greedy and sampled: rows, speed-ups, losslessness."""
     from models.lm.draft import load_drafter, load_target
-    from models.lm.speculative import NoDrafter, calibrate
+    from models.lm.speculative import NoDrafter, calibrate, int8_drafter
 
     n_prompts, prompt_tokens, new = shape
     target, tok = load_target(target_dir)
@@ -158,7 +158,9 @@ def _measure(size: str, target_dir: Path, draft_dirs: dict[str, Path], corpus: P
     drafters = {kind: load_drafter(folder, target) for kind, folder in draft_dirs.items()}
     summaries = {kind: json.loads((folder / "draft.json").read_text()) for kind, folder in draft_dirs.items()}
     independent = drafters["independent"].lm.model  # type: ignore[attr-defined]  # an IndependentDrafter
+    int8 = {kind: int8_drafter(load_drafter(folder, target)) for kind, folder in draft_dirs.items()}  # server-side int8
     costs = {kind: calibrate(target, drafter, K_MAX) for kind, drafter in drafters.items()}  # auto: measured at load
+    costs |= {f"{kind} int8": calibrate(target, drafter, K_MAX) for kind, drafter in int8.items()}
     print(f"{size}: calibrated {costs}", flush=True)
     rows = [_hf("target alone (transformers generate)", target, prompts, new),
             _hf("transformers assisted (independent draft)", target, prompts, new, assistant=independent)]
@@ -166,6 +168,8 @@ def _measure(size: str, target_dir: Path, draft_dirs: dict[str, Path], corpus: P
         rows.append(_run("target alone (verify loop)", "none", target, NoDrafter(), prompts, new, temperature))
         rows += [_run(kind, mode, target, drafters[kind], prompts, new, temperature, costs[kind])
                  for kind in KINDS for mode in MODES]
+        rows += [_run(f"{kind} int8", "auto", target, int8[kind], prompts, new, temperature, costs[f"{kind} int8"])
+                 for kind in KINDS]
         print(f"{size}: T = {temperature:g} measured", flush=True)
     greedy = rows[0]["outputs"]
     plain = {t: next(r for r in rows if r["method"] == "target alone (verify loop)" and r["temperature"] == t)
@@ -183,6 +187,12 @@ def _measure(size: str, target_dir: Path, draft_dirs: dict[str, Path], corpus: P
         "auto_sampled_outputs_equal_across_drafts": all(o == auto_sampled[0] for o in auto_sampled),
         "auto_speedup_vs_target": {f"{r['method']} T={r['temperature']:g}": r["speedup_vs_target"]
                                    for r in rows if r["mode"] == "auto"},
+        # server-side int8 drafts (torch dynamic quantization), auto mode: tokens/s against the float32 draft
+        "int8_draft_speedup_vs_fp32": {
+            f"{kind} T={t:g}": next(r for r in rows if r["method"] == f"{kind} int8" and r["temperature"] == t)[
+                "tokens_per_second"] / next(r for r in rows if r["method"] == kind and r["mode"] == "auto"
+                                            and r["temperature"] == t)["tokens_per_second"]
+            for kind in KINDS for t in (0.0, SAMPLING_T)},
         "calibrated_costs": {kind: repr(c) for kind, c in costs.items()},
         "target_val_loss": doc["val_loss"], "target_parameters": doc["parameters"],
         "target_example": doc.get("example"),

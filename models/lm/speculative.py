@@ -149,10 +149,24 @@ class DraftHead:
         self.weight = head.weight.detach() if index is None else head.weight.detach()[index].contiguous()
         bias = head.bias.detach() if head.bias is not None else None
         self.bias = bias if bias is None or index is None else bias[index]
+        self.quantized: torch.nn.Module | None = None  # int8 weights (``to_int8``)
+
+    def to_int8(self) -> None:
+        """Read the head through int8 weights from now on (torch's dynamic quantization)."""
+        linear = torch.nn.Linear(self.weight.shape[1], self.weight.shape[0], bias=self.bias is not None)
+        with torch.no_grad():
+            linear.weight.copy_(self.weight.float())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias.float())
+        self.quantized = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
+                                                               dtype=torch.qint8)
 
     def logits(self, hidden: torch.Tensor) -> np.ndarray:
         """(n, V) float64 logits of hidden states (n, H), -inf outside the draft vocabulary."""
-        z = torch.nn.functional.linear(hidden, self.weight, self.bias).double().numpy()
+        if self.quantized is not None:
+            z = self.quantized(hidden.float()).double().numpy()
+        else:
+            z = torch.nn.functional.linear(hidden, self.weight, self.bias).double().numpy()
         if self.rows is None:
             return z
         full = np.full((z.shape[0], self.size), -np.inf)
@@ -245,6 +259,23 @@ class TargetReader:
 
     def attach_target(self, target_lm: Any) -> None:
         self.target_lm = target_lm
+
+
+def int8_drafter(drafter: Any) -> Any:
+    """``drafter`` with int8 weights in its own linear layers and its draft head (torch's dynamic
+    quantization, fbgemm on x86): a cheaper draft on the server. The verify loop keeps the text
+    exact; whether the cheaper draft pays is measured (``trickle bench speculative``)."""
+    quantize = torch.ao.quantization.quantize_dynamic
+    if isinstance(drafter, TargetReader):
+        drafter.draft = quantize(drafter.draft, {torch.nn.Linear}, dtype=torch.qint8)
+        drafter.head.to_int8()
+    elif isinstance(drafter, IndependentDrafter):
+        drafter.lm.model = quantize(drafter.lm.model, {torch.nn.Linear}, dtype=torch.qint8)
+        if drafter.head is not None:
+            drafter.head.to_int8()
+    else:
+        raise TypeError(f"{type(drafter).__name__}: no int8 form")
+    return drafter
 
 
 class NoDrafter:

@@ -20,7 +20,8 @@ def test_quick_benchmark_writes_all_keys_and_is_lossless(tmp_path: Path, shared_
     assert all(tiny["greedy_outputs_equal_target_generate"].values()), tiny["greedy_outputs_equal_target_generate"]
     assert tiny["auto_sampled_outputs_equal_across_drafts"]
     assert doc["auto_speedup_vs_target_min"] == min(doc["auto_speedup_vs_target"].values())
-    assert len(doc["auto_speedup_vs_target"]) == 2 * len(speculative.KINDS)
+    assert len(doc["auto_speedup_vs_target"]) == 4 * len(speculative.KINDS)  # float32 and int8 drafts, two temperatures
+    assert len(doc["targets"]["tiny"]["int8_draft_speedup_vs_fp32"]) == 2 * len(speculative.KINDS)
     assert "| moa " in (tmp_path / "speculative-quick.md").read_text()
     assert out["best_speedup_vs_target_greedy"] >= out["moa_speedup_vs_target_greedy"]
     measured = {(r["method"], r["mode"], r["temperature"]) for r in tiny["rows"]}

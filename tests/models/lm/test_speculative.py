@@ -211,3 +211,14 @@ def test_sampling_is_seeded_and_stops_at_eos(target: torch.nn.Module) -> None:
     eos = a[5]
     c, _ = speculative_generate(target, drafter, [1, 2, 3], 20, k=3, temperature=0.8, top_p=0.95, seed=7, eos_token_id=eos)
     assert c == a[: a.index(eos) + 1]
+
+
+def test_an_int8_draft_is_still_lossless(target: torch.nn.Module) -> None:
+    from models.lm.speculative import int8_drafter
+
+    draft = int8_drafter(IndependentDrafter(_llama(1, layers=1, hidden=16).float(), vocab=range(0, VOCAB, 2)))
+    assert draft.head is not None and draft.head.quantized is not None
+    for prompt in PROMPTS[:2]:
+        assert speculative_generate(target, draft, prompt, 16, k=4)[0] == _greedy(target, prompt, 16)
+    with pytest.raises(TypeError, match="no int8 form"):
+        int8_drafter(NoDrafter())
