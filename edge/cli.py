@@ -75,7 +75,8 @@ device's verify/verified topics, --broker), with the device's token, and prints 
 keeps as it is kept: greedy output is the target's own, sampling is distributed as the target's.
 When the server cannot be reached the draft goes on alone (those tokens are unverified) and the
 text is re-verified when the link returns: --on-divergence correct (the default) replaces it from
-the first token the target disagrees with, keep keeps it. The summary (stderr, or --json) gives
+the first token the target disagrees with, keep keeps it. --auto asks the server for the rest as one
+block (its own decoding, batched with other devices') whenever that is faster than drafting. The summary (stderr, or --json) gives
 tokens/s, server calls and where the text diverged."""
 
 
@@ -97,6 +98,9 @@ def add_edge_arguments(p: argparse.ArgumentParser) -> None:
     gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
     gen.add_argument("--k", type=int, default=4, help="draft tokens per round (the most, with --adaptive; default 4)")
     gen.add_argument("--adaptive", action="store_true", help="choose each round's K from the round time and acceptance")
+    gen.add_argument("--auto", action="store_true",
+                     help="each round, draft (adaptive K) or ask the server to decode the rest itself, whichever the "
+                          "measured round trip, server speed and acceptance say is faster (a first block measures them)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
     gen.add_argument("--seed", type=int, default=0, help="seeds sampling (default 0)")
@@ -207,7 +211,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     try:
         result = generate(draft, link, prompt, args.max_tokens, k=args.k, temperature=args.temperature, top_p=args.top_p,
-                          seed=args.seed, adaptive=args.adaptive, on_divergence=args.on_divergence, on_tokens=stream)
+                          seed=args.seed, adaptive=args.adaptive, on_divergence=args.on_divergence, on_tokens=stream,
+                          auto=args.auto)
     finally:
         if link is not None:
             link.close()
