@@ -77,10 +77,13 @@ def test_the_server_decodes_with_moa_and_eagle_drafts_chain_tree_and_adaptive(ta
         train_draft(target_dir, kind, corpus, tmp_path / kind, steps=60)  # type: ignore[arg-type]
     plain = LlmService.load(target_dir)
     a = plain.complete("Ham.\nHamlet ", max_tokens=20, temperature=0)
-    for kind, how in (("moa", {}), ("eagle", {"tree": "3x2x2"}), ("moa", {"k": 6, "adaptive": True})):
+    for kind, how in (("moa", {"auto": False}), ("eagle", {"tree": "3x2x2"}), ("moa", {"k": 6, "adaptive": True})):
         served = LlmService.load(target_dir, tmp_path / kind, **how)  # type: ignore[arg-type]
         b = served.complete("Ham.\nHamlet ", max_tokens=20, temperature=0)
         assert b.speculative and not a.speculative and a.text == b.text and b.target_calls < a.target_calls, (kind, how)
+    for kind in ("moa", "eagle"):  # auto, the default: drafts only where its measured costs say drafting pays
+        auto = LlmService.load(target_dir, tmp_path / kind)
+        assert auto.cost is not None and auto.complete("Ham.\nHamlet ", max_tokens=20, temperature=0).text == a.text
 
 
 def test_draft_training_resumes_bit_for_bit(target_dir: Path, corpus: Path, tmp_path: Path) -> None:
