@@ -166,7 +166,7 @@ def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps
             save()
             last_save = time.perf_counter()
         if progress is not None:
-            progress(step, float(loss))
+            progress(step, float(loss.detach()))
     save()
     model.eval()
     with torch.no_grad():
