@@ -148,6 +148,7 @@ class AutoSession:
     probe_s: float = 0.0  # of which drafting in probes
     probing: bool = False
     planned: bool = False
+    steady: bool = False  # this round follows a drafting round
     ks: list[int] = field(default_factory=list)  # what each round chose
     acceptance: AcceptanceRate = field(default_factory=AcceptanceRate)
 
@@ -160,6 +161,7 @@ class AutoSession:
 
     def choose(self) -> int:
         """This round's draft length."""
+        self.steady = bool(self.ks) and self.ks[-1] > 0  # the last round drafted too: the draft is caught up
         self.probing = self.planned = False
         if self.plan:
             self.planned = True
@@ -179,10 +181,15 @@ class AutoSession:
         return k
 
     def observe_draft(self, k: int, seconds: float) -> None:
+        """A drafting round's time (the draft catching up with the verified text, then ``k`` tokens).
+        Only a round right after another drafting round teaches the cost model: after plain rounds
+        the draft also catches up on the text it skipped, a cost of switching, not of drafting
+        (counted against the probes' share all the same)."""
         self.elapsed_s += seconds
         if self.probing:
             self.probe_s += seconds
-        self.cost.observe_draft(k, seconds)
+        if self.steady:
+            self.cost.observe_draft(k, seconds)
 
     def observe_verify(self, n: int, seconds: float) -> None:
         self.elapsed_s += seconds

@@ -453,12 +453,13 @@ def _auto_round(lm: CachedLM, drafter: Drafter, session: AutoSession, seq: list[
 
 @torch.inference_mode()
 def calibrate(target: Any, drafter: Drafter, k: int, rounds: int = 4) -> DecodeCost:
-    """A cost model for ``auto`` measured on this machine: ``rounds`` each of plain decoding, a
-    one-token draft and a ``k``-token draft, on a made-up prompt (what is drafted does not matter,
-    only what it costs)."""
+    """A cost model for ``auto`` measured on this machine: after a first draft (which catches up
+    on the prompt), ``rounds`` each of a one-token and a ``k``-token draft back to back, on a
+    made-up prompt (what is drafted does not matter, only what it costs). The verification's line
+    is fitted at 2 and k + 1 tokens, the drafting's at 1 and k tokens, in steady drafting."""
     vocab = int(target.config.vocab_size)
     prompt = [(7 * i + 3) % vocab for i in range(16)]
     cost = DecodeCost.prior(verify_s=1e-3, draft_token_s=1e-3)
-    plan = (0, 1, k) * rounds
+    plan = (k, *(1, k) * rounds)
     speculative_generate(target, drafter, prompt, len(plan) * (k + 1) + 1, k=k, auto=cost.session(k, plan))
     return cost
