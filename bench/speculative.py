@@ -257,7 +257,9 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
     moa, moa_s = _best(rows, 0.0, "moa"), _best(rows, SAMPLING_T, "moa")
     auto = {f"{size} {key}": v for size, got in measured.items() for key, v in got["auto_speedup_vs_target"].items()}
     out: dict[str, Any] = {
-        "auto_speedup_vs_target_min": min(auto.values()),
+        # the default configuration: auto with each float32 draft; the int8 drafts (an option) apart
+        "auto_speedup_vs_target_min": min(v for k, v in auto.items() if " int8 " not in k),
+        "auto_speedup_vs_target_min_int8_drafts": min(v for k, v in auto.items() if " int8 " in k),
         "auto_speedup_vs_target": auto,
         "best_speedup_vs_target_greedy": _best(rows, 0.0)["speedup_vs_target"],
         "best_speedup_vs_target_sampling": _best(rows, SAMPLING_T)["speedup_vs_target"],
