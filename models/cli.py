@@ -5,7 +5,7 @@
     trickle train nexume --dataset fsdd --set harvest_scenario=piezo_machine   # for the node it will run on
     trickle train nexume --dataset fsdd --nproc 2                 # data-parallel through torchrun (gloo)
     trickle train nexume --nproc 2 --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400   # on each node
-    trickle train lm --size base --out runs/lm/base               # 40 min, plays from DATA/shakespeare/plays
+    trickle train lm --size base --out runs/lm/base               # 80 min, plays from DATA/shakespeare/plays
     trickle train lm --size small --steps 2000 --out runs/lm/small --resume
 
 nexume writes OUT/checkpoint.pt (weights, architecture, config, labels, pre-processing) and
