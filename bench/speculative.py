@@ -212,12 +212,13 @@ VOCAB_SWEEP = (256, 512, 1024, 2048, 0)  # the MoA draft head's vocabulary (0: t
 
 def _vocab_sweep(target: Any, tok: Any, draft_dir: Path, corpus: Path, prompts: list[list[int]], new: int
                  ) -> list[dict[str, Any]]:
-    """The MoA draft (auto mode, greedy) with its head read over the N most frequent training
-    tokens, for each N of VOCAB_SWEEP: a smaller head costs less per drafted token and proposes
-    fewer of the target's tokens. Trained once; the draft vocabulary only acts when drafting."""
+    """The MoA draft (adaptive chain, greedy: a mode that drafts every round, so the head's cost
+    shows) with its head read over the N most frequent training tokens, for each N of VOCAB_SWEEP:
+    a smaller head costs less per drafted token and proposes fewer of the target's tokens. Trained
+    once; the draft vocabulary only acts when drafting."""
     from models.lm.draft import load_drafter
     from models.lm.moa import MoADrafter
-    from models.lm.speculative import calibrate, draft_vocabulary
+    from models.lm.speculative import draft_vocabulary
     from models.lm.target import find_plays, read_texts, token_stream
 
     train_ids = token_stream(tok.backend_tokenizer, read_texts(find_plays(corpus).train))
@@ -225,8 +226,7 @@ def _vocab_sweep(target: Any, tok: Any, draft_dir: Path, corpus: Path, prompts: 
     for n in VOCAB_SWEEP:
         base: Any = load_drafter(draft_dir, target)
         drafter = MoADrafter(base.draft, draft_vocabulary(train_ids, target.config.vocab_size, n) if n else None)
-        row = _run(f"moa, draft vocabulary {n or target.config.vocab_size}", "auto", target, drafter, prompts, new, 0.0,
-                   calibrate(target, drafter, K_MAX))
+        row = _run(f"moa, draft vocabulary {n or target.config.vocab_size}", "adaptive", target, drafter, prompts, new, 0.0)
         rows.append({k: v for k, v in row.items() if k != "outputs"} | {"vocabulary": n or target.config.vocab_size})
     return rows
 
@@ -295,7 +295,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
             f"{got['target_val_loss']:.3f}\n\n{n_prompts} held-out prompts of {prompt_tokens} tokens, {new} new tokens "
             f"each. Greedy continuation of the first: \"{got['greedy_continuation'].strip()[:160]}\"\n\n"
             + _table(got["rows"])
-            + ("\n\nThe MoA draft's head over fewer tokens (auto, greedy; one trained draft, the vocabulary acts only "
+            + ("\n\nThe MoA draft's head over fewer tokens (adaptive chain, greedy; one trained draft, the vocabulary acts only "
                "when drafting):\n\n" + _table(got["moa_draft_vocabulary_sweep"]) if got["moa_draft_vocabulary_sweep"] else ""))
         print(_table(got["rows"]))
     write_atomic(docs_dir / f"speculative{suffix}.md", "# Speculative decoding (`trickle bench speculative`)\n\n"
