@@ -400,7 +400,8 @@ class Decoder:
         assert q_of is None or len(q_of) == len(drafted)  # every token drawn at a temperature has its q
         request = VerifyRequest(session=self.session, start=self.server_has, tokens=base[self.server_has :], draft=drafted,
                                 q=q_of, temperature=o.temperature, top_p=o.top_p, seed=o.seed,
-                                states_from=self.draft.states_held if self.draft.wants_states else None,
+                                # a block of the whole rest leaves nothing to draft: no target states to carry
+                                states_from=self.draft.states_held if self.draft.wants_states and not block else None,
                                 state_kind=self.draft.state_kind, generate=min(left - 1, MAX_GENERATE) if block else 0)
         t0 = time.perf_counter()
         try:
