@@ -152,7 +152,7 @@ class LlmService:
         self.target, self.tokenizer, self.draft, self.name = target, tokenizer, draft, name
         self.k, self.adaptive = k, adaptive
         self.auto = auto and not adaptive and not tree  # auto decoding, unless another mode is asked for
-        self.cost: Any = None  # auto's DecodeCost, measured at the first generation with a draft and kept current
+        self.cost: Any = None  # auto's DecodeCost: measured at load (or at the first generation), kept current
         self.draft_vocab: list[int] | None = None  # an independent draft's draft vocabulary (models.lm.speculative.DraftHead)
         self.tree = Tree(*(int(n) for n in tree.split("x"))) if tree else None  # DEPTHxBRANCHxWIDTH
         # a fresh Drafter per request (drafters keep per-sequence state); by default around the draft LM
