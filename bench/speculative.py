@@ -222,10 +222,10 @@ def _vocab_sweep(target: Any, tok: Any, draft_dir: Path, corpus: Path, prompts: 
     from models.lm.target import find_plays, read_texts, token_stream
 
     train_ids = token_stream(tok.backend_tokenizer, read_texts(find_plays(corpus).train))
+    draft = load_drafter(draft_dir, target).draft  # type: ignore[attr-defined]  # a MoADrafter's module
     rows = []
     for n in VOCAB_SWEEP:
-        base: Any = load_drafter(draft_dir, target)
-        drafter = MoADrafter(base.draft, draft_vocabulary(train_ids, target.config.vocab_size, n) if n else None)
+        drafter = MoADrafter(draft, draft_vocabulary(train_ids, target.config.vocab_size, n) if n else None)
         row = _run(f"moa, draft vocabulary {n or target.config.vocab_size}", "adaptive", target, drafter, prompts, new, 0.0)
         rows.append({k: v for k, v in row.items() if k != "outputs"} | {"vocabulary": n or target.config.vocab_size})
     return rows

@@ -357,7 +357,9 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
     if auto is not None and (tree is not None or adaptive):
         raise ValueError("auto chooses the chain length itself: give auto, or a tree, or adaptive, not several")
     session = auto.session(k) if isinstance(auto, DecodeCost) else auto
-    noise = GumbelNoise(seed, int(target.config.vocab_size), start=len(prompt))  # coupled sampling (auto)
+    # coupled sampling's noise (auto mode, sampling only)
+    noise = GumbelNoise(seed, int(target.config.vocab_size), start=len(prompt)) \
+        if session is not None and temperature > 0 else None
 
     rng = np.random.default_rng(seed)
     lm = CachedLM(target, keep_hidden=getattr(drafter, "needs_hidden", False))
@@ -428,7 +430,8 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
 
 
 def _auto_round(lm: CachedLM, drafter: Drafter, session: AutoSession, seq: list[int], room: int,
-                temperature: float, top_p: float, noise: Callable[[int], np.ndarray]) -> tuple[list[int], int, int]:
+                temperature: float, top_p: float, noise: Callable[[int], np.ndarray] | None
+                ) -> tuple[list[int], int, int]:
     """One round of auto mode: (kept draft tokens, tokens drafted, the target's next token). The
     draft is asked nothing (not even to catch up) in a round that decodes plainly."""
     want = min(session.choose(), room)
@@ -440,7 +443,7 @@ def _auto_round(lm: CachedLM, drafter: Drafter, session: AutoSession, seq: list[
     started = time.perf_counter()
     logits = lm.logits(seq + draft)  # (len(draft) + 1, V)
     session.observe_verify(len(draft) + 1, time.perf_counter() - started)
-    if temperature == 0:
+    if noise is None:  # greedy
         choice = logits.argmax(-1).numpy()
     else:
         p = distribution(logits.numpy(), temperature, top_p)
