@@ -90,6 +90,10 @@ class ServeConfig(Config):
     """Generations run at once."""
     llm_queue: int = Field(16, ge=0, le=10_000)
     """Requests waiting for a generation slot; beyond, 503."""
+    llm_open: bool = False
+    """Serve the LLM routes (/v1/completions, /v1/chat/completions, /v1/models) to anyone; by default
+    they need an API key (``Authorization: Bearer KEY``, keys made with ``trickle serve --llm-key`` or
+    the admin route)."""
     workers: int = Field(0, ge=0, le=64)
     """Worker processes the server starts for jobs (POST /v1/jobs); 0: none (run ``trickle worker``)."""
     job_stale_s: float = Field(15.0, ge=2.0, le=86_400.0)
