@@ -93,7 +93,7 @@ def _serve(state: Path, target: Path, draft: Path) -> tuple[subprocess.Popen[byt
     port, mqtt = free_port(), free_port()
     log = (state / "serve.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(state), "--port", str(port),
-                             "--mqtt-port", str(mqtt), "--llm", str(target), "--draft", str(draft)], stdout=log,
+                             "--mqtt-port", str(mqtt), "--llm", str(target), "--draft", str(draft), "--llm-open"], stdout=log,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

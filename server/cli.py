@@ -4,18 +4,23 @@
     trickle serve --broker mqtt://127.0.0.1:1883    # an external broker (e.g. Mosquitto)
     trickle serve --state-dir runs/server --trust keys/signing.pub --port 8443 --tls-cert c.pem --tls-key k.pem
     trickle serve --config serve.toml --set port=8443 --json
-    trickle serve --llm runs/lm/base --draft runs/lm/draft     # + POST /v1/completions (OpenAI-compatible)
+    trickle serve --llm runs/lm/base --draft runs/lm/draft --llm-key alice   # + the OpenAI API (/v1/chat/completions …)
 
 Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
 state_dir, store, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
-tls_key, llm, llm_draft, llm_draft_k, llm_decoding, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue, workers,
-job_stale_s, job_attempts)
+tls_key, llm, llm_draft, llm_draft_k, llm_decoding, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue, llm_open,
+llm_keys, workers, job_stale_s, job_attempts)
 < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
 
 The admin token is in STATE_DIR/admin.token (created on first start, mode 0600): register devices
 with it (POST /v1/devices {"device": ID, "fleet": NAME} returns the device's token), upload
 signed bundles (POST /v1/bundles, the tar as the body) and assign them (POST /v1/assignments);
 the OpenAPI spec is at /openapi.json, metrics at /metrics.
+
+The language model (--llm) speaks the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)
+to holders of an API key: --llm-key NAME makes one at start (in STATE_DIR/llm-keys/NAME.key), or
+the admin does (POST /v1/llm/keys {"name": NAME}; GET lists them with their use; DELETE
+/v1/llm/keys/NAME revokes); --llm-open serves anyone without a key.
 
 Jobs: POST /v1/jobs queues heavy work (kind distill: MDSLR-pruned distillation into a
 quarter-width switchable student, exported as a bundle signed with STATE_DIR/signing.key,
@@ -82,6 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-concurrency", type=int, metavar="N", help="generations run at once (default 1)")
     p.add_argument("--llm-queue", type=int, metavar="N",
                    help="requests waiting for a generation slot; beyond, 503 (default 16)")
+    p.add_argument("--llm-key", action="append", metavar="NAME", dest="llm_keys",
+                   help="make the API key NAME for the LLM routes at start if missing, in STATE_DIR/llm-keys/NAME.key "
+                        "(repeatable; more with POST /v1/llm/keys as the admin)")
+    p.add_argument("--llm-open", action="store_const", const=True,
+                   help="serve the LLM routes to anyone, without an API key")
     p.add_argument("--workers", type=int, metavar="N",
                    help="start N worker processes for jobs (POST /v1/jobs: distillation); a dead one is replaced and "
                         "its job resumed (default 0: run `trickle worker` beside the server)")
@@ -102,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
              "mqtt_host": args.mqtt_host, "mqtt_port": args.mqtt_port, "trusted_keys": args.trust,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "llm": args.llm, "llm_draft": args.draft,
              "llm_draft_k": args.draft_k, "llm_decoding": args.decoding, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,
-             "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue, "workers": args.workers}
+             "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue, "llm_open": args.llm_open,
+             "llm_keys": args.llm_keys, "workers": args.workers}
     config = load_config(ServeConfig, args.config, args.set, flags)
     if args.write_mosquitto_config is not None:
         from server.mqtt.mosquitto import write_mosquitto_config
@@ -132,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"trickle server on {config.url} (admin token in {token_file or 'the config'}), "
               f"MQTT {config.broker_url}{' (embedded)' if embedded else ''}"
-              + (f", {config.llm} at {config.url}/v1/completions" if config.llm else ""), flush=True)
+              + (f", {config.llm} at {config.url}/v1 (OpenAI API, "
+                 f"{'open to anyone' if config.llm_open else 'API keys in ' + str(config.state_dir / 'llm-keys')})"
+                 if config.llm else ""), flush=True)
     service.run()
     return 0
 

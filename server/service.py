@@ -33,7 +33,7 @@ from server.api.bundles import notify_assignment, ota_command
 from server.api.state import ServerState
 from server.jobs.queue import JobSupervisor, signing_key
 from server.mqtt.bridge import Bridge, BrokerAddress, Metrics
-from server.store.store import open_store
+from server.store.store import StoreError, open_store
 
 log = logging.getLogger("trickle.server")
 
@@ -92,8 +92,10 @@ class ServeConfig(Config):
     """Requests waiting for a generation slot; beyond, 503."""
     llm_open: bool = False
     """Serve the LLM routes (/v1/completions, /v1/chat/completions, /v1/models) to anyone; by default
-    they need an API key (``Authorization: Bearer KEY``, keys made with ``trickle serve --llm-key`` or
-    the admin route)."""
+    they need an API key (``Authorization: Bearer KEY``: llm_keys, or POST /v1/llm/keys as the admin)
+    or the admin token."""
+    llm_keys: list[str] = Field(default_factory=list, max_length=100)
+    """Names of API keys made at start when missing, each written to STATE_DIR/llm-keys/NAME.key (0600)."""
     workers: int = Field(0, ge=0, le=64)
     """Worker processes the server starts for jobs (POST /v1/jobs); 0: none (run ``trickle worker``)."""
     job_stale_s: float = Field(15.0, ge=2.0, le=86_400.0)
@@ -151,6 +153,14 @@ class Service:
         state_dir = config.state_dir
         self.store = open_store(config.store or state_dir / "trickle.sqlite", background_checkpoints=True)
         self.admin_token = config.admin_token or read_or_create_token(state_dir / "admin.token")
+        for name in config.llm_keys:
+            key_file = state_dir / "llm-keys" / f"{name}.key"
+            if not key_file.exists():
+                try:
+                    write_secret(key_file, self.store.add_llm_key(name) + "\n")
+                except StoreError as err:
+                    raise ConfigError("llm_keys", name, f"{err}; its key file {key_file} is gone: revoke it "
+                                      "(DELETE /v1/llm/keys/NAME) and name another") from None
         self.server_token = read_or_create_token(state_dir / "server.token")
         metrics = Metrics()
         self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics,
@@ -170,7 +180,7 @@ class Service:
             self.bridge.on_verify = lambda device, request: answer(service.sessions(), device, request)
         self.state = ServerState(self.store, self.admin_token, state_dir / "bundles",
                                  [load_public_key(k) for k in config.trusted_keys], metrics, self.bridge,
-                                 config.broker_url, llm)
+                                 config.broker_url, llm, llm_open=config.llm_open)
         self.broker = None
         if config.broker == "embedded":
             from server.mqtt.broker import EmbeddedBroker

@@ -163,7 +163,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    from models.lm.target import CHAT_TEMPLATE
+
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
     root = tmp_path_factory.mktemp("llm")
     out = Models(root / "target", root / "draft", root / "draft-small-vocab")
     save_llama(out.target, tokenizer, len(tokenizer), seed=0, layers=2, hidden=32)

@@ -340,7 +340,7 @@ class IndependentDrafter:
 @torch.inference_mode()
 def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_new_tokens: int, k: int = 4,
                          temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                         eos_token_id: int | None = None, on_tokens: Callable[[list[int]], None] | None = None,
+                         eos_token_id: int | None = None, on_tokens: Callable[[list[int]], bool | None] | None = None,
                          tree: Tree | None = None, adaptive: bool = False, auto: DecodeCost | AutoSession | None = None
                          ) -> tuple[list[int], DecodeStats]:
     """The prompt's continuation by speculative decoding, and what it cost. ``temperature`` 0 is
@@ -350,7 +350,8 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
     second by the measured cost model (``edge.llm.cost``), which the round's timings update;
     sampling is then coupled (``edge.llm.acceptance``), so the text is the same whatever K the
     timings choose. ``on_tokens`` is called with each block of tokens as it is verified (for
-    streaming); the blocks concatenate to the returned tokens."""
+    streaming); the blocks concatenate to the returned tokens; when it returns True the generation
+    ends there (a stop text)."""
     if k < 1 or max_new_tokens < 0 or not prompt:
         raise ValueError(f"k = {k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: need k >= 1, "
                          "max_new_tokens >= 0 and a non-empty prompt")
@@ -418,8 +419,8 @@ def speculative_generate(target: Any, drafter: Drafter, prompt: list[int], max_n
         if eos_token_id is not None and stop:
             added = added[: added.index(eos_token_id) + 1]
         seq += added
-        if on_tokens is not None:
-            on_tokens(added)
+        if on_tokens is not None and on_tokens(added):  # the caller has what it wants (a stop text)
+            stop = True
         if stop:
             break
         lm.crop(len(seq) - 1)

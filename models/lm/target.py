@@ -173,10 +173,26 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
+# The chat template trickle's models carry (tokenizer_config.json's "chat_template", used by the
+# server's /v1/chat/completions): a chat written as a scene of a play, the text the model was
+# trained on: the system message a stage direction in brackets, each turn a speech headed by its
+# speaker in capitals (USER. / ASSISTANT.), and the assistant's turn opened for the model to speak.
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'system' -%}{{ '[' + m['content'] + ']\\n\\n' }}"
+    "{%- else -%}{{ m['role'] | upper + '.\\n' + m['content'] + '\\n\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'ASSISTANT.\\n' }}{%- endif -%}"
+)
+
+
 def hf_tokenizer(tok: Tokenizer, context: int) -> PreTrainedTokenizerFast:
-    """The tokenizer as transformers takes it (``AutoTokenizer.from_pretrained`` loads it back)."""
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-                                   model_max_length=context, clean_up_tokenization_spaces=False)
+    """The tokenizer as transformers takes it (``AutoTokenizer.from_pretrained`` loads it back),
+    with trickle's chat template."""
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                  model_max_length=context, clean_up_tokenization_spaces=False)
+    out.chat_template = CHAT_TEMPLATE
+    return out
 
 
 def token_stream(tok: Tokenizer, texts: list[str]) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """The HTTP API (FastAPI): devices, bundles and OTA, queries, health and metrics.
 
-Every route but /healthz, /metrics, the dashboard's page at / (``server.api.dashboard``) and
-/v1/completions (there only with ``trickle serve --llm``, see ``server.llm.completions``) takes a
+Every route but /healthz, /metrics and the dashboard's page at / (``server.api.dashboard``) takes a
 bearer token: the admin token, or a device's own token (a device reads only its own messages and
-downloads bundles). The OpenAPI spec is at /openapi.json. Routes are ``edge.contract.protocol.ROUTES``.
+downloads bundles). The OpenAI-style routes of ``trickle serve --llm`` (``server.llm.completions``)
+take an API key the admin made (or the admin token), or none with ``--llm-open``; their errors are
+OpenAI's error objects. The OpenAPI spec is at /openapi.json. Routes are ``edge.contract.protocol.ROUTES``.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -11,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from edge.core.errors import ConfigError
 from server.api.auth import auth
@@ -23,9 +24,9 @@ from server.api.jobs import jobs_router
 from server.api.limits import AuthenticateFirst, excerpt, invalid_request
 from server.api.state import ServerState
 from server.api.verify import verify_router
-from server.llm.completions import llm_router
-
-ANONYMOUS_WITH_BODY = ("/v1/completions",)  # the language model's OpenAI-style route (server.llm.completions) takes no token
+from server.llm.api import PATHS as LLM_PATHS
+from server.llm.api import LlmAccess, llm_router
+from server.llm.schema import OpenAIError, validation_error
 
 
 def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
@@ -42,9 +43,23 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     app = FastAPI(title="trickle server", version="1", lifespan=lifespan,
                   description="Telemetry and results from energy-harvesting devices, bundles and OTA.")
     who = auth(state)
+
+    def known(token: str) -> bool:
+        return who.known(token) or (state.llm is not None and state.store.llm_key_name(token) is not None)
+
     # a request's body is read only once its token is known (the routes then check what it may do)
-    app.add_middleware(AuthenticateFirst, known=who.known, anonymous=frozenset(ANONYMOUS_WITH_BODY))
-    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_middleware(AuthenticateFirst, known=known, anonymous=frozenset(LLM_PATHS if state.llm_open else ()),
+                       openai=frozenset(LLM_PATHS))
+
+    @app.exception_handler(RequestValidationError)
+    def bad_request(request: Request, err: RequestValidationError) -> Response:
+        if request.url.path in LLM_PATHS:  # OpenAI's clients read OpenAI's error object
+            return openai_error(request, validation_error(list(err.errors())))
+        return invalid_request(request, err)
+
+    @app.exception_handler(OpenAIError)
+    def openai_error(request: Request, err: OpenAIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(ConfigError)
     def config_error(request: Request, err: ConfigError) -> JSONResponse:
@@ -57,6 +72,7 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     app.include_router(dashboard_router(state, who.principal))
     app.include_router(jobs_router(state.store, state.bundle_dir.parent, who.admin))
     if state.llm is not None:
-        app.include_router(llm_router(state.llm, state.metrics.registry))
+        access = LlmAccess(state.llm_open, who.is_admin, state.store, who.admin)
+        app.include_router(llm_router(state.llm, state.metrics.registry, access))
     app.include_router(verify_router(state, who))
     return app

@@ -15,11 +15,13 @@ from server.api.state import Principal, ServerState
 @dataclass(frozen=True)
 class Auth:
     """The API's three dependencies: ``known(token)`` (any valid token), ``principal`` (who a
-    request is: 401 without a valid token) and ``admin`` (403 unless the admin token)."""
+    request is: 401 without a valid token) and ``admin`` (403 unless the admin token); and
+    ``is_admin(token)``."""
 
     known: Callable[[str], bool]
     principal: Callable[..., Principal]
     admin: Callable[..., Principal]
+    is_admin: Callable[[str], bool]
 
 
 def auth(state: ServerState) -> Auth:
@@ -47,4 +49,4 @@ def auth(state: ServerState) -> Auth:
             raise HTTPException(403, "needs the admin token")
         return who
 
-    return Auth(known, principal, admin)
+    return Auth(known, principal, admin, is_admin)

@@ -13,7 +13,8 @@ build step, no third-party script: its charts are SVG drawn by ``dashboard.js``)
   at least every 30 s; each viewer's snapshot is its own page's queries (devices paged first, then
   their messages by index). The page reads it with fetch, so the bearer token stays in a header.
 - The admin's snapshot also holds the newest jobs (``server.jobs.queue``: state, progress, step,
-  attempts, the bundle a distillation made or its error); the page can cancel one.
+  attempts, the bundle a distillation made or its error); the page can cancel one. With a
+  language model (``trickle serve --llm``) it holds the API keys and what each used.
 - ``GET /v1/dashboard/devices/{device}``: one device's newest telemetry (voltage, power
   failures), results timeline, variant choices and events (the last 5000 of each).
 
@@ -78,14 +79,15 @@ def fleet_snapshot(state: ServerState, who: Principal, page: int = 0, per_page: 
         over_time = store.results_over_time(now)
         bundles = store.bundles()
         jobs = [_job_row(j) for j in store.jobs(limit=JOBS_SHOWN)]
+        llm_keys = store.llm_keys() if state.llm is not None else []
     else:
         totals = {"devices": len(rows), "online": sum(r["online"] for r in rows),
                   "results": sum(r["results"] for r in rows), "results_last_hour": sum(r["results_last_hour"] for r in rows),
                   "labelled": sum(r["labelled"] for r in rows), "correct": sum(r["correct"] for r in rows)}
-        over_time, bundles, assignments, jobs = [], [], {}, []
+        over_time, bundles, assignments, jobs, llm_keys = [], [], {}, [], []
     return {"now_s": now, "admin": who.admin, "totals": totals, "rejected": _rejected(state) if who.admin else {},
             "results_over_time": over_time, "page": page, "per_page": per_page, "matching": matching, "devices": rows,
-            "bundles": bundles, "assignments": assignments, "jobs": jobs}
+            "bundles": bundles, "assignments": assignments, "jobs": jobs, "llm_keys": llm_keys}
 
 
 class SnapshotCache:

@@ -2,8 +2,8 @@
 route's cap, and no error quotes more than a short excerpt of what was sent.
 
 - ``AuthenticateFirst`` (ASGI middleware): a request with a body to any route but the anonymous
-  ones must carry a known bearer token (the admin's or a device's), checked from its headers
-  alone; otherwise it is answered 401 before a byte of its body is read. Which principal may use
+  ones must carry a known bearer token (the admin's, a device's or an LLM API key), checked from
+  its headers alone; otherwise it is answered 401 before a byte of its body is read. Which principal may use
   which route is still each route's own dependency.
 - Caps (Starlette's body limit: Content-Length checked first, then the bytes counted as they
   arrive): ``JSON_BODY_BYTES`` for every route, more where a route sets FastAPI's ``max_body_size``
@@ -57,15 +57,20 @@ class AuthenticateFirst:
     read through Starlette's limit, ``default_cap`` unless the route sets its own ``max_body_size``."""
 
     def __init__(self, app: ASGIApp, known: Callable[[str], bool], anonymous: frozenset[str] = frozenset(),
-                 default_cap: int = JSON_BODY_BYTES) -> None:
+                 default_cap: int = JSON_BODY_BYTES, openai: frozenset[str] = frozenset()) -> None:
         self.app, self.known, self.anonymous = RequestBodyLimitMiddleware(app, default_cap), known, anonymous
+        self.openai = openai  # paths whose errors are OpenAI's error object
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in BODY_METHODS and scope["path"] not in self.anonymous:
             token = bearer(scope)
             if token is None or len(token) > 512 or not await run_in_threadpool(self.known, token):
                 detail = "missing bearer token" if token is None else "unknown token"
-                response = JSONResponse({"detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                body: dict[str, Any] = {"detail": detail}
+                if scope["path"] in self.openai:
+                    body = {"error": {"message": f"{detail} (Authorization: Bearer API_KEY)",
+                                      "type": "authentication_error", "param": None, "code": "invalid_api_key"}}
+                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -34,5 +34,6 @@ class ServerState:
     bridge: Bridge | None = None
     broker_url: str = ""  # what devices connect to (reported at /healthz)
     llm: LlmService | None = None  # a language model served at /v1/completions (trickle serve --llm)
+    llm_open: bool = False  # the LLM routes without an API key (trickle serve --llm-open)
     changes: int = 0  # registrations, uploads and assignments so far (the dashboard's stream pushes on each)
     workers: Callable[[], tuple[int, int]] | None = None  # (alive, wanted) job worker processes (/readyz)

@@ -19,31 +19,16 @@ memory stays bounded. A prompt that leaves no room for ``max_tokens`` in the mod
 Torch and transformers are imported only when a model is loaded (``trickle --help`` stays fast).
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
-import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import anyio
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field
-
 from edge.core.errors import ConfigError, TrickleError
-
-# OpenAI's path, not one of edge.contract.protocol.ROUTES: those are the device protocol, and this
-# route exists only when a model is loaded
-COMPLETIONS = "/v1/completions"
-MAX_TOKENS = 4096  # per request, whatever the context allows
-MAX_PROMPT_CHARS = 1 << 20
 
 
 class PromptError(TrickleError):
@@ -54,70 +39,43 @@ class QueueFullError(TrickleError):
     """Every generation slot is busy and the waiting queue is full."""
 
 
-class CompletionIn(BaseModel):
-    """OpenAI's completion request (the fields trickle uses; others are ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
-    temperature: float = Field(1.0, ge=0, le=2, description="0 is greedy")
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="default: a fresh random seed")
-    stream: bool = Field(False, description="server-sent events, one per verified block of tokens")
-
-
-class Choice(BaseModel):
-    """One completion, OpenAI-style."""
-
-    index: int = 0
-    text: str
-    finish_reason: Literal["length", "stop"] | None
-
-
-class Usage(BaseModel):
-    """Tokens in and out, OpenAI-style."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class DecodeReport(BaseModel):
-    """How the completion was decoded: tokens per second, accept length, target calls, and whether a
-    draft was used."""
-
-    tokens_per_second: float
-    accept_length: float = Field(description="mean tokens added per target call, its own token included")
-    target_calls: int
-    speculative: bool
-
-
-class CompletionOut(BaseModel):
-    """The answer of ``POST /v1/completions``, OpenAI-style, with trickle's decoding report."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: Usage | None = None
-    trickle: DecodeReport | None = None
-
-
 @dataclass
 class Completion:
-    """One generation: the text, the token counts and what it cost."""
+    """One generated choice: its text and tokens, the token counts and what it cost."""
 
     text: str
+    tokens: list[int]
     prompt_tokens: int
-    completion_tokens: int
     finish_reason: Literal["length", "stop"]
     tokens_per_second: float
     accept_length: float
     target_calls: int
     speculative: bool
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    """A token, its log-probability under the target, and the target's most likely tokens there."""
+
+    token: int
+    text: str
+    logprob: float | None  # None: the first prompt token (nothing before it)
+    top: list[tuple[str, float]]
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """Characters at the end of ``text`` that may begin a stop text (not sent until known)."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest
 
 
 def _load_lm(path: Path, field: str) -> Any:
@@ -165,10 +123,11 @@ class LlmService:
         self._sessions: Any = None
         self._sessions_lock = threading.Lock()
         self.moa: Any = None  # the MoA draft's module, when the draft is one (its states go to devices)
+        self.loaded = int(time.time())  # when the model was loaded (its card at /v1/models)
 
     @classmethod
     def load(cls, target_dir: Path, draft_dir: Path | None = None, concurrency: int = 1, queue: int = 16, k: int = 4,
-             adaptive: bool = False, tree: str | None = None, auto: bool = True) -> LlmService:
+             adaptive: bool = False, tree: str | None = None, auto: bool = True) -> "LlmService":
         import torch
 
         torch.set_num_threads(1)  # batch 1 on CPU: one thread per generation is faster under contention
@@ -201,32 +160,104 @@ class LlmService:
         service.auto_session()
         return service
 
-    def encode(self, prompt: str, max_tokens: int) -> list[int]:
-        ids: list[int] = self.tokenizer(prompt)["input_ids"]
+    def encode(self, prompt: str | list[int], max_tokens: int, special: bool = False) -> list[int]:
+        """A prompt's token ids, checked against the context. Text that spells a special token
+        (``</s>``) is plain text unless ``special`` (a chat template's own markers)."""
+        if isinstance(prompt, str):
+            ids: list[int] = self.tokenizer(prompt, split_special_tokens=not special)["input_ids"]
+        else:
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab]
+            if bad:
+                raise PromptError(f"token id {bad[0]} is outside the model's vocabulary of {self.vocab}")
         if not ids:
             raise PromptError("the prompt has no tokens")
-        if self.context is not None and len(ids) + max_tokens > self.context:
-            raise PromptError(f"prompt of {len(ids)} tokens + max_tokens {max_tokens} is over the model's context of "
-                              f"{self.context} tokens (at most {self.context - max_tokens} prompt tokens)")
+        if self.context is not None:
+            if max_tokens >= self.context:
+                raise PromptError(f"max_tokens {max_tokens} leaves no room for a prompt in the model's context of "
+                                  f"{self.context} tokens (at most {self.context - 1})")
+            if len(ids) + max_tokens > self.context:
+                raise PromptError(f"prompt of {len(ids)} tokens + max_tokens {max_tokens} is over the model's context "
+                                  f"of {self.context} tokens (at most {self.context - max_tokens} prompt tokens with "
+                                  f"this max_tokens)")
         return ids
+
+    @property
+    def vocab(self) -> int:
+        return int(self.target.config.vocab_size)
 
     def decode(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
 
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The messages as the model's chat template writes them, ready for the assistant's turn."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise PromptError(f"model {self.name!r} has no chat template: use /v1/completions, or add one to its "
+                              "tokenizer_config.json ('chat_template'; trickle train lm writes one)")
+        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
     def complete(self, prompt: str | list[int], max_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int = 0, on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
-        """Generate (blocking): speculative decoding when a draft is loaded, else plain."""
-        from models.lm.speculative import speculative_generate
+                 seed: int = 0, on_text: Callable[[str], None] | None = None, stop: list[str] | None = None) -> Completion:
+        """Generate one choice (blocking): speculative decoding when a draft is loaded, else plain.
+        The choice ends at the end-of-text token, at ``max_tokens`` or before the first ``stop``
+        text; ``on_text`` gets the text as it is verified, never text a stop may still cut."""
+        from models.lm.speculative import DecodeStats, speculative_generate
 
         ids = self.encode(prompt, max_tokens) if isinstance(prompt, str) else prompt
         eos = self.tokenizer.eos_token_id
-        tokens, stats = speculative_generate(self.target, self.drafter(), ids, max_tokens, k=self.k, temperature=temperature,
-                                             top_p=top_p, seed=seed, eos_token_id=eos, on_tokens=on_tokens,
-                                             tree=self.tree if self.speculative else None, adaptive=self.adaptive,
-                                             auto=self.auto_session())
-        stopped = eos is not None and bool(tokens) and tokens[-1] == eos
-        return Completion(self.decode(tokens), len(ids), len(tokens), "stop" if stopped else "length",
-                          stats.tokens_per_second, stats.accept_length, stats.target_calls, self.speculative)
+        stops = stop or []
+        tokens: list[int] = []
+        text, sent, stopped = "", 0, False
+
+        def on_tokens(block: list[int]) -> bool:
+            nonlocal text, sent, stopped
+            tokens.extend(block)
+            text = self.decode(tokens)
+            hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+            if hits:
+                text, stopped = text[: min(hits)], True
+            safe = len(text) if stopped else len(text) - _held_back(text, stops)
+            if text[:safe].endswith("\ufffd"):  # a character split across tokens: wait for the rest of it
+                safe = len(text[:safe].rstrip("\ufffd"))
+            if on_text is not None and safe > sent:
+                on_text(text[sent:safe])
+                sent = safe
+            return stopped
+
+        if max_tokens > 0:
+            _, stats = speculative_generate(self.target, self.drafter(), ids, max_tokens, k=self.k,
+                                            temperature=temperature, top_p=top_p, seed=seed, eos_token_id=eos,
+                                            on_tokens=on_tokens, tree=self.tree if self.speculative else None,
+                                            adaptive=self.adaptive, auto=self.auto_session())
+        else:
+            stats = DecodeStats()
+        if on_text is not None and len(text) > sent:
+            on_text(text[sent:])
+        stopped = stopped or (eos is not None and bool(tokens) and tokens[-1] == eos)
+        return Completion(text, tokens, len(ids), "stop" if stopped else "length", stats.tokens_per_second,
+                          stats.accept_length, stats.target_calls, self.speculative)
+
+    def score(self, tokens: list[int], start: int, top: int) -> list[TokenScore]:
+        """Each of ``tokens[start:]``: its log-probability under the target given the tokens before it
+        and the ``top`` likeliest tokens there (one target forward)."""
+        import torch
+
+        with torch.no_grad():
+            logits = self.target(torch.tensor([tokens])).logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        out = []
+        for i in range(start, len(tokens)):
+            if i == 0:
+                out.append(TokenScore(tokens[0], self.token_text(tokens[0]), None, []))
+                continue
+            row = logp[i - 1]
+            best = torch.topk(row, top) if top else None
+            pairs = [(self.token_text(int(t)), float(v)) for v, t in zip(best.values, best.indices)] if best else []
+            out.append(TokenScore(tokens[i], self.token_text(tokens[i]), float(row[tokens[i]]), pairs))
+        return out
+
+    def token_text(self, token: int) -> str:
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
 
     def drafter(self) -> Any:
         """A fresh Drafter for one generation (drafters keep per-sequence state)."""
@@ -279,138 +310,3 @@ class LlmService:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.concurrency)
         return self._slots
-
-
-class LlmMetrics:
-    """Prometheus metrics of the language model, in the server's registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.tokens = Counter("trickle_llm_tokens_generated", "Completion tokens generated", registry=registry)
-        self.requests = Counter("trickle_llm_requests", "Completions served", ["mode"], registry=registry)
-        self.rejected = Counter("trickle_llm_requests_rejected", "Completion requests refused", ["reason"],
-                                registry=registry)
-        self.speed = Histogram("trickle_llm_tokens_per_second", "Decoding speed per request", registry=registry,
-                               buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000))
-        self.accept = Histogram("trickle_llm_accept_length", "Mean tokens per target call per request",
-                                registry=registry, buckets=(1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8))
-
-    def record(self, done: Completion) -> None:
-        self.tokens.inc(done.completion_tokens)
-        self.requests.labels("speculative" if done.speculative else "plain").inc()
-        self.speed.observe(done.tokens_per_second)
-        self.accept.observe(done.accept_length)
-
-
-def _response(request_id: str, created: int, model: str, text: str, finish: Literal["length", "stop"] | None,
-              done: Completion | None) -> CompletionOut:
-    usage = report = None
-    if done is not None:
-        usage = Usage(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
-                      total_tokens=done.prompt_tokens + done.completion_tokens)
-        report = DecodeReport(tokens_per_second=done.tokens_per_second, accept_length=done.accept_length,
-                              target_calls=done.target_calls, speculative=done.speculative)
-    return CompletionOut(id=request_id, created=created, model=model, choices=[Choice(text=text, finish_reason=finish)],
-                         usage=usage, trickle=report)
-
-
-class _CancelledError(Exception):
-    """The client went away mid-stream."""
-
-
-def llm_router(llm: LlmService, registry: CollectorRegistry) -> APIRouter:
-    """The completion route over ``llm``, its metrics in ``registry``."""
-    metrics = LlmMetrics(registry)
-    router = APIRouter()
-    # client–server verification (server.llm.verify): rounds verified and the batched target forwards they took
-    verified = Gauge("trickle_llm_verify_rounds", "Verification rounds answered", registry=registry)
-    forwards = Gauge("trickle_llm_verify_forwards", "Target forwards that verified them (batched across sessions)",
-                     registry=registry)
-    verified.set_function(lambda: llm._sessions.verified if llm._sessions is not None else 0)
-    forwards.set_function(lambda: llm._sessions.rounds if llm._sessions is not None else 0)
-
-    def admit(body: CompletionIn) -> list[int]:
-        try:
-            ids = llm.encode(body.prompt, body.max_tokens)
-        except PromptError as err:
-            metrics.rejected.labels("context").inc()
-            raise HTTPException(400, str(err)) from None
-        try:
-            llm.admit()
-        except QueueFullError as err:
-            metrics.rejected.labels("queue_full").inc()
-            raise HTTPException(503, str(err), headers={"Retry-After": "1"}) from None
-        return ids
-
-    @router.post(COMPLETIONS, response_model=CompletionOut, response_model_exclude_none=False)
-    async def completions(body: CompletionIn) -> Any:
-        ids = admit(body)
-        seed = body.seed if body.seed is not None else secrets.randbits(63)
-        request_id, created, model = f"cmpl-{secrets.token_hex(12)}", int(time.time()), body.model or llm.name
-
-        def generate(on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
-            return llm.complete(ids, body.max_tokens, body.temperature, body.top_p, seed, on_tokens)
-
-        if not body.stream:
-            try:
-                async with llm.slots:
-                    done = await anyio.to_thread.run_sync(generate)
-            finally:
-                llm.leave()
-            metrics.record(done)
-            return _response(request_id, created, model, done.text, done.finish_reason, done)
-        return StreamingResponse(_stream(llm, metrics, generate, request_id, created, model),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-    return router
-
-
-async def _stream(llm: LlmService, metrics: LlmMetrics, generate: Callable[[Callable[[list[int]], None]], Completion],
-                  request_id: str, created: int, model: str) -> AsyncIterator[str]:
-    """SSE: one chunk per verified block (text decoded so far minus text sent), a last chunk with
-    the finish reason, usage and cost, then ``[DONE]``."""
-    loop = asyncio.get_running_loop()
-    blocks: asyncio.Queue[list[int] | None] = asyncio.Queue()
-    cancelled = threading.Event()
-
-    def on_tokens(block: list[int]) -> None:
-        if cancelled.is_set():
-            raise _CancelledError
-        loop.call_soon_threadsafe(blocks.put_nowait, block)
-
-    def run() -> Completion:
-        try:
-            return generate(on_tokens)
-        finally:
-            loop.call_soon_threadsafe(blocks.put_nowait, None)
-
-    def event(out: CompletionOut) -> str:
-        return f"data: {out.model_dump_json(exclude_none=True)}\n\n"
-
-    try:
-        async with llm.slots:
-            task = loop.run_in_executor(None, run)
-            try:
-                tokens: list[int] = []
-                sent = ""
-                while (block := await blocks.get()) is not None:
-                    tokens += block
-                    text = llm.decode(tokens)
-                    if text.endswith("\ufffd") or not text.startswith(sent) or text == sent:
-                        continue  # a character split across tokens: wait for the rest of it
-                    yield event(_response(request_id, created, model, text[len(sent):], None, None))
-                    sent = text
-                try:
-                    done = await task
-                except TrickleError as err:
-                    yield f"data: {json.dumps({'error': {'message': str(err)}})}\n\n"
-                    return
-                metrics.record(done)
-                rest = done.text[len(sent):] if done.text.startswith(sent) else done.text
-                yield event(_response(request_id, created, model, rest, done.finish_reason, done))
-                yield "data: [DONE]\n\n"
-            finally:
-                cancelled.set()
-                if not task.done():  # the client left: the generation stops at its next block
-                    await asyncio.shield(asyncio.wait([task]))
-    finally:
-        llm.leave()

@@ -102,6 +102,14 @@ ALTER TABLE messages DROP CONSTRAINT messages_pkey;
 ALTER TABLE messages ADD PRIMARY KEY (device, key);
 CREATE UNIQUE INDEX IF NOT EXISTS devices_by_token ON devices (token_sha256);
 """}),
+    # API keys of the language model's routes (server.llm.completions): only their sha256 is kept,
+    # with what each key used
+    (7, """
+CREATE TABLE IF NOT EXISTS llm_keys (
+    name TEXT PRIMARY KEY, key_sha256 TEXT NOT NULL UNIQUE, created_s DOUBLE PRECISION NOT NULL,
+    revoked_s DOUBLE PRECISION, requests BIGINT NOT NULL DEFAULT 0, prompt_tokens BIGINT NOT NULL DEFAULT 0,
+    completion_tokens BIGINT NOT NULL DEFAULT 0, last_used_s DOUBLE PRECISION);
+"""),
 )
 class StoreError(TrickleError):
     """A request the store refuses (unknown device, duplicate id, unknown bundle)."""

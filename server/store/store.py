@@ -1,5 +1,5 @@
 """The server's storage: one repository class per aggregate (``Devices``, ``Messages``,
-``FleetQueries`` for the dashboard, ``Bundles``, ``Jobs``) over one ``Database``; ``Store`` is
+``FleetQueries`` for the dashboard, ``Bundles``, ``Jobs``, ``LlmKeys``) over one ``Database``; ``Store`` is
 them together, on SQLite, and ``PostgresStore`` the same on PostgreSQL (``open_store`` picks).
 Everything the rest of the server needs goes through ``Store``'s methods. Each thread gets its
 own connection.
@@ -18,13 +18,14 @@ from server.store.database import MIGRATIONS, JobNotFinishedError, StoreError, V
 from server.store.devices import RESERVED_USER, Device, Devices, token_sha256
 from server.store.fleet import FleetQueries, natural_key
 from server.store.jobs import Jobs
+from server.store.llm_keys import LlmKeys
 from server.store.messages import Incoming, Messages
 
 __all__ = ["MIGRATIONS", "RESERVED_USER", "Device", "Incoming", "JobNotFinishedError", "PostgresStore", "Store",
            "StoreError", "VersionTakenError", "natural_key", "open_store", "redact", "token_sha256"]
 
 
-class Store(Devices, FleetQueries, Messages, Bundles, Jobs):
+class Store(Devices, FleetQueries, Messages, Bundles, Jobs, LlmKeys):
     """The server's store on SQLite (a file path): every repository over one database."""
 
 

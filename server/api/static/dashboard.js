@@ -303,6 +303,7 @@ function renderFleet(snap) {
     }
     $("assignments").replaceChildren(items);
     renderJobs(snap.jobs);
+    renderKeys(snap.llm_keys || []);
   }
   if (state.device && Date.now() - (state.deviceLoaded || 0) > 5000) loadDevice(state.device);
 }
@@ -335,6 +336,20 @@ function renderJobs(jobs) {
     rows.appendChild(tr);
   }
   $("jobs").replaceChildren(rows);
+}
+
+function renderKeys(keys) {
+  const rows = document.createDocumentFragment();
+  for (const k of keys) {
+    const tr = document.createElement("tr");
+    tr.dataset.key = k.name;
+    cell(tr, k.name); cell(tr, k.revoked_s ? "revoked" : "live"); cell(tr, k.requests);
+    cell(tr, k.prompt_tokens); cell(tr, k.completion_tokens);
+    cell(tr, k.last_used_s ? new Date(1000 * k.last_used_s).toLocaleString() : "never");
+    rows.appendChild(tr);
+  }
+  $("llm-keys").replaceChildren(rows);
+  $("llm-usage").hidden = keys.length === 0;
 }
 
 async function cancelJob(id) {

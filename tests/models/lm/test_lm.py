@@ -48,6 +48,10 @@ def test_loads_with_transformers_auto_classes(trained: Path, corpus: Path) -> No
     assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.model_max_length) == ("<s>", "</s>", "<pad>", 64)
     text = "Señor — ¿qué? Hamlet swears by the river.\n"  # byte-level: any text round-trips
     assert tok.decode(tok(text).input_ids) == text
+    # the chat template the server's /v1/chat/completions renders with: a chat as a scene of a play
+    chat = tok.apply_chat_template([{"role": "system", "content": "A platform."}, {"role": "user", "content": "Who's there?"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert chat == "[A platform.]\n\nUSER.\nWho's there?\n\nASSISTANT.\n"
     doc = summary(trained)
     assert doc["held_out_plays"] == ["play3.txt", "play4.txt", "play5.txt", "play6.txt"]
     assert doc["steps"] == STEPS and doc["parameters"] == sum(p.numel() for p in model.parameters())

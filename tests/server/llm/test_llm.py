@@ -22,7 +22,7 @@ from tests.language import CONTEXT, Models
 
 @contextmanager
 def _serve(state: Path, **llm: Any) -> Iterator[str]:
-    config = ServeConfig(state_dir=state, port=free_port(), mqtt_port=free_port(), **llm)
+    config = ServeConfig(state_dir=state, port=free_port(), mqtt_port=free_port(), **{"llm_open": True, **llm})
     with Service(config).background():
         yield config.url
 
@@ -83,7 +83,8 @@ def test_streamed_chunks_concatenate_to_the_text(speculative: str) -> None:
     body = {"prompt": "Now is the winter", "max_tokens": 40, "temperature": 0}
     whole = _complete(speculative, **body)
     events = []
-    with httpx.stream("POST", speculative + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", speculative + "/v1/completions", json=stream, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line:
@@ -91,22 +92,34 @@ def test_streamed_chunks_concatenate_to_the_text(speculative: str) -> None:
                 events.append(line[len("data: "):])
     assert events[-1] == "[DONE]" and len(events) >= 3  # several blocks, not one at the end
     chunks = [json.loads(e) for e in events[:-1]]
-    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
-    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
-    assert chunks[-1]["usage"] == whole["usage"] and all(c["id"] == chunks[0]["id"] for c in chunks)
+    *texts, usage = chunks  # OpenAI's shape: choices, then (include_usage) one chunk of usage and no choices
+    assert "".join(c["choices"][0]["text"] for c in texts) == whole["choices"][0]["text"]
+    assert [c["choices"][0]["finish_reason"] for c in texts] == [None] * (len(texts) - 1) + [whole["choices"][0]["finish_reason"]]
+    assert all(set(c["choices"][0]) == {"index", "text", "logprobs", "finish_reason"} for c in texts)
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"] and all(c["id"] == chunks[0]["id"] for c in chunks)
 
 
 def test_a_prompt_over_the_context_is_a_400_naming_the_limit(speculative: str) -> None:
     r = httpx.post(speculative + "/v1/completions", json={"prompt": "wherefore art thou " * 200, "max_tokens": 16})
-    assert r.status_code == 400 and f"context of {CONTEXT} tokens" in r.json()["detail"]
-    assert f"at most {CONTEXT - 16} prompt tokens" in r.json()["detail"]
+    error = r.json()["error"]
+    assert r.status_code == 400 and f"context of {CONTEXT} tokens" in error["message"]
+    assert f"at most {CONTEXT - 16} prompt tokens" in error["message"] and error["code"] == "context_length_exceeded"
+    # max_tokens past the context: the limit, never a negative prompt length (issue 32)
+    r = httpx.post(speculative + "/v1/completions", json={"prompt": "To be", "max_tokens": 4096})
+    assert r.status_code == 400 and f"at most {CONTEXT - 1})" in r.json()["error"]["message"]
+    assert "-" not in r.json()["error"]["message"].split("at most")[1]
 
 
-@pytest.mark.parametrize("bad", [{"max_tokens": 0}, {"max_tokens": 100_000}, {"temperature": -0.1}, {"temperature": 2.5},
-                                 {"top_p": 0}, {"top_p": 1.5}, {"prompt": ""}, {"prompt": None}, {"seed": -1}])
-def test_bad_parameters_are_422(speculative: str, bad: dict[str, Any]) -> None:
+@pytest.mark.parametrize("bad", [{"max_tokens": -1}, {"max_tokens": 100_000}, {"temperature": -0.1}, {"temperature": 2.5},
+                                 {"top_p": 0}, {"top_p": 1.5}, {"prompt": ""}, {"prompt": []}, {"prompt": None},
+                                 {"seed": -1}, {"n": 0}, {"stop": ["a", "b", "c", "d", "e"]}, {"logprobs": 6},
+                                 {"best_of": 2}, {"suffix": "end"}, {"presence_penalty": 0.5}, {"logit_bias": {"5": 1}}])
+def test_bad_parameters_are_openai_400s(speculative: str, bad: dict[str, Any]) -> None:
     r = httpx.post(speculative + "/v1/completions", json={"prompt": "To be", **bad})
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == next(iter(bad)), error
 
 
 def test_beyond_concurrency_and_queue_is_503(plain: str) -> None:
