@@ -395,8 +395,9 @@ def llm_router(llm: LlmService, registry: CollectorRegistry, access: LlmAccess) 
 
 
 def _kept_tokens(llm: LlmService, done: Completion) -> list[int]:
-    """The choice's tokens up to the text it returns (a stop text cuts inside the last block)."""
-    if done.finish_reason == "stop":
+    """The choice's tokens up to the text it returns (a stop text cuts inside the last block; an
+    end-of-text token stays, with its logprob)."""
+    if done.finish_reason == "stop" and llm.decode(done.tokens) != done.text:
         for n in range(len(done.tokens) + 1):
             if len(llm.decode(done.tokens[:n])) >= len(done.text):
                 return done.tokens[:n]

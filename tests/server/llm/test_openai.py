@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import torch
@@ -249,3 +250,34 @@ def test_llm_routes_need_a_key_and_count_its_use(servers: dict[str, openai.OpenA
     with _serve(tmp_path / "open", llm=models.target, llm_open=True) as anyone:
         r = httpx.post(anyone + "/v1/completions", json={"prompt": "To be", "max_tokens": 2})
         assert r.status_code == 200 and json.loads(r.text)["usage"]["completion_tokens"] == 2
+
+
+def test_sampled_choices_follow_the_targets_distribution_with_a_draft(servers: dict[str, openai.OpenAI],
+                                                                        target: tuple[Any, Any]) -> None:
+    """Lossless sampling through the server, ``n`` included: 480 first tokens (30 requests × n = 16,
+    every choice its own seed) against the target's softmax, pooled into 6 bins of about equal mass
+    (tokens by their text, as the API returns them)."""
+    from scipy.stats import chisquare
+
+    model, tok = target
+    ids = tok("To be")["input_ids"]
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1).numpy()
+    mass: dict[str, float] = {}
+    for t in range(len(p)):
+        mass[tok.decode([t])] = mass.get(tok.decode([t]), 0.0) + float(p[t])
+    texts = sorted(mass, key=lambda text: -mass[text])
+    before = np.cumsum([mass[t] for t in texts]) - [mass[t] for t in texts]
+    bins = {text: min(int(c * 6), 5) for text, c in zip(texts, before)}
+    expected = [sum(mass[t] for t, b in bins.items() if b == i) for i in range(6)]
+    counts = [0] * 6
+    for r in range(30):
+        reply = servers["draft"].completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=1.0, n=16,
+                                                    seed=16 * r, logprobs=0)
+        for choice in reply.choices:
+            assert choice.logprobs is not None and choice.logprobs.tokens
+            counts[bins[choice.logprobs.tokens[0]]] += 1
+    assert sum(counts) == 480
+    used = [i for i, e in enumerate(expected) if e > 0]  # a text of more than a bin's mass leaves the next empty
+    assert len(used) >= 4
+    assert chisquare([counts[i] for i in used], [expected[i] * 480 for i in used]).pvalue > 1e-3, (counts, expected)
