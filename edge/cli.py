@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from edge.classify.backends import BACKENDS
 from edge.core.errors import ConfigError, DataError
@@ -18,6 +19,7 @@ from edge.core.errors import ConfigError, DataError
 if TYPE_CHECKING:
     from edge.classify.runtime import Runtime
     from edge.contract.bundle import Bundle
+    from edge.llm.generate import Generation, TextChange, VerifyLink
 
 RUN_HELP = """Run the device agent: read SOURCE, infer with the bundle, publish results and telemetry.
 
@@ -73,11 +75,19 @@ ONNX graphs and the tokenizer; no torch here); with --trust it must be signed by
 tokens and sends them for verification, over HTTP (POST /v1/llm/verify, --server) or MQTT (the
 device's verify/verified topics, --broker), with the device's token, and prints what the target
 keeps as it is kept: greedy output is the target's own, sampling is distributed as the target's.
-When the server cannot be reached the draft goes on alone (those tokens are unverified) and the
-text is re-verified when the link returns: --on-divergence correct (the default) replaces it from
-the first token the target disagrees with, keep keeps it. --auto asks the server for the rest as one
-block (its own decoding, batched with other devices') whenever that is faster than drafting. The summary (stderr, or --json) gives
-tokens/s, server calls and where the text diverged."""
+--auto asks the server for the rest as one block (its own decoding, batched with other devices')
+whenever that is faster than drafting.
+
+When the server cannot be reached (no connection, a timeout, HTTP 5xx) the draft goes on alone;
+that text is unverified and is not printed (--show-draft prints it, dim on a terminal, else inside
+[draft: ...]). When the link returns it is re-verified: --on-divergence correct (the default)
+replaces it from the first token the target disagrees with (with --show-draft a notice says so);
+keep keeps it (printed then, dim on a terminal: unverified) and verification goes on from it. Text
+the server never saw again stays unprinted (unchecked). A server that lost the session (restarted) is sent the history again. A
+request the server refuses (a draft it cannot serve, an unknown token, the target's context
+exceeded) ends the command with the server's reason and exit status 1. Special-token text in the
+prompt (</s>) is plain text unless --special-tokens. The summary (stderr, or --json) counts
+verified, kept and unchecked tokens and gives tokens/s, server calls and where the text diverged."""
 
 
 def add_edge_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,9 +115,18 @@ def add_edge_arguments(p: argparse.ArgumentParser) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
     gen.add_argument("--seed", type=int, default=0, help="seeds sampling (default 0)")
     gen.add_argument("--timeout-s", type=float, default=5.0, help="per request, before going on offline (default 5)")
+    gen.add_argument("--retry-s", type=float, default=1.0,
+                     help="after a failed request, draft at least K tokens alone and wait this long before trying "
+                          "the server again (default 1)")
     gen.add_argument("--on-divergence", choices=["correct", "keep"], default="correct",
-                     help="text drafted offline that the target disagrees with: replace it (default) or keep it")
-    gen.add_argument("--json", action="store_true", help="print one JSON object (text and figures) instead of streaming")
+                     help="text drafted offline that the target disagrees with: replace it (default) or keep it, unverified")
+    gen.add_argument("--show-draft", action="store_true",
+                     help="also print unverified text drafted offline, marked: dim on a terminal, else [draft: ...]; "
+                          "a notice says where the target replaced it (--json: its unchecked rest as draft_text)")
+    gen.add_argument("--special-tokens", action="store_true",
+                     help="read special-token text in the prompt (</s>) as those tokens (default: as plain text)")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (the settled text and figures) instead of streaming")
     infer = sub.add_parser("infer", help="classify input files with a bundle", description=INFER_HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     infer.add_argument("bundle", type=Path, help="bundle folder or .tar")
@@ -172,62 +191,181 @@ def run_edge(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    import os
     import sys
 
     from edge.llm.draft import load_lm_draft
-    from edge.llm.generate import HttpVerifyLink, MqttVerifyLink, VerifyLink, generate
+    from edge.llm.generate import VerifyRefusedError, generate
 
+    if args.max_tokens < 1 or args.k < 1:
+        raise ConfigError("--max-tokens/--k", (args.max_tokens, args.k), "must be >= 1")
+    if args.retry_s < 0:
+        raise ConfigError("--retry-s", args.retry_s, "must be >= 0")
+    _check_generate_link(args)
+    draft = load_lm_draft(args.bundle, trust=args.trust)
+    tokenizer = draft.tokenizer(special_tokens=args.special_tokens)
+    prompt = tokenizer.encode(args.prompt).ids
+    if not prompt:
+        raise ConfigError("prompt", args.prompt, "has no tokens")
+    link = _generate_link(args)
+    styled = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    out = None if args.json else TextOut(tokenizer.decode, sys.stdout, args.show_draft, styled, link is not None)
+    try:
+        result = generate(draft, link, prompt, args.max_tokens, k=args.k, temperature=args.temperature, top_p=args.top_p,
+                          seed=args.seed, retry_s=args.retry_s, adaptive=args.adaptive, on_divergence=args.on_divergence,
+                          on_text=out, auto=args.auto)
+    except VerifyRefusedError as err:
+        if out is not None:
+            out.finish(unchecked="not verified: the server refused the request")
+        if err.status in (401, 403) and args.token_file is not None:
+            raise VerifyRefusedError(err.status, f"{err.detail} (the token in {args.token_file})") from None
+        raise
+    finally:
+        if link is not None:
+            link.close()
+    summary = {"text": tokenizer.decode(result.settled_tokens), "prompt_tokens": len(prompt), "tokens": len(result.tokens),
+               "verified": result.verified, "unverified": result.unverified, "kept": result.kept,
+               "unchecked": result.unchecked, "offline_tokens": result.offline_tokens, "server_calls": result.server_calls,
+               "divergences": result.divergences, "tokens_per_second": round(result.tokens_per_second, 2)}
+    if args.json:
+        if args.show_draft:
+            summary["draft_text"] = tokenizer.decode(result.tokens[len(result.settled_tokens):])
+        print(json.dumps(summary))
+        return 0
+    assert out is not None
+    out.finish(unchecked="not verified: the server could not be reached again" if result.unchecked else None)
+    print(_generate_summary(result, link is not None, args.show_draft), file=sys.stderr)
+    return 0
+
+
+def _check_generate_link(args: argparse.Namespace) -> None:
     if args.server is not None and args.broker is not None:
         raise ConfigError("--server/--broker", (args.server, args.broker), "give one: verify over HTTP or over MQTT")
     if (args.server is not None or args.broker is not None) and args.token_file is None:
         raise ConfigError("--token-file", None, "needed with --server or --broker (the device's token from registration)")
     if args.broker is not None and args.device is None:
         raise ConfigError("--device", None, "needed with --broker (the device id the token belongs to)")
-    if args.max_tokens < 1 or args.k < 1:
-        raise ConfigError("--max-tokens/--k", (args.max_tokens, args.k), "must be >= 1")
-    draft = load_lm_draft(args.bundle, trust=args.trust)
-    tokenizer = draft.tokenizer()
-    prompt = tokenizer.encode(args.prompt).ids
-    if not prompt:
-        raise ConfigError("prompt", args.prompt, "has no tokens")
-    link: VerifyLink | None = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text().strip()
-        except OSError as err:
-            raise ConfigError("--token-file", str(args.token_file), f"cannot be read ({err.strerror})") from None
-    if args.server is not None:
-        link = HttpVerifyLink(args.server, token, timeout_s=args.timeout_s)
-    elif args.broker is not None:
-        link = MqttVerifyLink.connect(args.broker, args.fleet, args.device, token, timeout_s=args.timeout_s)
-    shown: list[int] = []
 
-    def stream(block: list[int], verified: bool) -> None:
-        before = tokenizer.decode(shown)
-        shown.extend(block)
-        if not args.json:
-            sys.stdout.write(tokenizer.decode(shown)[len(before):])
-            sys.stdout.flush()
 
+def _generate_link(args: argparse.Namespace) -> VerifyLink | None:
+    """The way to the server's verification that the flags name (None: the draft alone)."""
+    from edge.llm.generate import HttpVerifyLink, MqttVerifyLink
+
+    if args.token_file is None:
+        return None
     try:
-        result = generate(draft, link, prompt, args.max_tokens, k=args.k, temperature=args.temperature, top_p=args.top_p,
-                          seed=args.seed, adaptive=args.adaptive, on_divergence=args.on_divergence, on_tokens=stream,
-                          auto=args.auto)
-    finally:
-        if link is not None:
-            link.close()
-    summary = {"text": tokenizer.decode(result.tokens), "tokens": len(result.tokens), "verified": result.verified,
-               "offline_tokens": result.offline_tokens, "server_calls": result.server_calls,
-               "divergences": result.divergences, "tokens_per_second": round(result.tokens_per_second, 2)}
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        sys.stdout.write("\n")
-        sys.stdout.flush()  # the text ends before the summary starts, when both go to one terminal
-        print(f"{len(result.tokens)} tokens ({result.verified} verified) in {result.seconds:.2f} s, "
-              f"{result.server_calls} server calls" + (f"; diverged at {result.divergences}" if result.divergences else ""),
-              file=sys.stderr)
-    return 0
+        token = args.token_file.read_text().strip()
+    except OSError as err:
+        raise ConfigError("--token-file", str(args.token_file), f"cannot be read ({err.strerror})") from None
+    if args.server is not None:
+        return HttpVerifyLink(args.server, token, timeout_s=args.timeout_s)
+    if args.broker is not None:
+        return MqttVerifyLink.connect(args.broker, args.fleet, args.device, token, timeout_s=args.timeout_s)
+    return None
+
+
+def _generate_summary(result: Generation, verifying: bool, show_draft: bool) -> str:
+    """The one line ``edge generate`` ends with (stderr): what of the text is verified."""
+    timing = f"in {result.seconds:.2f} s, {result.server_calls} server calls"
+    if not verifying:
+        return f"{len(result.tokens)} tokens by the draft alone (no server, none verified) {timing}"
+    parts = [f"{result.verified} verified"]
+    if result.kept:
+        parts.append(f"{result.kept} kept unverified where the target disagreed")
+    if result.unchecked:
+        parts.append(f"{result.unchecked} drafted offline and unchecked (the server could not be reached again; "
+                     + ("shown as draft)" if show_draft else "not printed: --show-draft prints them)"))
+    diverged = f"; diverged at {result.divergences}" if result.divergences else ""
+    return f"{len(result.tokens)} tokens ({', '.join(parts)}) {timing}{diverged}"
+
+
+class TextOut:
+    """What ``edge generate`` writes while it runs (an ``on_text`` listener): settled text as it
+    settles (kept text dim on a terminal); with ``show_draft`` also pending text, marked (dim on a
+    terminal, else inside ``[draft: ...]``), and a notice where the target replaced or kept it.
+    Text the target throws away is never printed as if it stayed."""
+
+    DIM, UNDIM, NOTE, UNNOTE = "\x1b[2m", "\x1b[22m", "\x1b[33m", "\x1b[39m"
+
+    def __init__(self, decode: Callable[[list[int]], str], stream: TextIO, show_draft: bool, styled: bool,
+                 verifying: bool) -> None:
+        self.decode, self.stream, self.show_draft, self.styled, self.verifying = decode, stream, show_draft, styled, verifying
+        self.settled: list[int] = []
+        self.pending: list[int] = []
+        self.screen: list[int] = []  # the tokens whose text is written, as one sequence (from the last notice on)
+        self.chars = 0  # characters of the screen's text written
+        self.open = False  # a [draft: ...] is open (not styled)
+
+    def __call__(self, change: TextChange) -> None:
+        kind, tokens = change.kind, change.tokens
+        if kind == "verified":
+            self.settled += tokens
+            self._put(tokens, "settled")
+        elif kind == "drafted":
+            self.pending += tokens
+            if self.show_draft:
+                self._put(tokens, "draft")
+        elif kind == "confirmed":  # already on screen with show_draft
+            self.settled += tokens
+            del self.pending[: len(tokens)]
+            if not self.show_draft:
+                self._put(tokens, "settled")
+            elif not self.pending:
+                self._close()
+        elif kind == "discarded":
+            self.pending = []
+            if self.show_draft:
+                self._close()
+                self._notice(f"the target replaced the draft from {self._quote(tokens)}; its text follows")
+                self.screen, self.chars = list(self.settled), len(self._stable(self.settled))
+        elif kind == "kept":
+            from_pending, self.pending = bool(self.pending), []
+            self.settled += tokens
+            if self.show_draft and from_pending:
+                self._close()
+                self._notice(f"the target disagreed from {self._quote(tokens)}; kept, unverified")
+            else:
+                self._put(tokens, "kept" if self.verifying else "settled")
+
+    def finish(self, unchecked: str | None) -> None:
+        """The end: the rest of the text, a notice (``unchecked``: why) on pending text shown, a newline."""
+        text = self.decode(self.screen)
+        self._write(text[self.chars :])
+        if unchecked and self.show_draft and self.pending:
+            self._close()
+            self._notice(unchecked)
+        self._write("\n")
+
+    def _stable(self, tokens: list[int]) -> str:
+        return self.decode(tokens).rstrip("\ufffd")  # an incomplete UTF-8 character waits for its last bytes
+
+    def _put(self, tokens: list[int], style: str) -> None:
+        if style == "settled" and self.open:
+            self._close()
+        self.screen += tokens
+        stable = self._stable(self.screen)
+        text, self.chars = stable[self.chars :], len(stable)
+        if style == "draft" and not self.styled and not self.open:
+            text, self.open = "[draft: " + text, True
+        dim = self.styled and style in ("draft", "kept")
+        self._write(self.DIM + text + self.UNDIM if dim and text else text)
+
+    def _close(self) -> None:
+        if self.open:
+            self._write("]")
+            self.open = False
+
+    def _notice(self, words: str) -> None:
+        self._write(f"{self.NOTE}[{words}]{self.UNNOTE}" if self.styled else f"[{words}]")
+
+    def _quote(self, tokens: list[int]) -> str:
+        text = self.decode(tokens)
+        return json.dumps(text[:24] + ("..." if len(text) > 24 else ""))
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
 
 
 def run_agent(args: argparse.Namespace) -> int:

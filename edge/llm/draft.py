@@ -73,11 +73,15 @@ class _OnnxDraft(Draft):
     def reset(self) -> None:
         """Forget the sequence and the states held (a new generation)."""
 
-    def tokenizer(self) -> Any:
-        """The target's tokenizer (``tokenizers.Tokenizer``, no torch), from the bundle."""
+    def tokenizer(self, special_tokens: bool = False) -> Any:
+        """The target's tokenizer (``tokenizers.Tokenizer``, no torch), from the bundle. Text that
+        spells a special token (``</s>``) is encoded as the plain text it is, unless
+        ``special_tokens``: then it is that token (a prompt cannot end the text by accident)."""
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_str(self.bundle.files[TOKENIZER].decode())
+        tokenizer = Tokenizer.from_str(self.bundle.files[TOKENIZER].decode())
+        tokenizer.encode_special_tokens = not special_tokens
+        return tokenizer
 
     def _full(self, z: np.ndarray) -> np.ndarray:
         """(V,) logits over the target's vocabulary from the draft vocabulary's: -inf elsewhere."""

@@ -19,13 +19,22 @@ second by the round trip, the server's time per token and the acceptance rate me
 for a while after the server refused a draft as overloaded (``speculation: refused``), it asks
 for blocks.
 
-When the server cannot be reached (refused, timed out, dropped), generation goes on with the draft
-alone; those tokens are *unverified*. The link is tried again after K such tokens and at least
-``retry_s``, and once more at the end; when it answers,
-the unverified suffix is sent as one long draft. Where the target disagrees, the divergence is
-recorded and, with ``on_divergence="correct"``, the text from there is replaced by the target's
-(``"keep"`` keeps the device's text and verifies onwards from it). A server that lost the session
-(409) gets the whole history again, which rebuilds it.
+What the server answers decides what happens next (``refused``):
+
+- it cannot be reached (connection refused, dropped or timed out; 408, 429, 5xx): generation goes
+  on with the draft alone; those tokens are *pending*, not verified. The link is tried again after
+  K such tokens and at least ``retry_s``, and at the end until it answers or fails once more; when
+  it answers, the pending text is sent as one long draft. Where the target disagrees, the
+  divergence is recorded and, with ``on_divergence="correct"``, the pending text from there is
+  discarded for the target's; with ``"keep"`` it is kept, *unverified*, and verification goes on
+  from it. Pending text the server never saw again is *unchecked*;
+- it lost the session (409: evicted, restarted): the whole history is sent again, at once;
+- it refuses the request (400, 401, 403, 404, 413, 422: a draft of a kind it cannot feed, a
+  token it does not know, the target's context exceeded, no language model): ``generate`` raises
+  ``VerifyRefusedError`` with the server's reason and the text made so far; retrying cannot help.
+
+``Generation`` counts verified, kept and unchecked tokens; ``on_text`` tells each change
+(``TextChange``) so that a device shows only text that stays, and marks what is unverified.
 """
 
 from __future__ import annotations
@@ -89,11 +98,46 @@ class SessionLostError(LinkError):
     """The server no longer holds the session (HTTP 409): resend the history from the start."""
 
 
+class VerifyRefusedError(LinkError):
+    """The server refused a verification that no retry mends (HTTP 400, 401, 403, 404, 413, 422,
+    or the same status over MQTT): ``status`` and ``detail`` are its; ``generation`` is what
+    ``generate`` made up to the refusal (None when raised by a link)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        self.status, self.detail = status, detail
+        self.generation: Generation | None = None
+        if status == 401:
+            cause = f"the server does not know this device's token (HTTP 401: {detail})"
+        elif status == 403:
+            cause = f"the server does not let this device verify (HTTP 403: {detail})"
+        else:
+            cause = f"the server refused the verification (HTTP {status}): {detail}"
+        super().__init__(cause)
+
+
+def refused(status: int) -> bool:
+    """Whether a status refuses the request itself (a client error no retry mends), as opposed to
+    a server or link that is down or busy (408 timeout, 429 too many requests, 5xx) or a lost
+    session (409)."""
+    return 400 <= status < 500 and status not in (408, 409, 429)
+
+
+def _detail(body: Any, fallback: str) -> str:
+    """The server's reason, one line: FastAPI's ``detail`` (a string, or the list of 422 errors)."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):
+        detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg', '')}" if isinstance(e, dict)
+                           else str(e) for e in detail)
+    text = str(detail) if detail else fallback
+    return " ".join(text.split())[:500]
+
+
 class VerifyLink(Protocol):
     """The way to the server's verification: HTTP (``HttpVerifyLink``) or MQTT (``MqttVerifyLink``)."""
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        """One round; LinkError when the server cannot be reached, SessionLostError on 409."""
+        """One round; SessionLostError on 409, VerifyRefusedError when the server refuses the
+        request (``refused``), LinkError when it cannot be reached."""
 
     def close(self) -> None:
         """Release the connection."""
@@ -115,11 +159,21 @@ class HttpVerifyLink:
                                  headers={"content-type": "application/json"})
         except httpx.HTTPError as err:
             raise LinkError(f"verification: {type(err).__name__}: {err}") from None
+        if r.status_code == 200:
+            try:
+                return VerifyResponse.model_validate_json(r.content)
+            except ValueError as err:
+                raise LinkError(f"verification: not a verification answer ({err})") from None
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        detail = _detail(body, r.text or r.reason_phrase)
         if r.status_code == 409:
-            raise SessionLostError(r.json().get("detail", "session lost"))
-        if r.status_code != 200:
-            raise LinkError(f"verification refused: HTTP {r.status_code}: {r.text[:200]}")
-        return VerifyResponse.model_validate_json(r.content)
+            raise SessionLostError(detail)
+        if refused(r.status_code):
+            raise VerifyRefusedError(r.status_code, detail)
+        raise LinkError(f"verification failed: HTTP {r.status_code}: {detail}")
 
     def close(self) -> None:
         self.client.close()
@@ -203,8 +257,10 @@ class MqttVerifyLink:
         reply = done[1][0]
         if reply.status == 409:
             raise SessionLostError(reply.detail or "session lost")
+        if refused(reply.status):
+            raise VerifyRefusedError(reply.status, _detail({"detail": reply.detail}, "no reason given"))
         if reply.status != 200 or reply.result is None:
-            raise LinkError(f"verification refused: {reply.status}: {reply.detail}")
+            raise LinkError(f"verification failed: {reply.status}: {reply.detail}")
         return reply.result
 
     def close(self) -> None:
@@ -216,20 +272,57 @@ class MqttVerifyLink:
 
 @dataclass
 class Generation:
-    """What ``generate`` made: ``tokens`` (after the prompt), of which the first ``verified`` the
-    target verified; ``divergences``: positions in ``tokens`` where re-verification found the
-    target disagreeing with text drafted offline."""
+    """What ``generate`` made: ``tokens`` (after the prompt). Each is *verified* (the target's
+    choice there), *kept* (not verified but it stays: after the target disagreed with text drafted
+    offline, ``on_divergence="keep"``; with no server, every token) or *unchecked* (drafted offline
+    and never seen by the target: the server could not be reached again before the end; always the
+    last ``unchecked`` tokens). ``divergences``: positions in ``tokens`` where re-verification found
+    the target disagreeing with text drafted offline; ``offline_tokens``: tokens the draft made
+    alone, those discarded since included."""
 
     tokens: list[int] = field(default_factory=list)
     verified: int = 0
+    kept: int = 0
+    unchecked: int = 0
     server_calls: int = 0
     offline_tokens: int = 0
     divergences: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
+    def unverified(self) -> int:
+        """Tokens the target did not verify: kept and unchecked."""
+        return self.kept + self.unchecked
+
+    @property
+    def settled_tokens(self) -> list[int]:
+        """The tokens without the unchecked tail: verified and kept, what stays whatever happens."""
+        return self.tokens[: len(self.tokens) - self.unchecked]
+
+    @property
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True)
+class TextChange:
+    """One change to the text while ``generate`` runs (``on_text``). The text is a settled part,
+    which stays, followed by a pending part: tokens drafted offline that the target may yet replace.
+
+    - ``verified``: ``tokens``, verified, join the settled part (nothing is pending then);
+    - ``drafted``: ``tokens``, drafted offline, join the pending part;
+    - ``confirmed``: the target agrees with the first ``len(tokens)`` pending tokens: they leave the
+      pending part and join the settled part, verified;
+    - ``discarded``: the target disagrees with the first pending token: the whole pending part
+      (``tokens``) is thrown away, and the target's text follows (``on_divergence="correct"``);
+    - ``kept``: ``tokens`` join the settled part unverified: the whole pending part after the
+      target disagreed with its first token (``on_divergence="keep"``), or with no server each
+      token the draft makes.
+
+    Pending tokens left when ``generate`` returns are its ``Generation.unchecked`` tail."""
+
+    kind: Literal["verified", "drafted", "confirmed", "discarded", "kept"]
+    tokens: list[int]
 
 
 @dataclass
@@ -295,18 +388,38 @@ def generate(draft: Draft, link: VerifyLink | None, prompt: list[int], max_new_t
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, session: str | None = None,
              retry_s: float = 1.0, on_divergence: Literal["correct", "keep"] = "correct", adaptive: bool = False,
              on_tokens: Callable[[list[int], bool], None] | None = None, auto: bool = False,
-             estimates: LinkEstimates | None = None) -> Generation:
+             estimates: LinkEstimates | None = None, on_text: Callable[[TextChange], None] | None = None
+             ) -> Generation:
     """``max_new_tokens`` after ``prompt`` by client–server speculative decoding (see the module
-    doc; the settings are ``DecodeOptions``'); ``link`` None is the draft alone.
-    ``on_tokens(tokens, verified)`` streams blocks. ``estimates``: what earlier generations over
-    the same link measured (auto mode decides with them; they are updated)."""
+    doc; the settings are ``DecodeOptions``'); ``link`` None is the draft alone. ``on_text``
+    tells every change to the text (``TextChange``); ``on_tokens(tokens, verified)`` only new
+    tokens, as the target verifies them (True) or the draft makes them alone (False).
+    ``estimates``: what earlier generations over the same link measured (auto mode decides with
+    them; they are updated). Raises ``VerifyRefusedError`` (its ``generation``: the text so far)
+    when the server refuses a request."""
     options = DecodeOptions(k, temperature, top_p, seed, session, retry_s, on_divergence, adaptive, auto)
-    return Decoder(draft, link, options, estimates).run(prompt, max_new_tokens, on_tokens)
+    decoder = Decoder(draft, link, options, estimates)
+    if on_tokens is not None:
+        decoder.listeners.append(_new_tokens(on_tokens, link is None))
+    if on_text is not None:
+        decoder.listeners.append(on_text)
+    return decoder.run(prompt, max_new_tokens)
+
+
+def _new_tokens(on_tokens: Callable[[list[int], bool], None], alone: bool) -> Callable[[TextChange], None]:
+    """``on_tokens``'s view of the changes: tokens verified (True) or made by the draft alone (False)."""
+    def tell(change: TextChange) -> None:
+        if change.kind == "verified":
+            on_tokens(change.tokens, True)
+        elif change.kind == "drafted" or (alone and change.kind == "kept"):
+            on_tokens(change.tokens, False)
+    return tell
 
 
 class Decoder:
-    """One generation's state: the history (prompt, verified tokens, then tokens drafted offline),
-    the draft's q of each offline token, what the server holds, and the link's running estimates."""
+    """One generation's state: the history (prompt, settled tokens, then pending ones drafted
+    offline), the draft's q of each offline token, what the server holds, and the link's running
+    estimates. ``listeners`` are told every ``TextChange``."""
 
     def __init__(self, draft: Draft, link: VerifyLink | None, options: DecodeOptions,
                  estimates: LinkEstimates | None = None) -> None:
@@ -316,9 +429,9 @@ class Decoder:
         self.estimates = estimates or LinkEstimates()
         self.acceptance = self.estimates.acceptance if options.auto else AcceptanceRate()
         self.round_s, self.token_s = 0.05, 0.005  # running estimates (priors)
+        self.listeners: list[Callable[[TextChange], None]] = []
 
-    def run(self, prompt: list[int], max_new_tokens: int,
-            on_tokens: Callable[[list[int], bool], None] | None = None) -> Generation:
+    def run(self, prompt: list[int], max_new_tokens: int) -> Generation:
         if self.options.k < 1 or max_new_tokens < 0 or not prompt:
             raise ValueError(f"k = {self.options.k}, max_new_tokens = {max_new_tokens}, prompt of {len(prompt)} tokens: "
                              "need k >= 1, max_new_tokens >= 0 and a non-empty prompt")
@@ -326,25 +439,40 @@ class Decoder:
         self.prompt_len = len(prompt)
         self.history = list(prompt)
         self.q_rows: list[np.ndarray | None] = [None] * len(prompt)  # the draft's q of each token it drew offline
-        self.verified = len(prompt)  # history[:verified] is verified (the prompt counts as verified)
+        self.settled = len(prompt)  # history[:settled] stays (the prompt, verified and kept tokens); the rest is pending
+        self.kept = 0  # settled tokens the target did not verify
         self.server_has = 0  # the server's history length, as far as the device knows
         self.end = len(prompt) + max_new_tokens
-        self.emit = on_tokens or (lambda tokens, verified: None)
         self.out = Generation()
         self.next_try, self.offline_left = 0.0, 0  # when, and after how many tokens alone, the link is tried again
-        started = time.perf_counter()
-        last_try = False
-        while len(self.history) < self.end or (self.link is not None and self.verified < len(self.history) and not last_try):
-            if len(self.history) >= self.end:  # done, but some of it is unverified: one last try at the link
-                last_try, self.offline_left, self.next_try = True, 0, 0.0
-            if self.link is not None and self.offline_left == 0 and time.monotonic() >= self.next_try:
-                self._round(self.link)
-            elif not self._offline_token():
-                break
-        self.out.seconds = time.perf_counter() - started
-        self.out.tokens = self.history[len(prompt) : self.end]
-        self.out.verified = min(self.verified, self.end) - len(prompt)
-        return self.out
+        self.started = time.perf_counter()
+        try:
+            while len(self.history) < self.end or (self.link is not None and self.settled < len(self.history)):
+                done = len(self.history) >= self.end  # but some of it is pending: the link's last chance
+                if self.link is not None and (done or (self.offline_left == 0 and time.monotonic() >= self.next_try)):
+                    if not self._round(self.link) and done:
+                        break  # the server cannot be reached: the pending text stays unchecked
+                else:
+                    self._offline_token()
+        except VerifyRefusedError as err:
+            err.generation = self._result()
+            raise
+        return self._result()
+
+    def _result(self) -> Generation:
+        out = self.out
+        out.seconds = time.perf_counter() - self.started
+        out.tokens = self.history[self.prompt_len : self.end]
+        settled = min(self.settled, self.end) - self.prompt_len
+        out.kept, out.unchecked = self.kept, len(out.tokens) - settled
+        out.verified = settled - self.kept
+        return out
+
+    def _tell(self, kind: Literal["verified", "drafted", "confirmed", "discarded", "kept"], tokens: list[int]) -> None:
+        if tokens:
+            change = TextChange(kind, list(tokens))
+            for listener in self.listeners:
+                listener(change)
 
     def _draw(self, tokens: list[int]) -> tuple[int, np.ndarray | None]:
         logits = self.draft.next_logits(tokens)
@@ -353,28 +481,29 @@ class Decoder:
         q = distribution(logits, self.options.temperature, self.options.top_p)
         return int(self.rng.choice(len(q), p=q)), q
 
-    def _offline_token(self) -> bool:
-        """The draft alone, one token, unverified; False when there is no room left."""
+    def _offline_token(self) -> None:
+        """The draft alone, one token: pending (kept at once with no server)."""
         self.offline_left = max(self.offline_left - 1, 0)
-        if len(self.history) >= self.end:
-            return False
         token, q = self._draw(self.history)
         self.history.append(token)
         self.q_rows.append(q)
         self.out.offline_tokens += 1
-        self.emit([token], False)
-        return True
+        if self.link is None:  # nothing will ever verify it
+            self.settled, self.kept = len(self.history), self.kept + 1
+            self._tell("kept", [token])
+        else:
+            self._tell("drafted", [token])
 
     def _rest(self) -> None:
         """The link failed: k tokens alone at least, then ``retry_s``."""
         self.next_try, self.offline_left = time.monotonic() + self.options.retry_s, self.options.k
 
     def _drafted(self) -> tuple[list[int], list[np.ndarray | None], list[int]]:
-        """(this round's draft, its q rows, the history it follows): the offline suffix when there
-        is one, else up to k new tokens."""
-        unverified = self.history[self.verified :]
-        if unverified:  # back online: the offline suffix is this round's draft
-            return unverified[:MAX_DRAFT], self.q_rows[self.verified : self.verified + MAX_DRAFT], self.history[: self.verified]
+        """(this round's draft, its q rows, the history it follows): the pending text when there
+        is some, else up to k new tokens."""
+        pending = self.history[self.settled :]
+        if pending:  # back online: the pending text is this round's draft
+            return pending[:MAX_DRAFT], self.q_rows[self.settled : self.settled + MAX_DRAFT], self.history[: self.settled]
         o = self.options
         adaptive = o.adaptive or o.auto
         want = best_draft_length(self.acceptance.rate, o.k, self.round_s, self.token_s) if adaptive else o.k
@@ -389,9 +518,10 @@ class Decoder:
             self.token_s = 0.8 * self.token_s + 0.2 * (time.perf_counter() - t0) / len(drafted)
         return drafted, qs, self.history
 
-    def _round(self, link: VerifyLink) -> None:
-        """Draft (or take the offline suffix), verify, and take what the target kept."""
-        offline = self.verified < len(self.history)
+    def _round(self, link: VerifyLink) -> bool:
+        """Draft (or take the pending text), verify, and take what the target kept. False when the
+        server could not be reached (the link rests); VerifyRefusedError when it refused."""
+        offline = self.settled < len(self.history)
         o = self.options
         left = self.end - len(self.history)
         block = o.auto and not offline and self.estimates.prefer_blocks(self.acceptance.rate, o.k, self.token_s, left)
@@ -406,19 +536,21 @@ class Decoder:
         t0 = time.perf_counter()
         try:
             answer = link.verify(request)
-            took = time.perf_counter() - t0
-            self.estimates.observe(took, answer)
-            if not block:
-                self.round_s = 0.8 * self.round_s + 0.2 * took
         except SessionLostError:
-            if self.server_has:  # resend the whole history; a 409 to that too is a broken link
+            if self.server_has:  # evicted, or the server restarted: the whole history again, at once
                 self.server_has = 0
-            else:
-                self._rest()
-            return
+                return True
+            self._rest()  # a 409 to a request from start 0: a server that cannot hold sessions
+            return False
+        except VerifyRefusedError:
+            raise
         except LinkError:
             self._rest()
-            return
+            return False
+        took = time.perf_counter() - t0
+        self.estimates.observe(took, answer)
+        if not block:
+            self.round_s = 0.8 * self.round_s + 0.2 * took
         self.out.server_calls += 1
         if answer.states is not None and answer.states_from is not None:
             self.draft.add_states(answer.states_from, decode_states(answer.states, self.draft.hidden))
@@ -427,6 +559,7 @@ class Decoder:
             self._reverified(answer, drafted, correction)
         else:
             self._verified(answer, drafted, correction)
+        return True
 
     def _correction(self, answer: VerifyResponse, qs: list[np.ndarray | None]) -> int:
         """The token after the kept ones: the target's, or after a rejection in sampling the one the
@@ -443,30 +576,42 @@ class Decoder:
         n = answer.accepted
         if drafted and answer.speculation == "ok":
             self.acceptance.update(n, len(drafted))
-        added = [*drafted[:n], correction, *answer.generated][: self.end - len(self.history)]
+        made = [*drafted[:n], correction, *answer.generated]
+        added = made[: self.end - len(self.history)]
         self.history += added
         self.q_rows += [None] * len(added)
-        self.verified, self.server_has = len(self.history), answer.history
-        self.emit(added, True)
+        # the server holds what did not fit too; were there another round, it would start over
+        self.settled, self.server_has = len(self.history), answer.history if len(added) == len(made) else 0
+        self._tell("verified", added)
 
     def _reverified(self, answer: VerifyResponse, drafted: list[int], correction: int) -> None:
-        """A round re-verifying text drafted offline: where the target disagrees, a divergence."""
-        n, history = answer.accepted, self.history
-        at = self.verified + n  # the first offline token the target did not keep (or the chunk's end)
+        """A round re-verifying the pending text (or its first MAX_DRAFT tokens): where the target
+        disagrees, a divergence."""
+        n, history, start = answer.accepted, self.history, self.settled
+        at = start + n  # the first pending token the target did not keep (or the chunk's end)
         if at < len(history) and (n < len(drafted) or history[at] != correction):
             self.out.divergences.append(at - self.prompt_len)
+            self._tell("confirmed", history[start:at])
             if self.options.on_divergence == "correct":
+                self._tell("discarded", history[at:])
                 del history[at:], self.q_rows[at:]
                 history.append(correction)
                 self.q_rows.append(None)
-                self.verified, self.server_has = len(history), answer.history
-                self.emit(history[at:], True)
+                self.settled, self.server_has = len(history), answer.history
+                self._tell("verified", [correction])
             else:  # keep the device's text; the server learns it with the whole history next round
-                self.verified, self.server_has = len(history), 0
+                self.kept += len(history) - at
+                self._tell("kept", history[at:])
+                self.settled, self.server_has = len(history), 0
             return
-        if at == len(history):  # all of it kept: the target's next token follows
+        if at < len(history):  # a chunk's end where the target agrees with the next pending token
+            self.settled, self.server_has = at + 1, answer.history
+            self._tell("confirmed", history[start : at + 1])
+            return
+        self._tell("confirmed", history[start:at])  # all of it kept: the target's next token follows
+        self.settled, self.server_has = at, 0
+        if at < self.end:
             history.append(correction)
             self.q_rows.append(None)
-        # a chunk's end where the target agrees with the next offline token
-        self.verified, self.server_has = at + 1, answer.history
-        self.emit(history[at : self.verified], True)
+            self.settled, self.server_has = at + 1, answer.history
+            self._tell("verified", [correction])

@@ -203,7 +203,9 @@ class VerifySessions:
             raise BadVerifyError(f"history of {len(history)} + draft of {len(req.draft)} tokens is over the target's "
                             f"context of {self.context}")
         if req.states_from is not None and req.state_kind == "moa" and self.moa is None:
-            raise BadVerifyError("states_from: this server has no MoA draft to compute target states with (serve --draft)")
+            raise BadVerifyError("a MoA device draft: this server serves no MoA draft, so it cannot compute the target states "
+                                 "the device's draft reads (serve its MoA draft: trickle serve --draft, or use a bundle "
+                                 "of the draft this server serves)")
         if req.states_from is not None and req.states_from > len(history):
             raise BadVerifyError(f"states_from = {req.states_from}: past the history of {len(history)} tokens")
         job.session, job.history = session, history

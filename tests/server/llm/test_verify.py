@@ -128,11 +128,11 @@ def test_a_dropped_link_goes_on_offline_then_reverifies(server: tuple[str, dict[
                           retry_s=0.0, on_divergence=policy, on_tokens=weather)  # type: ignore[arg-type]
     assert result.offline_tokens >= 3 and [v for _, v in streamed][:4] == [True, False, False, False]
     if policy == "correct":  # the random draft disagrees with the target offline: corrected back to the target's text
-        assert result.divergences and result.tokens == expected and result.verified == 30
-    else:  # kept: the target's text up to the divergence, the device's from there
+        assert result.divergences and result.tokens == expected and result.verified == 30 and result.kept == 0
+    else:  # kept: the target's text up to the divergence, the device's from there (not verified)
         first = result.divergences[0]
         assert result.tokens[:first] == expected[:first] and result.tokens[first] != expected[first]
-        assert len(result.tokens) == 30
+        assert len(result.tokens) == 30 and result.kept > 0 and result.verified == 30 - result.kept
 
 
 def test_the_link_down_to_the_end_leaves_the_rest_unverified(server: tuple[str, dict[str, str]], models: Models) -> None:
@@ -140,6 +140,8 @@ def test_the_link_down_to_the_end_leaves_the_rest_unverified(server: tuple[str, 
     link = FlakyLink(HttpVerifyLink(url, tokens["d1"]), down=range(1, 10**6))  # only the first round gets through
     result = generate(TorchDraft(models.draft), link, PROMPTS[0], 20, k=2, retry_s=0.0)
     assert len(result.tokens) == 20 and 0 < result.verified < 20 and result.offline_tokens == 20 - result.verified
+    assert result.unchecked == result.unverified == 20 - result.verified
+    assert result.settled_tokens == result.tokens[: result.verified]
 
 
 def test_a_lost_session_is_rebuilt_and_sessions_are_per_device(server: tuple[str, dict[str, str]], models: Models) -> None:
