@@ -35,6 +35,8 @@ class OpenAIError(Exception):
 
 
 class StreamOptions(BaseModel):
+    """What a stream adds: a last chunk of usage."""
+
     model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False
@@ -132,6 +134,8 @@ def _items(prompt: Prompt) -> list[str | list[int]]:
 
 
 class TextPart(BaseModel):
+    """A part of a message's content: only text is served."""
+
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]

@@ -96,7 +96,7 @@ def test_stored_messages_are_keyed_by_device_and_old_rows_carry_over(tmp_path: P
     """Migration 6 on a database of the schema before it: rows kept, keys now per device."""
     import sqlite3
 
-    from server.store.store import Incoming, Store
+    from server.store.store import MIGRATIONS, Incoming, Store
 
     path = tmp_path / "old.sqlite"
     store = Store(path)
@@ -110,7 +110,7 @@ def test_stored_messages_are_keyed_by_device_and_old_rows_carry_over(tmp_path: P
         db.execute("DROP INDEX IF EXISTS devices_by_token")
     store.close()
     store = Store(path)
-    assert store.schema_version() == 6
+    assert store.schema_version() == MIGRATIONS[-1][0]
     assert store.messages("a", "result") == [{"x": 1}]
     same_key = [Incoming("a:result:0", device, "result", 2.0, 2.0, '{"y": 2}') for device in ("a", "b")]
     assert store.add_messages(same_key) == 1  # a's is a repeat; b's is b's own

@@ -254,3 +254,21 @@ def test_cancelling_a_job_in_each_state(store: Store) -> None:
     assert store.cancel_job(running) == "running" and store.job(running)["cancel_requested"]
     assert store.cancel_job(ended) == "failed" and not store.job(ended)["cancel_requested"]
     assert store.cancel_job(10_000) is None
+
+
+def test_llm_api_keys_are_kept_hashed_revocable_and_count_their_use(store: Store, tmp_path: Path) -> None:
+    key = store.add_llm_key("alice")
+    assert key.startswith("sk-trickle-") and store.llm_key_name(key) == "alice" and store.llm_key_name(key + "x") is None
+    with pytest.raises(StoreError, match="exists"):
+        store.add_llm_key("alice")
+    with pytest.raises(StoreError, match="letters"):
+        store.add_llm_key("no spaces")
+    store.record_llm_use("alice", 12, 30)
+    store.record_llm_use("alice", 3, 4)
+    [row] = store.llm_keys()
+    assert (row["requests"], row["prompt_tokens"], row["completion_tokens"]) == (2, 15, 34) and "key" not in row
+    assert store.revoke_llm_key("alice") and not store.revoke_llm_key("alice") and store.llm_key_name(key) is None
+    if isinstance(store, Store) and not isinstance(store, PostgresStore):  # the key itself is nowhere in the file
+        store.close()
+        assert "alice".encode() in b"".join(f.read_bytes() for f in tmp_path.glob("db.sqlite*"))
+        assert key.encode() not in b"".join(f.read_bytes() for f in tmp_path.glob("db.sqlite*"))
