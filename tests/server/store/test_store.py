@@ -270,5 +270,5 @@ def test_llm_api_keys_are_kept_hashed_revocable_and_count_their_use(store: Store
     assert store.revoke_llm_key("alice") and not store.revoke_llm_key("alice") and store.llm_key_name(key) is None
     if isinstance(store, Store) and not isinstance(store, PostgresStore):  # the key itself is nowhere in the file
         store.close()
-        assert "alice".encode() in b"".join(f.read_bytes() for f in tmp_path.glob("db.sqlite*"))
+        assert b"alice" in b"".join(f.read_bytes() for f in tmp_path.glob("db.sqlite*"))
         assert key.encode() not in b"".join(f.read_bytes() for f in tmp_path.glob("db.sqlite*"))
