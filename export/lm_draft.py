@@ -138,7 +138,8 @@ def _prepare(draft_dir: Path, target_dir: Path, kind: type, what: str) -> tuple[
     draft = drafter.draft
     assert draft.embed is not None and draft.head is not None
     rows = drafter.head.rows if drafter.head.rows is not None else np.arange(drafter.head.size)
-    embed = draft.embed.weight.detach().float().clone()
+    with torch.no_grad():  # the embedding module's output, not its weight: some scale it (Gemma, by sqrt(hidden))
+        embed = draft.embed(torch.arange(draft.embed.weight.shape[0])).float().clone()
     head = draft.head.weight.detach().float()[torch.from_numpy(rows)].clone()
     return target, drafter, _exportable(draft), embed, head, rows
 

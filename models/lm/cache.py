@@ -1,6 +1,12 @@
 """A target language model's KV cache, owned in one place: ``CachedLM`` feeds a growing sequence
 and rolls back, ``batched_logits`` runs several sessions' caches as one batch. Nothing else in
-the project touches transformers' cache internals."""
+the project touches transformers' cache internals.
+
+Every layer's cache keeps every token (``new_cache``), sliding-window layers too (Mistral,
+Qwen2's upper layers, Gemma 2's alternate ones): transformers' sliding-window layers drop the
+oldest keys, which a rollback past the window and the MoA draft's reads by position cannot have.
+The window itself is the attention mask's: the model builds it when given no mask, and the custom
+masks built here (a token tree, a padded batch) are windowed by ``_layer_masks``."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from edge.core.errors import ConfigError
 
 
 class Head(Protocol):
@@ -38,11 +46,11 @@ class CachedLM:
         self.cache: Any = None
         self.keep_hidden = keep_hidden  # EAGLE-style drafts read the target's last hidden states
         self.hidden: torch.Tensor | None = None  # (cached, H) last-layer states of the cached tokens
+        self.windows: list[int | None] = []  # per layer, its sliding window (``sliding_windows``; set by reset)
 
     def reset(self) -> None:
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(config=self.model.config)
+        self.windows = sliding_windows(self.model.config)  # what the custom masks need; refuses what the cache cannot hold
+        self.cache = new_cache()
         self.hidden = None
 
     @property
@@ -51,7 +59,7 @@ class CachedLM:
 
     def _forward(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         if self.head is not None:  # the model's body, then the draft head
-            body = self.model.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
+            body = self.model.base_model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
             self.cache = body.cache
             return torch.from_numpy(self.head.logits(body.last_hidden_state[0]))
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True, output_hidden_states=self.keep_hidden, **kwargs)
@@ -76,8 +84,10 @@ class CachedLM:
         for i in range(1, n):
             sees[i] |= sees[tree.parents[i]]
         mask = torch.cat([torch.ones(n, past, dtype=torch.bool), sees], 1)[None, None]  # (1, 1, n, past + n)
-        return self._forward(torch.tensor([[last, *tree.tokens[1:]]]), attention_mask=mask,
-                             position_ids=(past + depth)[None])
+        positions = (past + depth)[None]  # (1, n)
+        key_positions = torch.cat([torch.arange(past), past + depth])[None]  # (1, past + n)
+        return self._forward(torch.tensor([[last, *tree.tokens[1:]]]), position_ids=positions,
+                             attention_mask=_layer_masks(self.windows, mask, positions, key_positions))
 
     def keep(self, length: int, nodes: Sequence[int] = ()) -> None:
         """Keep the cache of the first ``length`` tokens followed by the entries at ``length - 1 + node``
@@ -111,12 +121,75 @@ class CachedLM:
             layer.keys, layer.values = layer.keys.expand(len(paths), -1, -1, -1), layer.values.expand(len(paths), -1, -1, -1)
         try:
             if self.head is not None:
-                hidden = self.model.model(input_ids=ids, cache=self.cache, use_cache=True).last_hidden_state[:, -1]
+                hidden = self.model.base_model(input_ids=ids, cache=self.cache, use_cache=True).last_hidden_state[:, -1]
                 return torch.from_numpy(self.head.logits(hidden))
             return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[:, -1].double()
         finally:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:1, :, :past].contiguous(), layer.values[:1, :, :past].contiguous()
+
+
+@torch.inference_mode()
+def kv_layout(model: Any) -> list[tuple[int, int, int]]:
+    """Per layer, (key/value heads, key size, value size) of a token in the model's cache, measured
+    with one forward of one token (what the MoA draft reads, not taken on trust from the config)."""
+    lm = CachedLM(model)
+    lm.reset()
+    lm.logits([0, 0], upto=1)
+    return [(int(k.shape[1]), int(k.shape[-1]), int(v.shape[-1])) for k, v in lm.layer_kv()]
+
+
+ATTENTION = ("full_attention", "sliding_attention")  # the layer kinds whose keys and values are cached here
+
+
+def sliding_windows(config: Any) -> list[int | None]:
+    """Per layer of a causal LM, its attention's sliding window (None: it sees the whole prefix). A
+    ConfigError for what the caches and masks here cannot serve: a layer that is not attention with
+    a key/value cache (a state-space or linear-attention layer, chunked attention, a layer sharing
+    another's cache), or sliding windows of several sizes."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    from models.lm.family import FIELD, decoder_config, model_type
+
+    cfg = decoder_config(config)
+    kinds, kwargs = get_layer_types_and_kwargs(cfg)
+    other = sorted(set(kinds) - set(ATTENTION))
+    if other:
+        raise ConfigError(FIELD, model_type(cfg), f"has layers of kind {other}; speculative decoding here "
+                          f"needs every layer to be attention with a key/value cache ({list(ATTENTION)})")
+    windows = [int(kw["sliding_window"]) if kind == "sliding_attention" else None for kind, kw in zip(kinds, kwargs)]
+    sizes = sorted({w for w in windows if w is not None})
+    if len(sizes) > 1:
+        raise ConfigError(FIELD, model_type(cfg), f"sliding windows of several sizes {sizes}; one size (beside "
+                          "full attention) is supported")
+    return windows
+
+
+def new_cache() -> Any:
+    """An empty cache whose every layer keeps all its tokens (see the module's docstring); check the
+    model with ``sliding_windows`` first."""
+    from transformers import DynamicCache
+
+    return DynamicCache()  # no config: plain layers, made as the model first writes to them
+
+
+def _layer_masks(windows: list[int | None], mask: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor
+                 ) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The attention mask(s) for a custom boolean ``mask`` (B, 1, n, S) whose queries sit at
+    positions ``queries`` (B, n) and keys at ``keys`` (B, S), for layers of ``windows``
+    (``sliding_windows``). A 4-D mask reaches the attention as given, so sliding windows are
+    applied here as transformers' own masks do (a query sees a key less than ``window`` positions
+    back): one mask when every layer has the same window, else one per layer kind (what models
+    mixing full and sliding layers take)."""
+
+    def windowed(window: int | None) -> torch.Tensor:
+        if window is None:
+            return mask
+        return mask & (queries[:, None, :, None] - keys[:, None, None, :] < window)
+
+    if len(set(windows)) == 1:
+        return windowed(windows[0])
+    return {"full_attention": mask, "sliding_attention": windowed(next(w for w in windows if w is not None))}
 
 
 def layer_kv(cache: Any, start: int = 0, upto: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -130,8 +203,6 @@ def batched_logits(target: Any, lms: Sequence[CachedLM], feeds: Sequence[Sequenc
     caches. The caches are zero-padded into one batch (a mask hides the padding, positions continue
     each session's own), then each session's cache takes its new entries (and its last hidden
     states, which EAGLE-style drafts read). Per session, the (len(feed), V) logits, float32."""
-    from transformers import DynamicCache
-
     past = [lm.cached for lm in lms]
     b, lmax, nmax = len(lms), max(past), max(map(len, feeds))
     ids = torch.zeros(b, nmax, dtype=torch.long)
@@ -143,7 +214,8 @@ def batched_logits(target: Any, lms: Sequence[CachedLM], feeds: Sequence[Sequenc
         positions[i] = c + torch.arange(nmax)
         mask[i, 0, :, :c] = True
         mask[i, 0, :, lmax:] = causal  # a real row never reaches a padded column; padded rows are not read
-    cache = DynamicCache(config=target.config)
+    windows = sliding_windows(target.config)
+    cache = new_cache()
     if lmax:  # every session's cache, zero-padded to lmax (the mask hides the padding)
         held = next(lm for lm, c in zip(lms, past) if c).cache.layers
         for layer, like in enumerate(held):
@@ -153,11 +225,12 @@ def batched_logits(target: Any, lms: Sequence[CachedLM], feeds: Sequence[Sequenc
                 if c:
                     keys[i, :, :c], values[i, :, :c] = lm.cache.layers[layer].keys[0], lm.cache.layers[layer].values[0]
             cache.update(keys, values, layer)
-    out = target(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions,
-                 output_hidden_states=True)
+    key_positions = torch.cat([torch.arange(lmax).expand(b, -1), positions], 1)  # (B, lmax + nmax), each column's
+    out = target(input_ids=ids, cache=cache, use_cache=True, attention_mask=_layer_masks(windows, mask, positions, key_positions),
+                 position_ids=positions, output_hidden_states=True)
     logits = []
     for i, (lm, feed, c) in enumerate(zip(lms, feeds, past)):
-        mine = DynamicCache(config=target.config)
+        mine = new_cache()
         for layer, batched in enumerate(out.cache.layers):
             fresh = slice(lmax, lmax + len(feed))
             new_k, new_v = batched.keys[i : i + 1, :, fresh], batched.values[i : i + 1, :, fresh]

@@ -32,6 +32,7 @@ import torch
 from edge.classify.backends import quiet
 from edge.core.errors import ConfigError, DataError
 from edge.core.files import write_atomic
+from models.lm.cache import sliding_windows
 from models.lm.eagle import EagleDraft, EagleDrafter
 from models.lm.moa import MoADraft, MoADrafter
 from models.lm.speculative import Drafter, IndependentDrafter, draft_vocabulary
@@ -50,7 +51,17 @@ def load_target(folder: Path) -> tuple[Any, Any]:
 
     if not (folder / "config.json").is_file():
         raise ConfigError("--target", str(folder), "not a model folder (no config.json; train one with trickle train lm)")
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError("--target", str(folder), f"an unreadable config.json ({str(err).strip().splitlines()[0]})") from None
+    sliding_windows(config)  # an encoder-decoder, or layers without a key/value cache: one ConfigError, before loading
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    except ValueError as err:  # transformers: a configuration that no causal-LM class takes
+        raise ConfigError("--target", str(folder), f"not a causal LM ({str(err).strip().splitlines()[0]})") from None
     for p in model.parameters():
         p.requires_grad_(False)
     return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -76,6 +87,15 @@ def independent_for(target: Any, budget: int, seed: int) -> Any:
         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
         pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id))
+
+
+def _moa_size(target: Any) -> int:
+    """The MoA draft's trainable parameters for ``target`` (an independent draft's budget), or the
+    EAGLE-style draft's for a target whose attention the MoA draft cannot read."""
+    try:
+        return trainable_parameters(MoADraft.for_target(target))
+    except ConfigError:
+        return trainable_parameters(EagleDraft.for_target(target))
 
 
 def _kl_to_target(target: Any, draft: Any, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +133,11 @@ def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps
         raise ConfigError("--steps/--batch", (steps, batch), "must be >= 1")
     torch.set_num_threads(1)
     target, tok = load_target(target_dir)
-    context = min(context or target.config.max_position_embeddings, target.config.max_position_embeddings) - 1
+    limit = getattr(target.config, "max_position_embeddings", None) or context
+    if limit is None:
+        raise ConfigError("--context", None, f"needed: the target's config ({target.config.model_type}) gives no "
+                          "max_position_embeddings")
+    context = min(context or limit, limit) - 1
     corpus = find_plays(corpus_dir)
     train_ids = token_stream(tok.backend_tokenizer, read_texts(corpus.train))
     val_ids = token_stream(tok.backend_tokenizer, read_texts(corpus.held_out))
@@ -123,7 +147,7 @@ def train_draft(target_dir: Path, kind: Kind, corpus_dir: Path, out: Path, steps
     torch.manual_seed(seed)
     own: MoADraft | EagleDraft | None = (MoADraft.for_target(target) if kind == "moa" else
                                          EagleDraft.for_target(target) if kind == "eagle" else None)
-    model = own if own is not None else independent_for(target, trainable_parameters(MoADraft.for_target(target)), seed)
+    model = own if own is not None else independent_for(target, _moa_size(target), seed)
 
     def loss_of(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         if own is not None:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.lm.family import hidden_size
 from models.lm.moa import KL_WEIGHT, _Block
 from models.lm.speculative import TargetReader
 
@@ -38,7 +39,7 @@ class EagleDraft(nn.Module):
 
     @classmethod
     def for_target(cls, target: Any, heads: int = 4) -> EagleDraft:
-        draft = cls(target.config.hidden_size, heads)
+        draft = cls(hidden_size(target.config), heads)
         draft.attach(target)
         return draft.to(target.dtype)
 

@@ -1,4 +1,5 @@
-"""The Mixture-of-Attentions draft (Zimmer et al., ICLR 2025, arXiv 2410.03804, §3) for a Llama-like target.
+"""The Mixture-of-Attentions draft (Zimmer et al., ICLR 2025, arXiv 2410.03804, §3) for a decoder-only target
+(Llama, Qwen2, Mistral, Phi-3, Gemma, GPT-2, ...: ``models.lm.family`` reads each family's attention numbers).
 
     draft = MoADraft.for_target(target)                       # reuses the target's embedding and LM head
     loss, stats = draft.loss(target, tokens)                  # (B, T) token windows; the target is frozen
@@ -33,7 +34,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.lm.cache import layer_kv
+from edge.core.errors import ConfigError
+from models.lm.cache import kv_layout, layer_kv, new_cache
+from models.lm.family import FIELD, attention_shape
 from models.lm.speculative import TargetReader
 
 SEGMENT_MIN, SEGMENT_MAX = 6, 15  # T-step bounded masking: segment lengths drawn from [6, 15)
@@ -105,9 +108,15 @@ class MoADraft(nn.Module):
 
     @classmethod
     def for_target(cls, target: Any, heads: int = 4) -> MoADraft:
-        cfg = target.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        draft = cls(cfg.hidden_size, 2 * cfg.num_key_value_heads * head_dim, cfg.num_hidden_layers, heads)
+        """A draft shaped for ``target``'s attention; a ConfigError when its cache does not hold the
+        per-layer keys and values its config describes (the draft could not read them)."""
+        shape = attention_shape(target.config)
+        layout, want = kv_layout(target), (shape.kv_heads, shape.head_dim, shape.head_dim)
+        if len(layout) != shape.layers or set(layout) != {want}:
+            raise ConfigError(FIELD, shape.model_type, f"its cache holds (key/value heads, key size, value size) "
+                              f"{sorted(set(layout))} in {len(layout)} layers, its config says {want} in {shape.layers}; "
+                              "the MoA draft reads keys and values laid out as the config says")
+        draft = cls(shape.hidden, shape.kv_dim, shape.layers, heads)
         draft.attach(target)
         return draft.to(target.dtype)
 
@@ -146,7 +155,7 @@ class MoADraft(nn.Module):
              ) -> tuple[torch.Tensor, dict[str, float]]:
         """The paper's loss on token windows (B, T), with T-step bounded masking."""
         with torch.no_grad():
-            out = target(input_ids=tokens, use_cache=True, output_hidden_states=True)
+            out = target_pass(target, tokens)
             p = out.logits.softmax(-1)
             last_hidden = out.hidden_states[-1]
         states = self.target_states(out.cache, tokens.shape[1])
@@ -161,6 +170,13 @@ class MoADraft(nn.Module):
         loss = KL_WEIGHT * forward_kl + feature
         agree = float((log_q.argmax(-1) == p.argmax(-1))[counted].float().mean())
         return loss, {"forward_kl": forward_kl.item(), "feature": feature.item(), "top1_agreement": agree}
+
+
+def target_pass(target: Any, tokens: torch.Tensor) -> Any:
+    """The target's forward over token windows (B, T) with every layer's keys and values of every
+    token kept (``models.lm.cache.new_cache``; the model's own cache would keep a sliding-window
+    layer's last window only) and its hidden states: what the MoA draft trains on."""
+    return target(input_ids=tokens, cache=new_cache(), use_cache=True, output_hidden_states=True)
 
 
 def bounded_segments(shape: torch.Size | tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
