@@ -29,9 +29,9 @@ from edge.core.errors import ExportError
 from export.formats import FILE_FORMATS, FLOAT_FORMATS, FORMATS, TEST_VECTORS
 from models.data.base import Dataset
 from models.data.datasets import dataset_name
-from models.nexume.checkpoint import load_checkpoint
+from models.nexume.checkpoint import checkpoint_data, load_checkpoint
 from models.nexume.switchable import FLOAT_BITS, SwitchableNet
-from models.nexume.train import TrainConfig, calibrate_int8, deployable_variants, drop_levels, variant_energy_j
+from models.nexume.train import calibrate_int8, deployable_variants, drop_levels, variant_energy_j
 from simulator.devices import MCUS
 
 OPSET = 17
@@ -228,8 +228,9 @@ def collect_test_vectors(data: Dataset, variants: list[VariantFiles], count: int
 def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS, key: Path | None = None,
                   as_tar: bool = False, bundle_version: int = 1, data_root: Path | None = None,
                   progress: Callable[[str], None] | None = None, vectors: int = TEST_VECTORS,
-                  module: torch.nn.Module | None = None) -> Path:
-    """Write the bundle of ``checkpoint`` to ``out`` (a folder, or a .tar with ``as_tar``); returns the path."""
+                  module: torch.nn.Module | None = None, dataset: str | None = None) -> Path:
+    """Write the bundle of ``checkpoint`` to ``out`` (a folder, or a .tar with ``as_tar``); returns the path.
+    ``dataset``: where the user's data trained on is now, if not at the path the checkpoint records."""
     from edge import __version__
 
     unknown = sorted(set(formats) - set(FORMATS))
@@ -237,7 +238,7 @@ def export_bundle(checkpoint: Path, out: Path, formats: Sequence[str] = FORMATS,
         raise ExportError(f"--formats {','.join(unknown)}: must be among {','.join(FORMATS)}")
     model, payload = load_checkpoint(checkpoint, module)
     method = payload["config"]["method"]
-    data = TrainConfig.model_validate(payload["config"]).load_data(data_root)  # the same split as in training
+    data = checkpoint_data(checkpoint, payload, dataset, data_root)  # the same split as in training
     if method == "fp32" and "onnx-int8" in formats:
         calibrate_int8(model, data.x_train)  # a float model is quantized after training
     example = torch.tensor(data.x_test[:1])  # fresh strides: ExecuTorch refuses a 0 stride

@@ -40,6 +40,9 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"test examples the bundle carries, with every variant's expected outputs (default {TEST_VECTORS})")
     p.add_argument("--data", type=Path, help="shared data folder, for the test split of the parity checks "
                                              "(default $TRICKLE_DATA, else shared/data beside the checkout)")
+    p.add_argument("--dataset", metavar="PATH",
+                   help="a trickle checkpoint trained on your data: where that data is now, if not at the path the "
+                        "checkpoint recorded (its content must be the same)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -61,6 +64,9 @@ def run_export(args: argparse.Namespace) -> int:
     quantization), or a fully-int8 MODEL.tflite --calibration X.npz (as given; `trickle flash`
     runs it bit-exact with TFLite Micro).
     """
+    if args.dataset is not None and (args.target is not None or (args.checkpoint / "draft.json").is_file()
+                                     or args.checkpoint.suffix.lower() in (".onnx", ".tflite")):
+        raise ConfigError("--dataset", args.dataset, "applies to a checkpoint of trickle train nexume only")
     if args.target is not None or (args.checkpoint / "draft.json").is_file():
         return run_export_draft(args)
     if args.checkpoint.suffix.lower() in (".onnx", ".tflite"):
@@ -88,7 +94,7 @@ def run_export(args: argparse.Namespace) -> int:
             print(f"  {name}: parity ok")
 
     path = export_bundle(args.checkpoint, args.out, formats, args.key, args.tar, args.bundle_version, args.data,
-                         progress=progress, vectors=args.test_vectors)
+                         progress=progress, vectors=args.test_vectors, dataset=args.dataset)
     if args.json:
         print(json.dumps({"bundle": str(path), "signed": args.key is not None, "parity_checked": checked}))
     else:

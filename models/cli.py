@@ -31,7 +31,8 @@ DATASETS = ("fsdd", "basic_motions", "digits")  # models.data.datasets.DATASETS 
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.train.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.target.Size
 DRAFT_KINDS = ("moa", "eagle", "independent")  # models.lm.draft.KINDS
-ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad", "model", "nproc",
+ONLY = {"nexume": ("dataset", "method", "epochs", "label_column", "id_column", "time_column", "pad", "fill",
+                   "drop_missing_labels", "ignore_column", "model", "nproc",
                    "nnodes", "node_rank", "rdzv_endpoint"),
         "lm": ("size",),
         "draft": ("target", "kind")}
@@ -55,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                        "each example; without it a table is wide (a row per example)")
     p.add_argument("--time-column", help="nexume, long format: the column ordering an example's rows")
     p.add_argument("--pad", action="store_true", help="nexume, your data: zero-pad series of unequal length")
+    p.add_argument("--fill", choices=("linear", "previous", "zero"),
+                   help="nexume, your data: fill empty cells along time (linear interpolation, the previous value, or "
+                        "zero); without it an empty cell is an error naming its row and column")
+    p.add_argument("--drop-missing-labels", action="store_true",
+                   help="nexume, your data: leave out examples without a label (otherwise an error naming them)")
+    p.add_argument("--ignore-column", action="append", metavar="NAME",
+                   help="nexume, your table: a column that is not part of the series (a name, a note; repeatable)")
     p.add_argument("--model", metavar="PKG.MODULE:FUNCTION",
                    help="nexume only: your network instead of the built-in CNN: a function of (input shape, number of "
                         "classes) returning a torch.nn.Module; its Conv1d/Conv2d/Linear layers become switchable-"
@@ -115,6 +123,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed", "label_column", "id_column",
                                            "time_column", "model")}
     flags["pad"] = args.pad or None
+    flags["fill"] = args.fill
+    flags["drop_missing_labels"] = args.drop_missing_labels or None
+    flags["ignore_columns"] = args.ignore_column
     return load_config(TrainConfig, args.config, args.set, flags, source="train config")
 
 

@@ -1,5 +1,6 @@
 """A bundle as the simulated nodes' task: its variants' layer costs from the manifest and each
 variant's answers on a test set, computed by the edge runtime (no torch).
+Labels are the bundle's label names or class indices (``edge.contract.manifest.label_indices``).
 
     model = inference_model(read_bundle("bundles/digits.tar"), x_test, y_test)
     result = simulate(scenario, model=model)
@@ -15,6 +16,7 @@ import numpy as np
 
 from edge.classify.runtime import Runtime
 from edge.contract.bundle import Bundle
+from edge.contract.manifest import label_indices
 from edge.core.errors import BundleError, DataError
 from simulator.workload import EarlyTask, InferenceModel, LayerSpec, ModelVariant
 
@@ -24,6 +26,7 @@ def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str =
     """The variants the backend runs (the quantized ones if there are any, else the float ones
     costed as 8-bit), most accurate first; ``x`` are model inputs (pre-processed)."""
     runtime = Runtime(bundle, backend=backend)
+    truth = label_indices(bundle.manifest.labels, y, "the samples' labels")
     quantized = [v for v in runtime.variants if v.bits < 32]
     variants = []
     for v in sorted(quantized or runtime.variants, key=lambda v: -v.accuracy.get(runtime.format_of(v), 0.0)):
@@ -32,7 +35,7 @@ def inference_model(bundle: Bundle, x: np.ndarray, y: np.ndarray, backend: str =
         bits = min(v.bits, 8)  # a float variant runs as 8-bit on a microcontroller
         layers = tuple(LayerSpec(name=layer.name, macs=layer.macs, output_bytes=math.ceil((layer.outputs or 0) * bits / 8))
                        for layer in v.layers)
-        correct = predicted == np.asarray(y)
+        correct = predicted == truth
         variants.append(ModelVariant(bits=bits, drop=v.drop, layers=layers, correct=correct,
                                      accuracy=float(correct.mean()), predicted=predicted))
     return InferenceModel(tuple(variants), adaptive=adaptive, margin=margin)
@@ -62,7 +65,7 @@ def early_model(bundle: Bundle, series: np.ndarray, y: np.ndarray, integer: bool
     labels = bundle.manifest.labels
     decisions = [decider.run(s, to_horizon=full_length) for s in x]
     predicted = np.array([d.label for d in decisions])
-    truth = np.array([labels.index(str(v)) if str(v) in labels else int(v) for v in y])
+    truth = label_indices(labels, y, "the series' labels")
     correct = predicted == truth
     v = bundle.manifest.variants[0]
     bits = 8 if integer else 32

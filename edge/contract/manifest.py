@@ -328,3 +328,32 @@ if __name__ == "__main__":
 
     write_atomic(SCHEMA_FILE, json_schema())
     print(f"wrote {SCHEMA_FILE}")
+
+
+def label_indices(labels: list[str] | tuple[str, ...], y: Any, source: str = "labels") -> Any:
+    """Class indices (numpy int64) of ``y`` against a bundle's ``labels``: text is mapped by name
+    (an unknown name is a DataError naming it); numbers that are all label names (a table whose
+    classes were 5 and 7) by name too; other integers in [0, len(labels)) are class indices."""
+    import numpy as np
+
+    from edge.core.errors import DataError
+
+    values = np.asarray(y)
+    index = {name: i for i, name in enumerate(labels)}
+
+    def name(v: Any) -> str:
+        return str(int(v)) if isinstance(v, float) and v.is_integer() and str(v) not in index else str(v)
+
+    names = [name(v) for v in values.tolist()]
+    if values.dtype.kind in "USO" or all(n in index for n in names):
+        unknown = sorted({n for n in names if n not in index})
+        if unknown:
+            shown = ", ".join(repr(u) for u in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+            raise DataError(f"{source}: {shown} not among the bundle's labels ({', '.join(labels[:8])}"
+                            f"{', …' if len(labels) > 8 else ''})")
+        return np.array([index[n] for n in names], dtype=np.int64)
+    if values.dtype.kind not in "iuf" or not np.all(np.mod(values, 1) == 0) or values.min() < 0 \
+            or values.max() >= len(labels):
+        raise DataError(f"{source}: neither the bundle's label names ({', '.join(labels[:8])}) nor class indices "
+                        f"0..{len(labels) - 1}")
+    return values.astype(np.int64)

@@ -16,18 +16,27 @@ What each source becomes (float32, laid out for a PyTorch conv):
   ``X_test``/``y_test``);
 - ``ucr:NAME``: a UCR/UEA set sktime ships (its own train/test split).
 
-Series of unequal length need ``pad`` (zeros at the end). Unless the source has a test split,
-a stratified seeded split holds ``test_fraction`` out. Every channel is standardized with the
+Nothing is dropped without a word: a cell that is not a number, an empty cell, an empty label, a
+column that looks like time in a long table without ``time_column`` are errors naming the file, the
+row and the column; ``fill`` fills empty cells (``linear`` along time, ``previous``, ``zero``),
+``drop_missing_labels`` leaves unlabelled examples out, ``ignore_columns`` names columns that are
+not part of the series (and the description records what each option did). Series of unequal
+length need ``pad`` (zeros at the end). Unless the source has a test split, a stratified seeded
+split holds ``test_fraction`` out. Every channel is standardized with the
 training split's statistics; the steps are recorded as ``Dataset.preprocessing`` and travel in
 the checkpoint and the bundle's manifest. A bad data set is one ``DatasetError`` line.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -35,6 +44,10 @@ from models.data.base import Dataset, DatasetError, standardize_splits
 
 AUDIO_SUFFIXES = (".wav", ".flac")
 N_MFCC, HOP_S, N_MELS = 13, 0.016, 40
+Fill = Literal["linear", "previous", "zero"]
+# a long table's column by these names (or ending _time, _ts, _s, _ms) orders rows: never a channel unnamed
+TIME_LIKE = re.compile(r"^(t|time|times|timestamp|ts|step|steps|sample|sample_index|index|idx|seconds|secs|sec|ms|"
+                       r"millis|frame|tick|date|datetime)$|(_time|_ts|_s|_ms|_index)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,9 @@ class UserData:
     test_fraction: float = 0.2  # held out, stratified, when the source has no test split
     seed: int = 0  # of the split
     min_per_class: int = 5  # fewer examples of a class is an error
+    fill: Fill | None = None  # empty cells: an error, or filled (linear along time, previous value, zero)
+    drop_missing_labels: bool = False  # examples without a label: an error, or left out
+    ignore_columns: tuple[str, ...] = ()  # tables: columns that are not part of the series (names, notes)
 
 
 def load_user(spec: str, opts: UserData | None = None) -> Dataset:
@@ -70,7 +86,55 @@ def load_user(spec: str, opts: UserData | None = None) -> Dataset:
                        ".csv, .parquet or .npz")
 
 
+def fingerprint(spec: str) -> str | None:
+    """The sha256 of the user's data at ``spec`` (a file, or every audio file of a folder with its
+    relative path); None for built-in and UCR/UEA sets, or a path that does not exist."""
+    path = Path(spec).expanduser()
+    if spec.startswith("ucr:") or not path.exists():
+        return None
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            digest.update(f.relative_to(path).as_posix().encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def some_names(names: Sequence[Any], wanted: str | None = None, show: int = 5) -> str:
+    """At most ``show`` of ``names`` (those closest to ``wanted`` first) and how many more."""
+    names = [str(n) for n in names]
+    close = difflib.get_close_matches(wanted, names, n=show, cutoff=0.5) if wanted else []
+    shown = close + [n for n in names if n not in close][: show - len(close)]
+    more = len(names) - len(shown)
+    return ", ".join(repr(n) for n in shown) + (f" and {more} more" if more else "")
+
+
 # ---- labels, split, standardization -----------------------------------------------------------
+
+
+def _missing(values: Any) -> np.ndarray:
+    """Which labels are missing: None, NaN or blank text."""
+    import pandas as pd
+
+    series = pd.Series(np.asarray(values, dtype=object))
+    return np.asarray(series.isna() | series.map(lambda v: isinstance(v, str) and not v.strip()), dtype=bool)
+
+
+def _drop_unlabelled(y: np.ndarray, name: str, opts: UserData, where: Any) -> tuple[np.ndarray, str]:
+    """The examples to keep (a boolean mask) and what was left out; missing labels are an error
+    naming the first few (``where(i)`` says where example ``i`` is) unless ``drop_missing_labels``."""
+    missing = _missing(y)
+    if not missing.any():
+        return ~missing, ""
+    rows = np.flatnonzero(missing)
+    if not opts.drop_missing_labels:
+        shown = ", ".join(where(int(i)) for i in rows[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
+        raise DatasetError(f"{name}: {len(rows)} empty label(s) ({shown}); fill them in, or pass "
+                           "--drop-missing-labels to leave those examples out")
+    return ~missing, f"; {len(rows)} example(s) without a label left out"
 
 
 def _labels(y: np.ndarray, name: str, opts: UserData) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -180,17 +244,36 @@ def _npz(path: Path, opts: UserData) -> Dataset:
     x = shaped(arrays["X"], "X")
     if len(arrays["y"]) != len(x):
         raise DatasetError(f"{path}: X has {len(x)} examples, y {len(arrays['y'])}")
+    keep, notes = _drop_unlabelled(arrays["y"], str(path), opts, lambda i: f"y[{i}]")
+    x, arrays["y"] = x[keep], arrays["y"][keep]
     if "X_test" in arrays:
         x_test = shaped(arrays["X_test"], "X_test")
         if x_test.shape[1:] != x.shape[1:] or "y_test" not in arrays or len(arrays["y_test"]) != len(x_test):
             raise DatasetError(f"{path}: X_test must match X's shape {x.shape[1:]} and come with a y_test of its length")
+        keep, test_notes = _drop_unlabelled(arrays["y_test"], str(path), opts, lambda i: f"y_test[{i}]")
+        x_test, arrays["y_test"] = x_test[keep], arrays["y_test"][keep]
+        notes += test_notes.replace("left out", "left out of the test split")
         y_all, labels = _labels(np.concatenate([arrays["y"], arrays["y_test"]]), str(path), opts)
         y_train, y_test = y_all[: len(x)], y_all[len(x):]
     else:
         y, labels = _labels(arrays["y"], str(path), opts)
         x, x_test, y_train, y_test = _split(x, y, opts)
-    return _task(path.stem, x, x_test, y_train, y_test, labels, f"arrays of shape {list(x.shape[1:])} from {path.name}",
-                 [], fixed_raw=True)
+    return _task(path.stem, x, x_test, y_train, y_test, labels,
+                 f"arrays of shape {list(x.shape[1:])} from {path.name}{notes}", [], fixed_raw=True)
+
+
+def _filled(data: np.ndarray, how: Fill) -> np.ndarray:
+    """(C, L) with its empty cells filled along time; a channel with no value at all stays empty."""
+    import pandas as pd
+
+    frame = pd.DataFrame(data.T)
+    if how == "zero":
+        frame = frame.fillna(0.0)
+    elif how == "previous":
+        frame = frame.ffill().bfill()
+    else:
+        frame = frame.interpolate(method="linear", limit_direction="both")
+    return frame.to_numpy(dtype=np.float32).T
 
 
 def _table(path: Path, opts: UserData) -> Dataset:
@@ -200,43 +283,116 @@ def _table(path: Path, opts: UserData) -> Dataset:
         table = pd.read_parquet(path) if path.suffix.lower() == ".parquet" else pd.read_csv(path)
     except (OSError, ValueError, pd.errors.ParserError) as e:
         raise DatasetError(f"{path}: not a readable table: {e}") from None
+    table = table.reset_index(drop=True)  # a row's index is its position in the file
+    csv = path.suffix.lower() == ".csv"
+
+    def where(i: int) -> str:  # the table's i-th row (0-based) as a person finds it in the file
+        return f"row {i + 1} (line {i + 2})" if csv else f"row {i + 1}"
+
     if opts.label_column not in table.columns:
-        raise DatasetError(f"{path}: no label column {opts.label_column!r} (columns: {list(table.columns)}); "
-                           "name it with --label-column")
-    for column in (opts.id_column, opts.time_column):
+        raise DatasetError(f"{path}: no label column {opts.label_column!r} (columns: "
+                           f"{some_names(list(table.columns), opts.label_column)}); name it with --label-column")
+    for column in (opts.id_column, opts.time_column, *opts.ignore_columns):
         if column is not None and column not in table.columns:
-            raise DatasetError(f"{path}: no column {column!r} (columns: {list(table.columns)})")
-    skip = {opts.label_column, opts.id_column, opts.time_column}
-    values = [c for c in table.columns if c not in skip and pd.api.types.is_numeric_dtype(table[c])]
+            raise DatasetError(f"{path}: no column {column!r} (columns: {some_names(list(table.columns), column)})")
+    skip = {opts.label_column, opts.id_column, opts.time_column, *opts.ignore_columns}
+    values = [c for c in table.columns if c not in skip]
     if not values:
-        raise DatasetError(f"{path}: no numeric columns besides {sorted(str(s) for s in skip if s)}")
+        raise DatasetError(f"{path}: no columns of values besides {sorted(str(s) for s in skip if s)}")
+    for c in values:
+        if not pd.api.types.is_numeric_dtype(table[c]):
+            bad = (pd.to_numeric(table[c], errors="coerce").isna() & table[c].notna()).to_numpy()
+            i = int(np.flatnonzero(bad)[0])
+            raise DatasetError(f"{path}: {where(i)}, column {c!r}: {table[c].iloc[i]!r} is not a number ({int(bad.sum())} "
+                               "such cell(s) in that column; a column that is not part of the series goes in "
+                               "--ignore-column)")
     if opts.id_column is None:  # wide: one example per row, a one-channel series
-        rows = table[values].to_numpy(dtype=np.float32)
-        series = [r[~np.isnan(r)][None, :] if np.isnan(r).any() else r[None, :] for r in rows]
-        if any(np.isnan(r).any() and not np.isnan(r[np.argmax(np.isnan(r)):]).all() for r in rows):
-            raise DatasetError(f"{path}: a row has a gap (an empty cell before a value)")
-        y_raw = table[opts.label_column].to_numpy()
+        series, y_raw, notes = _wide(table, values, path, opts, where)
     else:  # long: one row per time step, grouped by id
-        series, y_raw_list = [], []
-        for key, group in table.groupby(opts.id_column, sort=True):
-            if opts.time_column is not None:
-                group = group.sort_values(opts.time_column, kind="stable")
-            labels_here = group[opts.label_column].unique()
-            if len(labels_here) != 1:
-                raise DatasetError(f"{path}: {opts.id_column} = {key!r} has more than one label "
-                                   f"({sorted(map(str, labels_here))[:3]})")
-            data = group[values].to_numpy(dtype=np.float32).T  # (C, L)
-            if np.isnan(data).any():
-                raise DatasetError(f"{path}: {opts.id_column} = {key!r} has an empty cell")
-            series.append(data)
-            y_raw_list.append(labels_here[0])
-        y_raw = np.array(y_raw_list)
+        series, y_raw, notes = _long(table, values, path, opts, where)
     x = _stack(series, str(path), opts)
     y, labels = _labels(y_raw, str(path), opts)
     x_train, x_test, y_train, y_test = _split(x, y, opts)
     layout = "long" if opts.id_column else "wide"
-    desc = f"{x.shape[1]} channel(s) x {x.shape[2]} samples from {path.name} ({layout} table)"
+    desc = f"{x.shape[1]} channel(s) x {x.shape[2]} samples from {path.name} ({layout} table){notes}"
     return _task(path.stem, x_train, x_test, y_train, y_test, labels, desc, [], fixed_raw=True)
+
+
+def _wide(table: Any, values: list[Any], path: Path, opts: UserData, where: Any) -> tuple[list[np.ndarray], np.ndarray, str]:
+    """A wide table's series (one per row, trailing empty cells shorten it), their labels and what was done."""
+    keep, notes = _drop_unlabelled(table[opts.label_column].to_numpy(), str(path), opts, where)
+    positions = np.flatnonzero(keep)
+    rows = table[values].to_numpy(dtype=np.float32)[keep]
+    series, filled = [], 0
+    for k, r in zip(positions, rows):
+        empty = np.isnan(r)
+        if empty.any() and opts.fill is not None:
+            r, filled = _filled(r[None, :], opts.fill)[0], filled + int(empty.sum())
+            if np.isnan(r).any():
+                raise DatasetError(f"{path}: {where(k)} has no value to fill from")
+        elif empty.any():
+            first = int(np.argmax(empty))
+            if not empty[first:].all():
+                raise DatasetError(f"{path}: {where(k)}, column {values[first]!r}: an empty cell before a value; "
+                                   "pass --fill linear|previous|zero to fill empty cells")
+            r = r[:first]
+        series.append(r[None, :])
+    lengths = [s.shape[1] for s in series]
+    if lengths and max(lengths) < len(values):
+        raise DatasetError(f"{path}: column {values[max(lengths)]!r} is empty in every row; remove it, or name it with "
+                           "--ignore-column")
+    if len(set(lengths)) > 1 and not opts.pad:
+        short = [(k, n) for k, n in zip(positions, lengths) if n < len(values)]
+        k, n = short[0]
+        raise DatasetError(f"{path}: {where(k)} has {n} value(s), empty from column {values[n]!r}, where "
+                           f"{lengths.count(len(values))} row(s) have {len(values)} ({len(short)} row(s) short); "
+                           "pass --fill linear|previous|zero to fill empty cells, or --pad to zero-pad series of "
+                           "unequal length")
+    notes += f"; {filled} empty cell(s) filled ({opts.fill})" if filled else ""
+    y_raw = table[opts.label_column].to_numpy()[keep]
+    return series, y_raw, notes
+
+
+def _long(table: Any, values: list[Any], path: Path, opts: UserData, where: Any) -> tuple[list[np.ndarray], np.ndarray, str]:
+    """A long table's series (one per id, ordered by ``time_column``), their labels and what was done."""
+    time_like = [c for c in values if TIME_LIKE.search(str(c))]
+    if opts.time_column is None and time_like:
+        c = time_like[0]
+        raise DatasetError(f"{path}: column {c!r} looks like time: name it with --time-column to order each example's "
+                           f"rows by it (without, rows are taken in file order and {c!r} read as a channel), or with "
+                           "--ignore-column if the file's order is the time order")
+    if opts.time_column is not None and table[opts.time_column].isna().any():
+        i = int(np.flatnonzero(table[opts.time_column].isna().to_numpy())[0])
+        raise DatasetError(f"{path}: {where(i)}, column {opts.time_column!r} (the time column) is empty")
+    notes = ""
+    keep, dropped = _drop_unlabelled(table[opts.label_column].to_numpy(), str(path), opts, where)
+    if dropped:
+        unlabelled = set(table.loc[~keep, opts.id_column])
+        table = table[~table[opts.id_column].isin(unlabelled)]
+        notes += f"; {len(unlabelled)} example(s) with rows without a label left out"
+    series, y_raw, filled = [], [], 0
+    for key, group in table.groupby(opts.id_column, sort=True):
+        if opts.time_column is not None:
+            group = group.sort_values(opts.time_column, kind="stable")
+        labels_here = group[opts.label_column].unique()
+        if len(labels_here) != 1:
+            raise DatasetError(f"{path}: {opts.id_column} = {key!r} has more than one label "
+                               f"({sorted(map(str, labels_here))[:3]})")
+        data = group[values].to_numpy(dtype=np.float32).T  # (C, L)
+        empty = np.isnan(data)
+        if empty.any() and opts.fill is None:
+            t, c = (int(v) for v in np.argwhere(empty.T)[0])  # the earliest empty cell
+            raise DatasetError(f"{path}: {where(int(group.index[t]))}, column {values[c]!r} "
+                               f"({opts.id_column} = {key!r}): an empty cell; pass --fill linear|previous|zero to fill "
+                               "empty cells")
+        if empty.any():
+            data, filled = _filled(data, opts.fill), filled + int(empty.sum())  # type: ignore[arg-type]
+            if np.isnan(data).any():
+                raise DatasetError(f"{path}: {opts.id_column} = {key!r} has a channel with no value to fill from")
+        series.append(data)
+        y_raw.append(labels_here[0])
+    notes += f"; {filled} empty cell(s) filled ({opts.fill})" if filled else ""
+    return series, np.array(y_raw), notes
 
 
 def _ucr(name: str, opts: UserData) -> Dataset:

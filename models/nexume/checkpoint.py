@@ -13,6 +13,8 @@ from edge.core.errors import DataError
 from edge.core.files import write_atomic
 from edge.core.tables import markdown_table
 from models.data.base import Dataset
+from models.data.datasets import DATASETS
+from models.data.userdata import fingerprint
 from models.nexume.switchable import Arch, SwitchableNet
 from models.nexume.train import TrainResult
 from models.weights import load_weights
@@ -32,6 +34,7 @@ def save_checkpoint(result: TrainResult, data: Dataset, out_dir: Path) -> list[P
         "state_dict": result.model.state_dict(),
         "config": result.config.model_dump(mode="json"),
         "labels": list(data.labels),
+        "dataset_sha256": fingerprint(result.config.dataset),  # the user's data as trained on (None: built-in)
         "preprocessing": data.preprocessing,
         "variants": result.variants,
     }
@@ -74,6 +77,31 @@ def load_checkpoint(path: Path, module: torch.nn.Module | None = None) -> tuple[
     finally:
         brevitas.config.IGNORE_MISSING_KEYS = saved
     return model, payload
+
+
+def checkpoint_data(checkpoint: Path, payload: dict[str, Any], dataset: str | None = None,
+                    data_root: Path | None = None) -> Dataset:
+    """The data set a checkpoint was trained on, split as in training: the path recorded in it (an
+    absolute one since issue 33), or ``dataset`` where it is now; an error says where the path came
+    from, and data whose content changed since training is refused (its test split would differ)."""
+    from models.nexume.train import TrainConfig
+
+    config = dict(payload["config"])
+    recorded = config["dataset"]
+    if dataset is not None:
+        config["dataset"] = str(dataset)
+    cfg = TrainConfig.model_validate(config)
+    user_data = cfg.dataset not in DATASETS and not cfg.dataset.startswith("ucr:")
+    if user_data and not Path(cfg.dataset).exists():
+        origin = "--dataset" if dataset is not None else f"the path recorded in {checkpoint} at training time"
+        raise DataError(f"dataset {cfg.dataset!r} ({origin}): no such file or folder; pass --dataset PATH to say where "
+                        "the data trained on is now")
+    want = payload.get("dataset_sha256")
+    if user_data and want is not None and fingerprint(cfg.dataset) != want:
+        raise DataError(f"dataset {cfg.dataset!r}: its content differs from the data {checkpoint} was trained on "
+                        f"({recorded}; sha256 {want[:12]}…), so the test split of the parity checks would not be "
+                        "training's; pass --dataset with the data trained on")
+    return cfg.load_data(data_root)
 
 
 def _markdown(summary: dict[str, Any]) -> str:

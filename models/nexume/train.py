@@ -43,6 +43,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -79,6 +80,12 @@ class TrainConfig(Config):
     """Long format: the column that orders an example's rows."""
     pad: bool = False
     """Zero-pad series of unequal length to the longest (otherwise they are an error)."""
+    fill: Literal["linear", "previous", "zero"] | None = None
+    """Your data's empty cells: an error naming row and column (default), or filled along time."""
+    drop_missing_labels: bool = False
+    """Your data's examples without a label: an error naming them (default), or left out."""
+    ignore_columns: list[str] = Field(default_factory=list)
+    """Your table's columns that are not part of the series (names, notes): left out."""
     test_fraction: float = Field(0.2, gt=0, lt=1)
     """Your data without a test split: the share held out (stratified, seeded by ``seed``)."""
     min_per_class: int = Field(5, ge=2, le=100_000)
@@ -139,8 +146,19 @@ class TrainConfig(Config):
         from models.data.userdata import UserData
 
         opts = UserData(self.label_column, self.id_column, self.time_column, self.pad, self.test_fraction, self.seed,
-                        self.min_per_class)
+                        self.min_per_class, self.fill, self.drop_missing_labels, tuple(self.ignore_columns))
         return load(self.dataset, data_root, options=opts)
+
+    @field_validator("dataset")
+    @classmethod
+    def _absolute(cls, spec: str) -> str:
+        """The user's data by its absolute path, so that a checkpoint finds it from anywhere."""
+        from models.data.datasets import DATASETS
+
+        path = Path(spec).expanduser()
+        if spec in DATASETS or spec.startswith("ucr:") or not path.exists():
+            return spec
+        return str(path.resolve())
 
     @field_validator("harvest_scenario")
     @classmethod
