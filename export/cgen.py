@@ -10,6 +10,7 @@ imported from TFLite, TFLite Micro's own interpreter's outputs, so a board check
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -174,20 +175,31 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
 ARENA_BYTES, MAX_COLUMN, MAX_CHANNELS, MAX_CLASSES = 4096, 1024, 128, 16  # firmware/include/tn.h's defaults
 
 
+def _activation_bytes(layer: Any) -> int:
+    """The larger of a layer's int8 input and output, as the executor's buffers hold them."""
+    if isinstance(layer, FCLayer):
+        return max(layer.weight.shape[1], layer.weight.shape[0])
+    if isinstance(layer, (PoolLayer, MeanLayer)):
+        return max(int(np.prod(layer.in_shape)), layer.in_shape[0])
+    if isinstance(layer, (ConvLayer, DepthwiseLayer, WindowPoolLayer)):
+        return max(int(np.prod(layer.in_shape)), int(np.prod(layer.out_shape)))
+    return 0
+
+
+def arena_bytes(models: Sequence[IntModel]) -> int:
+    """The buffer each of the two activation buffers needs for every model (TN_ARENA_BYTES sized to
+    them, a multiple of 16): what a board with little non-volatile memory builds with."""
+    need = max(_activation_bytes(layer) for m in models for layer in m.layers)
+    return max(16, -(-need // 16) * 16)
+
+
 def check_fits(model: IntModel, variant: str) -> None:
     """One line naming the first layer that exceeds the firmware's default buffers."""
     for k, layer in enumerate(model.layers):
         where = f"variant {variant}, layer {k + 1} ({type(layer).__name__})"
-        if isinstance(layer, FCLayer):
-            sizes = (layer.weight.shape[1], layer.weight.shape[0])
-        elif isinstance(layer, (PoolLayer, MeanLayer)):
-            sizes = (int(np.prod(layer.in_shape)), layer.in_shape[0])
-        elif isinstance(layer, (ConvLayer, DepthwiseLayer, WindowPoolLayer)):
-            sizes = (int(np.prod(layer.in_shape)), int(np.prod(layer.out_shape)))
-        else:
-            sizes = (0, 0)
-        if max(sizes) > ARENA_BYTES:
-            raise IntModelError(f"{where}: {max(sizes)} bytes of activations; the firmware's buffers hold {ARENA_BYTES} "
+        need = _activation_bytes(layer)
+        if need > ARENA_BYTES:
+            raise IntModelError(f"{where}: {need} bytes of activations; the firmware's buffers hold {ARENA_BYTES} "
                                 "(TN_ARENA_BYTES)")
         if isinstance(layer, ConvLayer) and 2 * (-(-int(np.prod(layer.weight.shape[1:])) // 4) * 4) > MAX_COLUMN:
             raise IntModelError(f"{where}: {int(np.prod(layer.weight.shape[1:]))} taps per output; the firmware's "
@@ -254,7 +266,7 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
         "extern const int32_t tn_expected_flat[];\n#endif\n"
     )
     info = {"variants": descriptors, "vectors": len(x_q), "n_classes": n_classes, "inputs": x_q, "expected": expected,
-            "models": list(models), "oracle": oracles[0]}
+            "models": list(models), "oracle": oracles[0], "arena_bytes": arena_bytes(list(models))}
     return {"model.c": "".join(parts), "model.h": header}, info
 
 

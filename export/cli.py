@@ -175,6 +175,7 @@ def run_flash(args: argparse.Namespace) -> int:
     """Build a bundle's int8 variants as C99 firmware, flash it to a board, run its test vectors.
 
         trickle flash bundles/digits.tar --board mps2-an386      # Cortex-M4 under QEMU
+        trickle flash bundles/digits.tar --board stm32f405       # the STM32F405 under QEMU (netduinoplus2)
         trickle flash bundles/digits.tar --board host --vectors 20
         trickle flash bundles/digits.tar --record bundles/digits-m4.tar --key keys/signing.key
 
@@ -182,16 +183,19 @@ def run_flash(args: argparse.Namespace) -> int:
     vectors) into OUT/generated, builds it with firmware/Makefile for the board, runs every test
     vector of every 8-bit variant and checks the int32 logits bit for bit against onnxruntime's
     integer graph (for a bundle of an int8 .tflite, its int8 outputs against TFLite Micro's own
-    interpreter). For mps2-an386 it prints instructions per inference (counted by the project's
-    QEMU plugin) and the code size, and leaves OUT/mps2-an386/firmware.elf and firmware.bin for
-    a real board. With --record, a profiling build also splits each variant's count into its
-    layers, and a copy of the bundle with those counts in its manifest (bundle_version + 1,
-    signed with --key) is written for the simulator's cost model (workload.bundle).
+    interpreter). For mps2-an386 and stm32f405 it prints instructions per inference (counted by the
+    project's QEMU plugin), the code size and the flash, RAM and non-volatile memory used against
+    the board's, and leaves OUT/BOARD/firmware.elf and firmware.bin for a real board; an image that
+    does not fit is refused. stm32f405: 168 MHz from the internal oscillator, the results on
+    USART1 (PA9, 115200 8N1), the state in the 4 KB backup SRAM (kept by VBAT). With --record, a
+    profiling build also splits each variant's count into its layers, and a copy of the bundle
+    with those counts in its manifest (bundle_version + 1, signed with --key) is written for the
+    simulator's cost model (workload.bundle).
     A bundle with an early-decision rule in integers (FIRMBOUND, export.early with calibration
     series) builds its int8 frame model and the rule (tn_early_update), streams the bundle's test
     series (or --inputs SERIES.npy, (N, channels, T) raw) sample by sample and checks every decision
     (samples taken, class) against edge.classify.early's integer rule.
-    Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm for mps2-an386.
+    Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm for mps2-an386 and stm32f405.
     """
     if args.vectors is not None and args.vectors < 1:
         raise ConfigError("--vectors", args.vectors, "must be >= 1")
@@ -233,7 +237,7 @@ def _inputs(path: Path, shape: tuple[int, ...]) -> Any:
 
 
 def _flash_json(report: dict[str, Any], recorded: Path | None) -> dict[str, Any]:
-    keep = ("board", "binary", "bin", "vectors", "mismatches", "size")
+    keep = ("board", "binary", "bin", "vectors", "mismatches", "size", "memory")
     return {**{k: report[k] for k in keep if k in report}, "recorded": str(recorded) if recorded else None,
             "variants": report["variants"], "bit_exact": report["mismatches"] == 0}
 
@@ -258,6 +262,8 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
     if "size" in report:
         s = report["size"]
         print(f"  size: text {s['text']} B, data {s['data']} B, bss {s['bss']} B (text includes the test vectors)")
+        for region, use in report.get("memory", {}).items():
+            print(f"  {region}: {use['used']} of {use['size']} B ({100 * use['used'] / use['size']:.1f} %)")
         print(f"  wrote {report['binary']} and {report['bin']}")
     for v in report["variants"]:
         if "layers" in v:

@@ -2,18 +2,26 @@
 
     report = flash(read_bundle("bundles/digits.tar"), board="mps2-an386", out=Path("build/flash"))
 
-Boards: ``host`` (gcc, the harness cuts power at progress points) and ``mps2-an386``
-(arm-none-eabi-gcc, Cortex-M4 under qemu-system-arm). The board's non-volatile region is a
-host file (QEMU's memory-backend-file, share=on), so it survives QEMU being killed; the
-``tncount`` TCG plugin (built here from firmware/plugin/tncount.c) counts instructions and cuts
-power before an exact instruction.
+Boards: ``host`` (gcc, the harness cuts power at progress points), ``mps2-an386`` and
+``stm32f405`` (arm-none-eabi-gcc, Cortex-M4 under qemu-system-arm; the STM32F405 as QEMU's
+``netduinoplus2``). mps2-an386's non-volatile region is a host file (QEMU's memory-backend-file,
+share=on), so it survives QEMU being killed. The STM32F405 keeps its state in the 4 KB backup
+SRAM, which QEMU does not model: under QEMU the firmware finds it missing and keeps the state in
+RAM past the chip's 128 KB, which the harness restores at power-on (QEMU's generic loader) and
+saves at a power cut (the plugin holds the CPU before the cut instruction, the monitor's
+pmemsave writes the region, then QEMU is killed). The ``tncount`` TCG plugin (built here from
+firmware/plugin/tncount.c) counts instructions and cuts power before an exact instruction.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
 import shutil
+import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +36,10 @@ from export.formats import BOARDS
 
 FIRMWARE = Path(__file__).resolve().parent.parent / "firmware"
 
-BOARD_CPU = {"mps2-an386": "cortex-m4"}  # the simulator's MCU profile its counts apply to
+BOARD_CPU = {"mps2-an386": "cortex-m4", "stm32f405": "cortex-m4"}  # the simulator's MCU profile its counts apply to
 CUT_EXIT = 3  # the plugin's exit status for a power cut
 NV_BYTES = 16 << 20
+STM32_NV = (0x20020000, 64 << 10)  # where the STM32F405's state lives under QEMU (firmware/boards/stm32f405)
 TILE_POSITIONS = 2  # firmware/include/tn.h TN_TILE_POSITIONS: conv output positions per tile
 
 
@@ -74,9 +83,11 @@ def _make(what: str, *args: str) -> None:
 
 
 def build(sources: Path, board: str, out: Path, vectors: int | None = None, sanitize: bool = False,
-          reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False, profile: bool = False
-          ) -> Path:
-    """Compile firmware + generated model for ``board``; returns the executable / ELF."""
+          reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False, profile: bool = False,
+          arena: int | None = None) -> Path:
+    """Compile firmware + generated model for ``board``; returns the executable / ELF. ``arena``:
+    each activation buffer's bytes (default: the firmware's 4096; cgen's ``arena_bytes`` sizes it to
+    a model, as the stm32f405's 4 KB of backup SRAM needs)."""
     if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")
     out.mkdir(parents=True, exist_ok=True)
@@ -84,6 +95,7 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
     args = [f"BOARD={board}", f"MODEL={sources.resolve()}", f"OUT={out.resolve()}"]
     args += ["REFERENCE_KERNEL=1"] if reference_kernel else []  # the plain kernel (the benchmark's baseline)
     args += ["NO_PROGRESS=1"] if no_progress else []  # straight loops, no commits: the overhead's baseline
+    args += [f"ARENA={arena}"] if arena is not None else []
     if board == "host":
         _tool("gcc", "gcc")
         _make("host build", *args, *(["SANITIZE=1"] if sanitize else []), "firmware")
@@ -92,7 +104,17 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
     args += [f"VECTORS={vectors}"] if vectors is not None else []
     args += ["DYNINFER=1"] if dyninfer else []
     args += ["PROFILE=1"] if profile else []  # a mark per commit
-    _make("Cortex-M4 build", *args, "firmware")
+    try:
+        _make("Cortex-M4 build", *args, "firmware")
+    except FlashError as e:
+        overflow = re.search(r"region `(\w+)' overflowed by (\d+) bytes", str(e))
+        if overflow is None:
+            raise
+        region, extra = overflow.groups()
+        names = {"FLASH": "flash", "RAM": "RAM", "BKPSRAM": "backup SRAM (the non-volatile state)",
+                 "NVRAM": "non-volatile RAM"}
+        raise FlashError(f"the image does not fit the {board}: its {names.get(region, region)} overflows by {extra} "
+                         "bytes (fewer --vectors, or a smaller model)") from None
     _tool("arm-none-eabi-objcopy", "binutils-arm-none-eabi")
     _make("objcopy", *args, "bin")
     return out / "firmware.elf"
@@ -130,6 +152,25 @@ def code_size(elf: Path) -> dict[str, int]:
     return sizes
 
 
+BOARD_MEMORY = {  # what the linker script gives each region, bytes
+    "mps2-an386": {"flash": 4 << 20, "ram": 4 << 20, "non-volatile": 16 << 20},
+    "stm32f405": {"flash": 1 << 20, "ram": 128 << 10, "non-volatile": (4 << 10) - 4},  # the probe word: link.ld
+}
+
+
+def memory_use(elf: Path, board: str) -> dict[str, dict[str, int]]:
+    """Flash (code, constants, initial data), RAM (data, bss, the stack's share is the rest) and
+    non-volatile memory (.noinit) the image uses, against the board's sizes."""
+    from elftools.elf.elffile import ELFFile
+
+    size = code_size(elf)
+    with open(elf, "rb") as fh:
+        section = ELFFile(fh).get_section_by_name(".noinit")
+        nv = int(section["sh_size"]) if section is not None else 0
+    used = {"flash": size["text"] + size["data"], "ram": size["data"] + size["bss"], "non-volatile": nv}
+    return {k: {"used": used[k], "size": BOARD_MEMORY[board][k]} for k in used}
+
+
 def symbol(elf: Path, name: str) -> int:
     """The address of a symbol of the ELF (read with pyelftools, as code_size is)."""
     from elftools.elf.elffile import ELFFile
@@ -164,22 +205,28 @@ def parse_output(stdout: str) -> BoardRun:
     return BoardRun(outputs, mismatches, boots, stdout=stdout, decisions=decisions)
 
 
-def fresh_nv(path: Path, voltage_mv: int = 0) -> None:
+def fresh_nv(path: Path, voltage_mv: int = 0, board: str = "mps2-an386") -> None:
     """Erased non-volatile memory, with the voltage register (its first word) set."""
     with open(path, "wb") as fh:
-        fh.truncate(NV_BYTES)
+        fh.truncate(STM32_NV[1] if board == "stm32f405" else NV_BYTES)
         fh.write(int(voltage_mv).to_bytes(4, "little"))
 
 
-def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float = 600) -> tuple[int, str, list[int], int]:
-    """One power-on of the board: (exit status, semihosting output, marker counts, instructions)."""
+def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float = 600, board: str = "mps2-an386"
+         ) -> tuple[int, str, list[int], int]:
+    """One power-on of the board: (exit status, console output, marker counts, instructions)."""
     counts = work / "counts.txt"
     counts.unlink(missing_ok=True)
     args = f"{plugin(work)},out={counts},mark={symbol(elf, 'tn_mark'):#x}" + (f",cut={cut}" if cut is not None else "")
-    cmd = [_tool("qemu-system-arm", "qemu-system-arm"), "-M", "mps2-an386,memory-backend=nv", "-object",
-           f"memory-backend-file,id=nv,size={NV_BYTES},mem-path={nv},share=on", "-nographic", "-monitor", "none",
-           "-serial", "none", "-semihosting-config", "enable=on,target=native", "-kernel", str(elf), "-plugin", args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    exe = _tool("qemu-system-arm", "qemu-system-arm")
+    common = ["-nographic", "-semihosting-config", "enable=on,target=native", "-kernel", str(elf)]
+    if board == "stm32f405":
+        proc = _stm32_power_on(exe, common, args, nv, work, cut, timeout)
+    else:
+        cmd = [exe, "-M", "mps2-an386,memory-backend=nv", "-object",
+               f"memory-backend-file,id=nv,size={NV_BYTES},mem-path={nv},share=on", "-monitor", "none",
+               "-serial", "none", *common, "-plugin", args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     marks, total = [], 0
     if counts.exists():
         for line in counts.read_text().splitlines():
@@ -191,6 +238,56 @@ def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float
     return proc.returncode, proc.stdout + proc.stderr, marks, total
 
 
+def _stm32_power_on(exe: str, common: list[str], plugin_args: str, nv: Path, work: Path, cut: int | None,
+                    timeout: float) -> subprocess.CompletedProcess[str]:
+    """netduinoplus2 with ``nv`` loaded where the firmware keeps its state; at a cut the plugin holds
+    the CPU, the monitor saves that RAM back to ``nv`` and QEMU is killed (exit status CUT_EXIT)."""
+    hold, monitor = work / "cut.hold", work / "monitor.sock"
+    hold.unlink(missing_ok=True)
+    monitor.unlink(missing_ok=True)
+    addr = STM32_NV[0]
+    cmd = [exe, "-M", "netduinoplus2", "-monitor", f"unix:{monitor},server=on,wait=off", "-serial", "stdio", *common,
+           "-device", f"loader,file={nv},addr={addr:#x},force-raw=on",
+           "-plugin", plugin_args + (f",hold={hold}" if cut is not None else "")]
+    console = work / "console.txt"  # a file, not a pipe: a full pipe would stall QEMU
+    with open(console, "w") as sink:
+        code = _hold_or_finish(cmd, sink, hold, monitor, nv, cut is not None, timeout)
+    return subprocess.CompletedProcess(cmd, code, console.read_text(errors="replace"), "")
+
+
+def _hold_or_finish(cmd: list[str], sink: Any, hold: Path, monitor: Path, nv: Path, cutting: bool, timeout: float) -> int:
+    """Run QEMU to its end, or to the plugin's hold: then save the state through the monitor and kill it."""
+    addr, size = STM32_NV
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and not hold.exists():
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise FlashError(f"QEMU ran past {timeout:g} s")
+        time.sleep(0.005)
+    if proc.poll() is None:  # held before the cut instruction: save the state, then cut
+        saved = nv.with_suffix(".saving")
+        with socket.socket(socket.AF_UNIX) as mon:
+            mon.settimeout(60)
+            mon.connect(str(monitor))
+            mon.sendall(f'pmemsave {addr:#x} {size} "{saved}"\n'.encode())
+            reply = b""
+            while reply.count(b"(qemu)") < 2:  # the banner's prompt, then the one after pmemsave
+                chunk = mon.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        proc.kill()
+        proc.wait()
+        if not saved.exists() or saved.stat().st_size != size:
+            raise FlashError(f"the monitor did not save the board's memory: {reply.decode(errors='replace')[-500:]}")
+        os.replace(saved, nv)
+        return CUT_EXIT
+    if cutting and proc.returncode == CUT_EXIT:
+        raise FlashError("QEMU exited with the plugin's cut status without holding")
+    return proc.returncode
+
+
 def run_board(exe: Path, board: str, work: Path, voltage_mv: int = 0, mode: str = "run") -> BoardRun:
     """Run the firmware's checks: the host board's ``mode`` (run, early, ...), or one QEMU power-on."""
     if board == "host":
@@ -200,8 +297,8 @@ def run_board(exe: Path, board: str, work: Path, voltage_mv: int = 0, mode: str 
             raise FlashError(f"host firmware exited {proc.returncode}: {proc.stderr.strip()}")
         return result
     nv = work / "nv.bin"
-    fresh_nv(nv, voltage_mv)
-    rc, out, marks, total = qemu(exe, nv, work)
+    fresh_nv(nv, voltage_mv, board)
+    rc, out, marks, total = qemu(exe, nv, work, board=board)
     if rc not in (0, 1):
         raise FlashError(f"QEMU exited {rc}: {out[-2000:]}")
     result = parse_output(out)
@@ -209,20 +306,24 @@ def run_board(exe: Path, board: str, work: Path, voltage_mv: int = 0, mode: str 
     return result
 
 
-def run_with_cuts(elf: Path, work: Path, cuts: list[int]) -> BoardRun:
+def run_with_cuts(elf: Path, work: Path, cuts: list[int], board: str = "mps2-an386") -> BoardRun:
     """Power the board on repeatedly, cutting power before each instruction count in ``cuts``
-    (counted from each power-on), then once more without a cut, until it finishes."""
+    (counted from each power-on), then once more without a cut, until it finishes. The console
+    output of every power-on counts (the stm32f405 board prints each job as it finishes; the
+    last line of a job is its result)."""
     nv = work / "nv.bin"
-    fresh_nv(nv)
-    boots = 0
+    fresh_nv(nv, board=board)
+    boots, console = 0, []
     for cut in [*cuts, None]:
         boots += 1
-        rc, out, _, _ = qemu(elf, nv, work, cut=cut)
+        rc, out, _, _ = qemu(elf, nv, work, cut=cut, board=board)
+        console.append(out)
         if rc == CUT_EXIT:
             continue
         if rc not in (0, 1):
             raise FlashError(f"QEMU exited {rc}: {out[-2000:]}")
-        result = parse_output(out)  # finished (before this cut's instruction, if there was one)
+        # finished (before this cut's instruction, if there was one); a cut boot's last line may be cut short
+        result = parse_output("".join(o if not o or o.endswith("\n") else o + "\n" for o in console))
         result.boots = boots
         return result
     raise FlashError("the board never finished")
@@ -299,13 +400,16 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
     if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")
     early = bundle.manifest.early is not None
+    if early and board == "stm32f405":
+        raise FlashError("--board stm32f405 runs classifiers; an early-decision bundle runs on host and mps2-an386 "
+                         "(its rule's state is not yet kept in the backup SRAM)")
     if early:  # x_test: raw test series (n, channels, T); vectors: how many
         sources, info = generate_early(bundle, None if x_test is None else x_test[:vectors])
     else:
         sources, info = generate(bundle, x_test, max_vectors=vectors)
     gen = out / "generated"
     write_sources(sources, gen)
-    exe = build(gen, board, out / board)
+    exe = build(gen, board, out / board, arena=info["arena_bytes"] if board == "stm32f405" else None)
     run = run_board(exe, board, out / board, mode="early" if early else "run")
     report: dict[str, Any] = {"board": board, "binary": str(exe), "vectors": info["vectors"], "variants": info["variants"],
                               "mismatches": run.mismatches, "outputs": run.outputs, "oracle": info["oracle"]}
@@ -318,7 +422,7 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
         if board == "mps2-an386":
             report["instructions_per_series"] = inference_instructions(run.marks)
         return report
-    if board == "mps2-an386":
+    if board != "host":
         per = inference_instructions(run.marks)
         n_var = len(info["variants"])
         for k, v in enumerate(report["variants"]):
@@ -326,6 +430,7 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
             v["instructions_per_inference"] = int(np.median(counts)) if counts else None
             v["instructions_per_mac"] = v["instructions_per_inference"] / v["macs"] if counts else None
         report["size"] = code_size(exe)
+        report["memory"] = memory_use(exe, board)
         report["bin"] = str(exe.with_suffix(".bin"))
         if profile and per:
             for v, measured in zip(report["variants"], profile_layers(gen, info["models"], per[:n_var], out / "profile")):

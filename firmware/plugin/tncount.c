@@ -1,7 +1,12 @@
 /* QEMU TCG plugin: count guest instructions, record the count at every call of a marker
  * function, and cut power (exit at once, status 3) before instruction number `cut`.
  *
- *   -plugin libtncount.so,out=FILE,mark=0xADDR[,cut=N]
+ *   -plugin libtncount.so,out=FILE,mark=0xADDR[,cut=N[,hold=FILE]]
+ *
+ * With hold=FILE the cut does not exit: the vCPU stops before the instruction and FILE is
+ * created, so that the harness can save the board's non-volatile memory through the monitor
+ * (pmemsave) before it kills QEMU: for a board whose non-volatile memory QEMU does not model
+ * (the STM32F405's backup SRAM) and which therefore lives in guest RAM under QEMU.
  *
  * Debian's QEMU loads plugins but ships no qemu-plugin.h: the few API v1 functions used here
  * are declared below, as QEMU 7.2's include/qemu/qemu-plugin.h defines them. */
@@ -36,7 +41,7 @@ __attribute__((visibility("default"))) int qemu_plugin_version = 1;
 static uint64_t count, cut, mark_addr = UINT64_MAX;
 static uint64_t marks[1u << 16];
 static size_t n_marks;
-static char out_path[4096];
+static char out_path[4096], hold_path[4096];
 
 static void write_out(void) {
     if (out_path[0] == '\0') return;
@@ -59,7 +64,10 @@ static void on_insn(unsigned int vcpu, void *udata) {
     if ((uintptr_t)udata == 1u && n_marks < sizeof marks / sizeof marks[0]) marks[n_marks++] = count;
     if (count == cut) { /* power fails before this instruction executes */
         write_out();
-        _exit(3);
+        if (hold_path[0] == '\0') _exit(3);
+        FILE *f = fopen(hold_path, "w");
+        if (f != NULL) fclose(f);
+        for (;;) pause(); /* until the harness has saved the memory and kills QEMU */
     }
     count++;
 }
@@ -92,6 +100,7 @@ __attribute__((visibility("default"))) int qemu_plugin_install(qemu_plugin_id_t 
         if (strncmp(argv[i], "cut=", 4) == 0) cut = strtoull(argv[i] + 4, NULL, 0);
         else if (strncmp(argv[i], "mark=", 5) == 0) mark_addr = strtoull(argv[i] + 5, NULL, 0);
         else if (strncmp(argv[i], "out=", 4) == 0) snprintf(out_path, sizeof out_path, "%s", argv[i] + 4);
+        else if (strncmp(argv[i], "hold=", 5) == 0) snprintf(hold_path, sizeof hold_path, "%s", argv[i] + 5);
         else {
             fprintf(stderr, "tncount: unknown argument %s\n", argv[i]);
             return -1;

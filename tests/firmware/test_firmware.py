@@ -112,6 +112,77 @@ def test_qemu_power_cuts_at_random_instructions(generated: tuple[Path, dict]) ->
     assert result.mismatches == 0 and result.stdout.splitlines()[0] == reference and result.boots <= 21
 
 
+def _firmware_boots(stdout: str) -> int:
+    """The boots the firmware itself counted (kept in its non-volatile state): the last BOOTS line."""
+    return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("BOOTS")][-1]
+
+
+@needs_arm
+def test_stm32f405_is_bit_exact_on_every_test_vector(generated: tuple[Path, dict]) -> None:
+    root, info = generated
+    elf = build(root / "gen", "stm32f405", root / "stm32", arena=info["arena_bytes"])
+    run = run_board(elf, "stm32f405", root / "stm32")
+    assert run.mismatches == 0 and run.boots == 1
+    assert len(run.outputs) == info["vectors"] * len(info["variants"])
+    for k in range(len(info["variants"])):
+        assert [run.outputs[(i, k)] for i in range(info["vectors"])] == info["expected"][k].tolist()
+    per = inference_instructions(run.marks)
+    assert len(per) == len(run.outputs) and min(per) > info["variants"][-1]["macs"]
+
+
+@needs_arm
+def test_stm32f405_image_is_the_chips(generated: tuple[Path, dict]) -> None:
+    """Read from the ELF: the vector table at the start of flash, every section inside the
+    STM32F405's flash, SRAM or backup SRAM, and a state that does not fit is one clear refusal."""
+    from elftools.elf.elffile import ELFFile
+
+    from edge.core.errors import FlashError
+    from export.flash import memory_use
+
+    root, info = generated
+    elf = build(root / "gen", "stm32f405", root / "stm32-elf", arena=info["arena_bytes"])
+    regions = {"flash": (0x08000000, 1 << 20), "ram": (0x20000000, 128 << 10), "bkpsram": (0x40024000, 4 << 10)}
+    with open(elf, "rb") as fh:
+        image = ELFFile(fh)
+        vectors = image.get_section_by_name(".text")
+        assert vectors["sh_addr"] == 0x08000000
+        stack, reset = np.frombuffer(vectors.data()[:8], dtype="<u4")
+        assert stack == 0x20020000 and reset & 1 and 0x08000000 < reset < 0x08100000  # Thumb, in flash
+        for section in image.iter_sections():
+            if section["sh_flags"] & 2 and section["sh_size"]:  # SHF_ALLOC
+                start, end = section["sh_addr"], section["sh_addr"] + section["sh_size"]
+                assert any(a <= start and end <= a + n for a, n in regions.values()), section.name
+        assert image.get_section_by_name(".noinit")["sh_addr"] == 0x40024000
+    use = memory_use(elf, "stm32f405")
+    assert all(0 < u["used"] <= u["size"] for u in use.values()) and use["non-volatile"]["size"] == 4092
+    with pytest.raises(FlashError, match=r"does not fit the stm32f405: its backup SRAM \(the non-volatile state\) "
+                                         r"overflows by \d+ bytes"):
+        build(root / "gen", "stm32f405", root / "stm32-big", arena=4096)
+
+
+@needs_arm
+def test_stm32f405_power_cuts_at_random_instructions(generated: tuple[Path, dict]) -> None:
+    """The state in the backup SRAM (RAM under QEMU, saved at the cut) survives: the firmware's own
+    boot count says so, and the logits are the uncut run's."""
+    root, info = generated
+    elf = build(root / "gen", "stm32f405", root / "stm32-cut", vectors=1, dyninfer=True, arena=info["arena_bytes"])
+    nv = root / "stm32-cut" / "nv.bin"
+    fresh_nv(nv, board="stm32f405")
+    rc, out, marks, total = qemu(elf, nv, root / "stm32-cut", board="stm32f405")
+    assert rc == 0
+    reference = [line for line in out.splitlines() if line.startswith("OUT")]
+    assert len(reference) == 1
+    rng = random.Random(1)
+    for _ in range(100):  # per model: 200 over the two
+        cut = rng.randrange(marks[0], marks[1])
+        result = run_with_cuts(elf, root / "stm32-cut", [cut], board="stm32f405")
+        assert result.mismatches == 0 and _firmware_boots(result.stdout) == 2
+        assert [line for line in result.stdout.splitlines() if line.startswith("OUT")][-1] == reference[0]
+    many = sorted(rng.randrange(marks[0], total) for _ in range(20))
+    result = run_with_cuts(elf, root / "stm32-cut", many, board="stm32f405")
+    assert result.mismatches == 0 and 2 <= _firmware_boots(result.stdout) <= 21
+
+
 def test_trickle_flash_host(generated: tuple[Path, dict], tmp_path: Path) -> None:
     import sys
 

@@ -6,19 +6,9 @@
  * tn_early_update and prints "EARLY series samples class". */
 #include <stdint.h>
 
-#include "model.h"
-#include "tn.h"
+#include "board.h"
 
-void semihost_write(const char *s);
 
-#ifndef TN_BOARD_VECTORS
-#define TN_BOARD_VECTORS TN_N_VECTORS
-#endif
-#ifdef TN_DYNINFER
-#define TN_JOBS TN_BOARD_VECTORS
-#else
-#define TN_JOBS (TN_BOARD_VECTORS * TN_N_VARIANTS)
-#endif
 #define BOARD_MAGIC 0x424F4152u
 
 typedef struct {
@@ -34,11 +24,6 @@ __attribute__((section(".noinit"))) static board_state board;
 __attribute__((section(".noinit"))) static tn_nv nv;
 static tn_scratch scratch; /* volatile RAM: .bss, cleared at every boot */
 
-/* The instruction-counting plugin records the count each time this runs. */
-__attribute__((noinline)) void tn_mark(void) {
-    TN_COMPILER_BARRIER();
-}
-
 #ifdef TN_PROFILE
 /* Profiling build (-DTN_PROFILE -DTN_PROGRESS_HOOK=tn_progress_mark): a mark after every
  * commit, so the counts split an inference into its tiles and layers. */
@@ -47,36 +32,6 @@ void tn_progress_mark(uint32_t progress) {
     tn_mark();
 }
 #endif
-
-static char *put_int(char *p, int32_t v) {
-    char tmp[12];
-    int n = 0;
-    uint32_t u = v < 0 ? (uint32_t)(-(v + 1)) + 1u : (uint32_t)v;
-    if (v < 0) {
-        *p++ = '-';
-    }
-    do {
-        tmp[n++] = (char)('0' + u % 10u);
-        u /= 10u;
-    } while (u != 0u);
-    while (n > 0) {
-        *p++ = tmp[--n];
-    }
-    return p;
-}
-
-static void write_line(const char *label, const int32_t *values, uint32_t n) {
-    static char line[16 + 12 * (TN_N_CLASSES + 3)];
-    char *p = line;
-    while (*label) *p++ = *label++;
-    for (uint32_t i = 0; i < n; i++) {
-        *p++ = ' ';
-        p = put_int(p, values[i]);
-    }
-    *p++ = '\n';
-    *p = '\0';
-    semihost_write(line);
-}
 
 #ifdef TN_EARLY
 /* An early-rule model: every test series, sample by sample, to its decision; a cut anywhere
@@ -89,7 +44,7 @@ static int early_main(void) {
     for (uint32_t s = board.next_job; s < TN_EARLY_SERIES; s++) {
         tn_decision d = {0u, 0u, 0u, 0u};
         if (tn_early_begin(&early_nv, &tn_early_rule, s + 1u) != TN_OK) {
-            semihost_write("error: early rule rejected\n");
+            board_write("error: early rule rejected\n");
             return 1;
         }
         const int8_t *samples = &tn_early_series_flat[s * TN_EARLY_LENGTH * TN_EARLY_CHANNELS];
@@ -97,7 +52,7 @@ static int early_main(void) {
         for (uint32_t t = early_nv.t > 0u ? early_nv.t : 1u; t <= TN_EARLY_LENGTH; t++) {
             if (tn_early_update(&tn_early_rule, &early_nv, &nv, &scratch, t, &samples[(t - 1u) * TN_EARLY_CHANNELS],
                                 &d) != TN_OK) {
-                semihost_write("error: early rule rejected\n");
+                board_write("error: early rule rejected\n");
                 return 1;
             }
             if (d.stop) {
@@ -113,12 +68,12 @@ static int early_main(void) {
     int32_t mismatches = 0;
     for (uint32_t s = 0; s < TN_EARLY_SERIES; s++) {
         int32_t v[3] = {(int32_t)s, (int32_t)decided[s][0], (int32_t)decided[s][1]};
-        write_line("EARLY", v, 3);
+        board_line("EARLY", v, 3);
         mismatches += decided[s][0] != tn_early_expected[2u * s] || decided[s][1] != tn_early_expected[2u * s + 1u];
     }
     int32_t boots = (int32_t)board.boots;
-    write_line("BOOTS", &boots, 1);
-    write_line("MISMATCHES", &mismatches, 1);
+    board_line("BOOTS", &boots, 1);
+    board_line("MISMATCHES", &mismatches, 1);
     return mismatches == 0 ? 0 : 1;
 }
 #endif
@@ -139,20 +94,13 @@ int main(void) {
     return early_main();
 #endif
     for (uint32_t job = board.next_job; job < TN_JOBS; job++) {
-#ifdef TN_DYNINFER
-        uint32_t vector = job;
-        uint32_t voltage = tn_voltage_mv != 0u ? tn_voltage_mv : 3300u;
-        uint32_t variant = nv.magic == TN_MAGIC && nv.run == job + 1u
-                               ? nv.variant /* a run keeps the variant it started with */
-                               : tn_choose_variant(tn_variants, TN_N_VARIANTS, voltage, 2000u, 10000u);
-#else
-        uint32_t vector = job / TN_N_VARIANTS, variant = job % TN_N_VARIANTS;
-#endif
+        uint32_t variant;
+        uint32_t vector = board_job(&nv, job, tn_voltage_mv, &variant);
         const tn_model *m = tn_variants[variant];
         tn_mark();
         if (tn_start(&nv, m, variant, job + 1u, &tn_inputs_flat[vector * TN_INPUT_BYTES]) != TN_OK ||
             tn_resume(&nv, m, &scratch) != TN_OK) {
-            semihost_write("error: model rejected\n");
+            board_write("error: model rejected\n");
             return 1;
         }
         tn_mark();
@@ -177,10 +125,10 @@ int main(void) {
             values[2 + c] = board.results[job][c];
             mismatches += board.results[job][c] != want[c];
         }
-        write_line("OUT", values, 2 + TN_N_CLASSES);
+        board_line("OUT", values, 2 + TN_N_CLASSES);
     }
     int32_t boots = (int32_t)board.boots;
-    write_line("BOOTS", &boots, 1);
-    write_line("MISMATCHES", &mismatches, 1);
+    board_line("BOOTS", &boots, 1);
+    board_line("MISMATCHES", &mismatches, 1);
     return mismatches == 0 ? 0 : 1;
 }

@@ -1,6 +1,8 @@
 /* Vector table, reset handler and semihosting for mps2-an386 (Cortex-M4) under QEMU. */
 #include <stdint.h>
 
+#include "board.h"
+
 extern uint32_t _data_load, _data_start, _data_end, _bss_start, _bss_end, _stack_top;
 int main(void);
 void reset_handler(void);
@@ -24,7 +26,7 @@ static int semihost(int op, const void *arg) {
     return r0;
 }
 
-void semihost_write(const char *s) {
+void board_write(const char *s) { /* the console: the semihosting host's stdout */
     semihost(0x04, s); /* SYS_WRITE0 */
 }
 
