@@ -168,6 +168,13 @@ def add_flash_arguments(p: argparse.ArgumentParser) -> None:
                         "instructions measured per variant and per layer, bundle_version + 1; the simulator's cost "
                         "model uses them (workload.bundle)")
     p.add_argument("--key", type=Path, metavar="PRIVATE", help="with --record: sign the copy with this key")
+    p.add_argument("--program", action="store_true",
+                   help="stm32f405, nrf52840: after the build (and, for the stm32f405, its bit-exact run under QEMU) "
+                        "write firmware.elf to the board through a debug probe")
+    p.add_argument("--programmer", choices=("openocd", "pyocd"), default="openocd",
+                   help="with --program: OpenOCD (Debian's openocd; default) or pyOCD (pip install pyocd)")
+    p.add_argument("--interface", choices=("stlink", "cmsis-dap"), default="stlink",
+                   help="with --program --programmer openocd: the probe (ST-Link, default, or CMSIS-DAP/DAPLink)")
     p.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
 
 
@@ -203,8 +210,10 @@ def run_flash(args: argparse.Namespace) -> int:
         raise ConfigError("--record", str(args.record), "needs --board mps2-an386 (instructions are counted under QEMU)")
     if args.key is not None and args.record is None:
         raise ConfigError("--key", str(args.key), "signs the --record copy; give --record OUT")
+    if args.program and args.board not in ("stm32f405", "nrf52840"):
+        raise ConfigError("--program", args.board, "writes a real board: --board stm32f405 or nrf52840")
     from edge.contract.bundle import load_private_key, read_trusted
-    from export.flash import flash, record
+    from export.flash import flash, program, record
 
     bundle = read_trusted(args.bundle, args.trust)
     private = load_private_key(args.key) if args.key is not None else None
@@ -221,7 +230,13 @@ def run_flash(args: argparse.Namespace) -> int:
         print(json.dumps(_flash_json(report, recorded), default=lambda o: o.item() if hasattr(o, "item") else str(o)))
     else:
         _print_flash(bundle.manifest.model, args.board, report, recorded)
-    return 0 if report["mismatches"] == 0 else 1
+    if report["mismatches"]:
+        return 1
+    if args.program:
+        program(Path(report["binary"]), args.board, args.programmer, args.interface)
+        if not args.json:
+            print(f"  programmed the {args.board} with {report['binary']} ({args.programmer})")
+    return 0
 
 
 def _inputs(path: Path, shape: tuple[int, ...]) -> Any:
@@ -239,7 +254,8 @@ def _inputs(path: Path, shape: tuple[int, ...]) -> Any:
 def _flash_json(report: dict[str, Any], recorded: Path | None) -> dict[str, Any]:
     keep = ("board", "binary", "bin", "vectors", "mismatches", "size", "memory")
     return {**{k: report[k] for k in keep if k in report}, "recorded": str(recorded) if recorded else None,
-            "variants": report["variants"], "bit_exact": report["mismatches"] == 0}
+            "variants": report["variants"], "bit_exact": report["mismatches"] == 0 if report["mismatches"] is not None
+            else None}
 
 
 def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path | None) -> None:
@@ -252,7 +268,10 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
         verdict = "the same as edge.classify.early's" if report["mismatches"] == 0 else f"{report['mismatches']} DIFFER"
         print(f"  decisions: {verdict}")
         return
-    print(f"{model} on {board}: {report['vectors']} test vectors x {len(report['variants'])} variants")
+    if report["mismatches"] is None:
+        print(f"{model} for {board}: built, not run (no emulator for this chip here); --program writes it to a board")
+    else:
+        print(f"{model} on {board}: {report['vectors']} test vectors x {len(report['variants'])} variants")
     for k, v in enumerate(report["variants"]):
         first = report["outputs"].get((0, k))
         line = f"  {v['name']}: {v['macs']} MACs, vector 0 -> {first[:4]}..." if first else f"  {v['name']}"
@@ -271,5 +290,6 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
             print(f"  {v['name']} per layer (vector 0): {split}")
     if recorded is not None:
         print(f"  recorded the counts in {recorded}")
-    verdict = f"bit-exact with {report['oracle']}" if report["mismatches"] == 0 else f"{report['mismatches']} logits DIFFER"
-    print(f"  outputs: {verdict}")
+    if report["mismatches"] is not None:
+        verdict = f"bit-exact with {report['oracle']}" if report["mismatches"] == 0 else f"{report['mismatches']} logits DIFFER"
+        print(f"  outputs: {verdict}")

@@ -36,7 +36,8 @@ from export.formats import BOARDS
 
 FIRMWARE = Path(__file__).resolve().parent.parent / "firmware"
 
-BOARD_CPU = {"mps2-an386": "cortex-m4", "stm32f405": "cortex-m4"}  # the simulator's MCU profile its counts apply to
+# the simulator's MCU profile each board's counts apply to
+BOARD_CPU = {"mps2-an386": "cortex-m4", "stm32f405": "cortex-m4", "nrf52840": "cortex-m4"}
 CUT_EXIT = 3  # the plugin's exit status for a power cut
 NV_BYTES = 16 << 20
 STM32_NV = (0x20020000, 64 << 10)  # where the STM32F405's state lives under QEMU (firmware/boards/stm32f405)
@@ -112,7 +113,7 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
             raise
         region, extra = overflow.groups()
         names = {"FLASH": "flash", "RAM": "RAM", "BKPSRAM": "backup SRAM (the non-volatile state)",
-                 "NVRAM": "non-volatile RAM"}
+                 "NVRAM": "non-volatile region"}
         raise FlashError(f"the image does not fit the {board}: its {names.get(region, region)} overflows by {extra} "
                          "bytes (fewer --vectors, or a smaller model)") from None
     _tool("arm-none-eabi-objcopy", "binutils-arm-none-eabi")
@@ -155,7 +156,13 @@ def code_size(elf: Path) -> dict[str, int]:
 BOARD_MEMORY = {  # what the linker script gives each region, bytes
     "mps2-an386": {"flash": 4 << 20, "ram": 4 << 20, "non-volatile": 16 << 20},
     "stm32f405": {"flash": 1 << 20, "ram": 128 << 10, "non-volatile": (4 << 10) - 4},  # the probe word: link.ld
+    "nrf52840": {"flash": 1 << 20, "ram": 248 << 10, "non-volatile": 8 << 10},  # RAM's last 8 KB: link.ld
 }
+EMULATED = ("mps2-an386", "stm32f405")  # the boards QEMU runs here
+PROGRAMMABLE = {"stm32f405": ("target/stm32f4x.cfg", "stm32f405rg"), "nrf52840": ("target/nrf52.cfg", "nrf52840")}
+# what OpenOCD (ST-Link, CMSIS-DAP) and pyOCD say when no probe is attached
+NO_PROBE = ("Error: open failed", "unable to find a matching CMSIS-DAP device", "No connected debug probes",
+            "No available debug probes")
 
 
 def memory_use(elf: Path, board: str) -> dict[str, dict[str, int]]:
@@ -400,16 +407,20 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
     if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")
     early = bundle.manifest.early is not None
-    if early and board == "stm32f405":
-        raise FlashError("--board stm32f405 runs classifiers; an early-decision bundle runs on host and mps2-an386 "
-                         "(its rule's state is not yet kept in the backup SRAM)")
+    if early and board in ("stm32f405", "nrf52840"):
+        raise FlashError(f"--board {board} runs classifiers; an early-decision bundle runs on host and mps2-an386 "
+                         "(its rule's state is not yet kept in the board's few KB of non-volatile memory)")
     if early:  # x_test: raw test series (n, channels, T); vectors: how many
         sources, info = generate_early(bundle, None if x_test is None else x_test[:vectors])
     else:
         sources, info = generate(bundle, x_test, max_vectors=vectors)
     gen = out / "generated"
     write_sources(sources, gen)
-    exe = build(gen, board, out / board, arena=info["arena_bytes"] if board == "stm32f405" else None)
+    exe = build(gen, board, out / board, arena=info["arena_bytes"] if board in PROGRAMMABLE else None)
+    if board not in EMULATED and board != "host":  # built and read, not run: no emulator for this chip here
+        return {"board": board, "binary": str(exe), "bin": str(exe.with_suffix(".bin")), "vectors": info["vectors"],
+                "variants": info["variants"], "mismatches": None, "outputs": {}, "oracle": info["oracle"],
+                "size": code_size(exe), "memory": memory_use(exe, board)}
     run = run_board(exe, board, out / board, mode="early" if early else "run")
     report: dict[str, Any] = {"board": board, "binary": str(exe), "vectors": info["vectors"], "variants": info["variants"],
                               "mismatches": run.mismatches, "outputs": run.outputs, "oracle": info["oracle"]}
@@ -436,6 +447,34 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
             for v, measured in zip(report["variants"], profile_layers(gen, info["models"], per[:n_var], out / "profile")):
                 v["layers"] = measured["layers"]
     return report
+
+
+def program(elf: Path, board: str, programmer: str = "openocd", interface: str = "stlink") -> str:
+    """Write ``elf`` to a real board through a debug probe: OpenOCD (``interface``: stlink or
+    cmsis-dap, its interface/*.cfg) or pyOCD. No probe attached is one FlashError saying so."""
+    if board not in PROGRAMMABLE:
+        raise FlashError(f"--program: the {board} is not a board to write ({', '.join(PROGRAMMABLE)} are)")
+    config, target = PROGRAMMABLE[board]
+    if programmer == "openocd":
+        cmd = [_tool("openocd", "openocd"), "-f", f"interface/{interface}.cfg", "-f", config,
+               "-c", f"program {elf} verify reset exit"]
+        via = f"openocd, interface/{interface}.cfg"
+    else:
+        cmd = [_tool("pyocd", "pyocd (pip install pyocd)"), "flash", "--target", target, str(elf)]
+        via = "pyocd"
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise FlashError(f"--program: {via} did not finish in 300 s") from None
+    text = proc.stderr + proc.stdout
+    if proc.returncode == 0:
+        return text
+    errors = [line.strip() for line in text.splitlines() if "error" in line.lower()] or text.strip().splitlines()[-1:]
+    cause = errors[0] if errors else f"exit status {proc.returncode}"
+    if any(s.lower() in text.lower() for s in NO_PROBE):
+        raise FlashError(f"--program: no debug probe found ({via}: {cause}); connect an ST-Link or CMSIS-DAP probe to "
+                         "the board's SWD pins (or choose another with --interface / --programmer)")
+    raise FlashError(f"--program: {via} failed: {cause}")
 
 
 def record(bundle: Bundle, report: dict[str, Any], out: Path, key: Ed25519PrivateKey | None) -> Path:

@@ -130,34 +130,66 @@ def test_stm32f405_is_bit_exact_on_every_test_vector(generated: tuple[Path, dict
     assert len(per) == len(run.outputs) and min(per) > info["variants"][-1]["macs"]
 
 
+CHIPS = {  # the parts' own memory maps: flash, RAM, non-volatile state; the stack's top; where .noinit starts
+    "stm32f405": ({"flash": (0x08000000, 1 << 20), "ram": (0x20000000, 128 << 10), "bkpsram": (0x40024000, 4 << 10)},
+                  0x20020000, 0x40024000, r"backup SRAM \(the non-volatile state\)"),
+    "nrf52840": ({"flash": (0x00000000, 1 << 20), "ram": (0x20000000, 256 << 10)}, 0x2003E000, 0x2003E000,
+                 r"non-volatile region"),
+}
+
+
 @needs_arm
-def test_stm32f405_image_is_the_chips(generated: tuple[Path, dict]) -> None:
-    """Read from the ELF: the vector table at the start of flash, every section inside the
-    STM32F405's flash, SRAM or backup SRAM, and a state that does not fit is one clear refusal."""
+@pytest.mark.parametrize("board", sorted(CHIPS))
+def test_the_image_is_the_chips(generated: tuple[Path, dict], board: str) -> None:
+    """Read from the ELF: the vector table at the start of flash, every section inside the part's
+    flash, SRAM or non-volatile region, and a state that does not fit is one clear refusal."""
     from elftools.elf.elffile import ELFFile
 
     from edge.core.errors import FlashError
     from export.flash import memory_use
 
+    regions, stack_top, nv_at, nv_name = CHIPS[board]
     root, info = generated
-    elf = build(root / "gen", "stm32f405", root / "stm32-elf", arena=info["arena_bytes"])
-    regions = {"flash": (0x08000000, 1 << 20), "ram": (0x20000000, 128 << 10), "bkpsram": (0x40024000, 4 << 10)}
+    elf = build(root / "gen", board, root / f"{board}-elf", arena=info["arena_bytes"])
+    flash_at, flash_size = regions["flash"]
     with open(elf, "rb") as fh:
         image = ELFFile(fh)
         vectors = image.get_section_by_name(".text")
-        assert vectors["sh_addr"] == 0x08000000
+        assert vectors["sh_addr"] == flash_at
         stack, reset = np.frombuffer(vectors.data()[:8], dtype="<u4")
-        assert stack == 0x20020000 and reset & 1 and 0x08000000 < reset < 0x08100000  # Thumb, in flash
+        assert stack == stack_top and reset & 1 and flash_at < reset < flash_at + flash_size  # Thumb, in flash
         for section in image.iter_sections():
             if section["sh_flags"] & 2 and section["sh_size"]:  # SHF_ALLOC
                 start, end = section["sh_addr"], section["sh_addr"] + section["sh_size"]
                 assert any(a <= start and end <= a + n for a, n in regions.values()), section.name
-        assert image.get_section_by_name(".noinit")["sh_addr"] == 0x40024000
-    use = memory_use(elf, "stm32f405")
-    assert all(0 < u["used"] <= u["size"] for u in use.values()) and use["non-volatile"]["size"] == 4092
-    with pytest.raises(FlashError, match=r"does not fit the stm32f405: its backup SRAM \(the non-volatile state\) "
-                                         r"overflows by \d+ bytes"):
-        build(root / "gen", "stm32f405", root / "stm32-big", arena=4096)
+        assert image.get_section_by_name(".noinit")["sh_addr"] == nv_at
+    use = memory_use(elf, board)
+    assert all(0 < u["used"] <= u["size"] for u in use.values())
+    big = 8192 if board == "nrf52840" else 4096
+    with pytest.raises(FlashError, match=rf"does not fit the {board}: its {nv_name} overflows by \d+ bytes"):
+        build(root / "gen", board, root / f"{board}-big", arena=big)
+
+
+@pytest.mark.skipif(shutil.which("openocd") is None, reason="apt-get install openocd")
+@pytest.mark.parametrize(("board", "interface", "said"), [
+    ("stm32f405", "stlink", "Error: open failed"),
+    ("nrf52840", "cmsis-dap", "Error: unable to find a matching CMSIS-DAP"),
+])
+def test_program_without_a_probe_is_one_clear_error(generated: tuple[Path, dict], tmp_path: Path, board: str,
+                                                    interface: str, said: str) -> None:
+    import sys
+
+    root, _ = generated
+    if not ARM:
+        pytest.skip("apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm")
+    proc = subprocess.run([sys.executable, "-m", "trickle.cli", "flash", str(root / "bundle"), "--board", board,
+                           "--out", str(tmp_path), "--vectors", "2", "--program", "--interface", interface],
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1 and last[0].startswith("trickle flash: error: --program: no debug probe found")
+    assert f"interface/{interface}.cfg: {said}" in last[0]
+    assert (tmp_path / board / "firmware.elf").exists()  # built (and, for the stm32f405, checked) before
 
 
 @needs_arm

@@ -1,15 +1,16 @@
-/* stm32f405 board: runs every (vector, variant) job and prints "OUT vector variant logits..." on
- * USART1 as each finishes, then "BOOTS n" and "MISMATCHES n". Its place survives a power cut in
- * 4 KB of backup SRAM, so the state is small: a job's result is printed, checked against the
- * expected logits and committed with one word store (jobs done and mismatches so far), and a job
- * cut before its commit runs, and prints, again (the last line of a job is its result). Built
- * with -DTN_DYNINFER, each vector runs the variant the voltage register affords. */
+/* The main of the boards with little non-volatile memory (stm32f405: 4 KB of backup SRAM;
+ * nrf52840): runs every (vector, variant) job and prints "OUT vector variant logits..." as each
+ * finishes, then "BOOTS n" and "MISMATCHES n". The state is small: a job's result is printed,
+ * checked against the expected logits and committed with one word store (jobs done and
+ * mismatches so far), and a job cut before its commit runs, and prints, again (the last line of
+ * a job is its result). Built with -DTN_DYNINFER, each vector runs the variant the voltage
+ * register affords. The board says where the state is at run time (board_nv_base). */
 #include <stdint.h>
 
 #include "board.h"
 
 #ifdef TN_EARLY
-#error "the stm32f405 board runs classifiers; early-decision models run on host and mps2-an386"
+#error "this board runs classifiers; early-decision models run on host and mps2-an386"
 #endif
 
 char *board_nv_base(void);
@@ -25,8 +26,8 @@ typedef struct {
     tn_nv nv;
 } board_state;
 
-/* Its image in .noinit (backup SRAM): the linker checks that it fits; board_nv_base() says where
- * it is at run time (backup SRAM on the chip, RAM under QEMU). */
+/* Its image in .noinit: the linker checks that it fits the board's non-volatile region;
+ * board_nv_base() says where it is at run time (stm32f405: backup SRAM on the chip, RAM under QEMU). */
 __attribute__((section(".noinit"), used)) static board_state image;
 static tn_scratch scratch; /* volatile RAM: .bss, cleared at every boot */
 
