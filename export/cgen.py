@@ -101,16 +101,28 @@ def conv_rows(weight: np.ndarray) -> np.ndarray:
 
 def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,
           stride: int = 0, pad: int = 0, pad_h: int = 0, in_offset: int = 0, out_offset: int = 0, act_min: int = 0,
-          act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0")) -> tuple[str, str]:
-    """(arrays, a tn_layer initializer); refs: the weight, bias, multiplier and shift arrays' names."""
+          act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0"), stride_h: int = 0,
+          dil_h: int = 0, dil_w: int = 0) -> tuple[str, str]:
+    """(arrays, a tn_layer initializer); refs: the weight, bias, multiplier and shift arrays' names;
+    stride_h, dil_h, dil_w: 0 where the rows' stride is the columns' and the taps are adjacent."""
     for name, value, top in (("channels in", cin, 0xFFFF), ("rows in", hin, 0xFFFF), ("columns in", win, 0xFFFF),
                              ("channels out", cout, 0xFFFF), ("rows out", hout, 0xFFFF), ("columns out", wout, 0xFFFF),
                              ("kernel rows", kh, 0xFF), ("kernel columns", kw, 0xFF), ("stride", stride, 0xFF),
-                             ("padding", pad, 0xFF), ("row padding", pad_h, 0xFF)):
+                             ("padding", pad, 0xFF), ("row padding", pad_h, 0xFF), ("row stride", stride_h, 0xFF),
+                             ("row dilation", dil_h, 0xFF), ("column dilation", dil_w, 0xFF)):
         if not 0 <= value <= top:
             raise IntModelError(f"a {kind} layer with {value} {name}: the firmware's descriptor holds 0 to {top}")
+    tail = f", {stride_h}, {dil_h}, {dil_w}"
     return arrays, (f"{{{kind}, {cin}, {hin}, {win}, {cout}, {hout}, {wout}, {kh}, {kw}, {stride}, {pad}, {pad_h}, "
-                    f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}}}")
+                    f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}{tail}}}")
+
+
+def _geometry(layer: ConvLayer | DepthwiseLayer | WindowPoolLayer) -> tuple[int, int, int]:
+    """The descriptor's row stride and dilations (rows, columns): 0 where they are the defaults."""
+    stride_h = layer.stride_h if layer.stride_h is not None and layer.stride_h != layer.stride else 0
+    if isinstance(layer, WindowPoolLayer):
+        return stride_h, 0, 0
+    return stride_h, layer.dilation_h if layer.dilation_h > 1 else 0, layer.dilation if layer.dilation > 1 else 0
 
 
 def _requant_arrays(prefix: str, layer: ConvLayer | DepthwiseLayer | FCLayer) -> str:
@@ -134,11 +146,12 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         return _init("TN_DWCONV", layer.in_shape[0], *_hw(layer.in_shape), c_out, *_hw(layer.out_shape), kh, kw,
                      layer.stride, layer.padding, layer.padding_h, layer.input_offset, layer.output_offset,
                      layer.act_min, layer.act_max,
-                     _array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs)
+                     _array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs,
+                     *_geometry(layer))
     if isinstance(layer, WindowPoolLayer):
         return _init("TN_AVGPOOL" if layer.kind == "avg" else "TN_MAXPOOL", layer.in_shape[0], *_hw(layer.in_shape),
                      layer.out_shape[0], *_hw(layer.out_shape), *layer.kernel, layer.stride, layer.padding,
-                     layer.padding_h, act_min=layer.act_min, act_max=layer.act_max)
+                     layer.padding_h, 0, 0, layer.act_min, layer.act_max, "", ("0", "0", "0", "0"), *_geometry(layer))
     if isinstance(layer, MeanLayer):
         c = layer.in_shape[0]
         if not -32 < layer.shift < 32:
@@ -163,7 +176,8 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         pad_h = layer.padding_h if layer.padding_h is not None else (layer.padding if kh > 1 else 0)
         return _init("TN_CONV", c_in, h_in, w_in, c_out, h_out, w_out, kh, kw, layer.stride, layer.padding, pad_h,
                      layer.input_offset, layer.output_offset, layer.act_min, layer.act_max,
-                     _array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer), refs)
+                     _array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer), refs,
+                     *_geometry(layer))
     if isinstance(layer, PoolLayer):
         c = layer.in_shape[0]
         return _init("TN_POOL", c, *_hw(layer.in_shape), c, 1, 1, in_offset=layer.input_offset)

@@ -55,6 +55,9 @@ class ConvLayer:
     in_shape: tuple[int, ...]  # (C, L) or (C, H, W)
     out_shape: tuple[int, ...]
     padding_h: int | None = None  # rows on top, when they differ from the columns (TFLite's SAME, PAD)
+    stride_h: int | None = None  # rows between windows, when they differ from the columns' stride
+    dilation: int = 1  # columns between a window's taps
+    dilation_h: int = 1  # rows between a window's taps
 
     @property
     def macs(self) -> int:
@@ -73,11 +76,14 @@ class DepthwiseLayer:  # TFLite's DEPTHWISE_CONV_2D: output channel o reads inpu
     output_offset: int
     act_min: int
     act_max: int
-    stride: int
+    stride: int  # columns between windows
     padding_h: int
     padding: int
     in_shape: tuple[int, ...]  # (C, H, W)
     out_shape: tuple[int, ...]
+    stride_h: int | None = None  # rows between windows, when they differ from the columns'
+    dilation: int = 1  # columns between a window's taps
+    dilation_h: int = 1  # rows between a window's taps
 
     @property
     def macs(self) -> int:
@@ -90,13 +96,14 @@ class WindowPoolLayer:  # TFLite's AVERAGE_POOL_2D / MAX_POOL_2D: same scale in 
 
     kind: str  # "avg" or "max"
     kernel: tuple[int, int]
-    stride: int
+    stride: int  # columns between windows
     padding_h: int
     padding: int
     act_min: int
     act_max: int
     in_shape: tuple[int, ...]  # (C, H, W)
     out_shape: tuple[int, ...]
+    stride_h: int | None = None  # rows between windows, when they differ from the columns'
 
     @property
     def macs(self) -> int:

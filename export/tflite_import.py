@@ -9,7 +9,7 @@ compute, and checks every test vector bit for bit against TFLite Micro's own int
 (``tflm_outputs``, PyPI ``tflite-micro``).
 
 What the reader takes: CONV_2D and DEPTHWISE_CONV_2D (per-tensor or per-channel weights; SAME,
-VALID or a PAD before them; stride equal in both directions; no dilation), AVERAGE_POOL_2D,
+VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D,
 MAX_POOL_2D, MEAN over all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused;
 RESHAPE, SQUEEZE and TRANSPOSE, which move no data on the device (the firmware's buffer stays
 channels-last; a transposed or reshaped tensor only reorders the next layer's weights or the
@@ -297,10 +297,9 @@ class _Lowering:
         if pad == (0, 0, 0, 0):  # (a PAD placed its input already)
             self.place(op, x_shape)
         y_shape = graph.shape(outs[0])
-        if opts.dilationHFactor != 1 or opts.dilationWFactor != 1:
-            raise IntModelError(f"{here}: dilation has no firmware kernel")
-        if opts.strideH != opts.strideW:
-            raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
+        sh, sw, dh, dw = int(opts.strideH), int(opts.strideW), int(opts.dilationHFactor), int(opts.dilationWFactor)
+        if min(sh, sw, dh, dw) < 1:
+            raise IntModelError(f"{here}: strides {sh} x {sw} and dilation {dh} x {dw} must be at least 1")
         s_x, zp_x = graph.act(ins[0])
         s_y, zp_y = graph.act(outs[0])
         n_out = y_shape[3]
@@ -310,11 +309,11 @@ class _Lowering:
             raise IntModelError(f"{here}: {w.shape[3]} weight channels for {x_shape[3]} input channels (a grouped "
                                 "convolution has no firmware kernel)")
         same = opts.padding == graph.schema.Padding.SAME
-        top = pad[0] + (_same_pad(padded[1], kh, opts.strideH, y_shape[1]) if same else 0)
-        left = pad[2] + (_same_pad(padded[2], kw, opts.strideW, y_shape[2]) if same else 0)
-        stride = int(opts.strideH)
-        if (top >= kh or left >= kw or (y_shape[1] - 1) * stride - top >= x_shape[1]
-                or (y_shape[2] - 1) * stride - left >= x_shape[2]):
+        ekh, ekw = (kh - 1) * dh + 1, (kw - 1) * dw + 1  # a dilated window's extent
+        top = pad[0] + (_same_pad(padded[1], ekh, sh, y_shape[1]) if same else 0)
+        left = pad[2] + (_same_pad(padded[2], ekw, sw, y_shape[2]) if same else 0)
+        if (top >= ekh or left >= ekw or (y_shape[1] - 1) * sh - top >= x_shape[1]
+                or (y_shape[2] - 1) * sw - left >= x_shape[2]):
             raise IntModelError(f"{here}: padding wider than the kernel (some outputs see only padding); the "
                                 "firmware's convolutions take at most kernel - 1")
         scales = np.broadcast_to(s_w, (n_out,))
@@ -323,7 +322,7 @@ class _Lowering:
         act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
         common = dict(bias=bias, multiplier=np.array(m0, np.int32), shift=np.array(shift, np.int32),
                       input_offset=-zp_x, output_offset=zp_y, act_min=act_min, act_max=act_max,
-                      stride=int(opts.strideH), in_shape=(x_shape[3], x_shape[1], x_shape[2]),
+                      stride=sw, stride_h=sh, dilation=dw, dilation_h=dh, in_shape=(x_shape[3], x_shape[1], x_shape[2]),
                       out_shape=(n_out, y_shape[1], y_shape[2]))
         if op.kind == "CONV_2D":
             layer: Layer = ConvLayer(weight=np.ascontiguousarray(np.transpose(w, (0, 3, 1, 2))), padding=left,
@@ -342,14 +341,12 @@ class _Lowering:
         self.place(op, x_shape)
         if graph.act(ins[0]) != graph.act(outs[0]):
             raise IntModelError(f"{here}: input and output quantized differently; TFLite pools keep the scale")
-        if opts.strideH != opts.strideW:
-            raise IntModelError(f"{here}: strides {opts.strideH} x {opts.strideW}; the firmware takes equal strides")
         same = opts.padding == graph.schema.Padding.SAME
         s_y, zp_y = graph.act(outs[0])
         act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
         self.produced(outs[0], WindowPoolLayer(
             kind="avg" if op.kind == "AVERAGE_POOL_2D" else "max", kernel=(opts.filterHeight, opts.filterWidth),
-            stride=int(opts.strideH),
+            stride=int(opts.strideW), stride_h=int(opts.strideH),
             padding_h=_same_pad(x_shape[1], opts.filterHeight, opts.strideH, y_shape[1]) if same else 0,
             padding=_same_pad(x_shape[2], opts.filterWidth, opts.strideW, y_shape[2]) if same else 0,
             act_min=act_min, act_max=act_max, in_shape=(x_shape[3], x_shape[1], x_shape[2]),

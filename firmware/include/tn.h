@@ -45,7 +45,8 @@ typedef struct {
     tn_kind kind;
     uint16_t cin, hin, win;       /* input: channels x rows x columns (rows = 1 for 1-D) */
     uint16_t cout, hout, wout;    /* output (dense: cout classes) */
-    uint8_t kh, kw, stride, pad;  /* window geometry (kh = 1 for 1-D); pad: columns on the left */
+    uint8_t kh, kw, stride, pad;  /* window geometry (kh = 1 for 1-D); stride: columns between windows;
+                                   * pad: columns on the left */
     uint8_t pad_h;                /* rows of padding on top (below and right: up to hout, wout) */
     int32_t in_offset;            /* added to every input value (-zero point) */
     int32_t out_offset;           /* output zero point */
@@ -56,6 +57,8 @@ typedef struct {
     const int32_t *bias;          /* [cout] */
     const int32_t *multiplier;    /* conv, dwconv, fc: [cout], Q31; mean: [1], 1/positions folded in */
     const int32_t *shift;         /* as multiplier: a right shift (< 0: a left shift) */
+    uint8_t stride_h;             /* rows between windows; 0: stride, the columns' (older descriptors) */
+    uint8_t dil_h, dil_w;         /* dilation: rows, columns between a window's taps (0 or 1: adjacent) */
 } tn_layer;
 
 typedef struct {

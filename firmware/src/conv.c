@@ -16,6 +16,7 @@ static uint32_t stored(uint32_t k) {
 void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int16_t *column) {
     (void)column;
     const uint32_t depth = tn_depth(l), plane = (uint32_t)l->hout * l->wout;
+    const uint32_t sh = stride_rows(l), dh = dil_rows(l), dw = dil_cols(l);
     const out_stage s = stage_of(l);
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
         const uint32_t oy = pos / l->wout, ox = pos % l->wout;
@@ -23,9 +24,9 @@ void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, ui
             int32_t acc = l->bias[oc];
             uint32_t k = 0;
             for (uint32_t ky = 0; ky < l->kh; ky++) {
-                int32_t iy = (int32_t)(oy * l->stride + ky) - (int32_t)l->pad_h;
+                int32_t iy = (int32_t)(oy * sh + ky * dh) - (int32_t)l->pad_h;
                 for (uint32_t kx = 0; kx < l->kw; kx++) {
-                    int32_t ix = (int32_t)(ox * l->stride + kx) - (int32_t)l->pad;
+                    int32_t ix = (int32_t)(ox * l->stride + kx * dw) - (int32_t)l->pad;
                     for (uint32_t ic = 0; ic < l->cin; ic++, k++) {
                         if (iy < 0 || iy >= (int32_t)l->hin || ix < 0 || ix >= (int32_t)l->win) {
                             continue;
@@ -119,12 +120,36 @@ static void zero(int16_t *dst, uint32_t n) {
     }
 }
 
+/* im2col of a dilated window: tap by tap, each tap cin values (or zeros in the padding). */
+static void fill_column_dilated(const tn_layer *l, const int8_t *in, int16_t *column, uint32_t pos) {
+    const uint32_t cin = l->cin, dh = dil_rows(l), dw = dil_cols(l);
+    const int32_t iy0 = (int32_t)(pos / l->wout * stride_rows(l)) - (int32_t)l->pad_h;
+    const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
+    int16_t *c = column;
+    for (uint32_t ky = 0; ky < l->kh; ky++) {
+        const int32_t iy = iy0 + (int32_t)(ky * dh);
+        for (uint32_t kx = 0; kx < l->kw; kx++, c += cin) {
+            const int32_t ix = ix0 + (int32_t)(kx * dw);
+            if (iy < 0 || iy >= (int32_t)l->hin || ix < 0 || ix >= (int32_t)l->win) {
+                zero(c, cin);
+            } else {
+                widen(c, in + ((uint32_t)iy * l->win + (uint32_t)ix) * cin, cin, l->in_offset);
+            }
+        }
+    }
+    zero(c, (uint32_t)(column + tn_depth(l) - c));
+}
+
 /* im2col: the receptive field of output position `pos` as int16, the input offset added, with
  * zeros for the padding and for the tail up to a multiple of four taps. In HWC a window row
  * inside the input is one contiguous run, so a position costs kh runs, not kh * cin. */
 static void fill_column(const tn_layer *l, const int8_t *in, int16_t *column, uint32_t pos) {
+    if (l->dil_h > 1u || l->dil_w > 1u) {
+        fill_column_dilated(l, in, column, pos);
+        return;
+    }
     const uint32_t kh = l->kh, kw = l->kw, hin = l->hin, win = l->win, cin = l->cin;
-    const int32_t iy0 = (int32_t)(pos / l->wout * l->stride) - (int32_t)l->pad_h;
+    const int32_t iy0 = (int32_t)(pos / l->wout * stride_rows(l)) - (int32_t)l->pad_h;
     const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
     const uint32_t ky0 = iy0 < 0 ? (uint32_t)-iy0 : 0u, kx0 = ix0 < 0 ? (uint32_t)-ix0 : 0u;
     const uint32_t ky1 = iy0 + (int32_t)kh > (int32_t)hin ? (uint32_t)((int32_t)hin - iy0) : kh;

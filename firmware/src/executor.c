@@ -1,5 +1,5 @@
 /* The intermittent executor: idempotent tiles, one word-sized commit each. */
-#include "tn.h"
+#include "kernel.h"
 
 #ifdef TN_REFERENCE_KERNEL
 #define CONV_TILE tn_conv_tile_reference /* the plain kernel: the benchmark's baseline */
@@ -87,8 +87,9 @@ static tn_status check(const tn_model *model) {
             return TN_ERR_ARENA;
         }
         if ((l->kind == TN_CONV || l->kind == TN_DWCONV) && /* no window may lie wholly in the padding */
-            (l->pad_h >= l->kh || l->pad >= l->kw || l->stride == 0 ||
-             (uint32_t)(l->hout - 1u) * l->stride >= (uint32_t)l->hin + l->pad_h ||
+            (l->pad_h >= (l->kh - 1u) * dil_rows(l) + 1u || l->pad >= (l->kw - 1u) * dil_cols(l) + 1u ||
+             l->kh == 0u || l->kw == 0u || l->stride == 0u ||
+             (uint32_t)(l->hout - 1u) * stride_rows(l) >= (uint32_t)l->hin + l->pad_h ||
              (uint32_t)(l->wout - 1u) * l->stride >= (uint32_t)l->win + l->pad)) {
             return TN_ERR_MODEL;
         }

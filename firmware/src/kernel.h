@@ -9,6 +9,17 @@
  * nudge = 2^30 for a * b >= 0 and 1 - 2^30 below. Both cases equal floor((a * b + 2^30) / 2^31),
  * one arithmetic shift (smlal and two shifts on a Cortex-M4). It saturates only for
  * a = b = INT32_MIN; multipliers are positive Q31 values (export.cgen checks), so never here. */
+/* A window's geometry: rows between windows, and the spacing of its taps (dilation). */
+static inline uint32_t stride_rows(const tn_layer *l) {
+    return l->stride_h != 0u ? l->stride_h : l->stride;
+}
+static inline uint32_t dil_rows(const tn_layer *l) {
+    return l->dil_h > 1u ? l->dil_h : 1u;
+}
+static inline uint32_t dil_cols(const tn_layer *l) {
+    return l->dil_w > 1u ? l->dil_w : 1u;
+}
+
 static inline int32_t srdhm(int32_t a, int32_t b) {
     return (int32_t)(((int64_t)a * (int64_t)b + (INT64_C(1) << 30)) >> 31);
 }

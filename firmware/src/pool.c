@@ -20,7 +20,7 @@ void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
     const uint32_t c_n = l->cin;
     for (uint32_t oy = 0; oy < l->hout; oy++) {
         for (uint32_t ox = 0; ox < l->wout; ox++) {
-            const int32_t iy0 = (int32_t)(oy * l->stride) - (int32_t)l->pad_h;
+            const int32_t iy0 = (int32_t)(oy * stride_rows(l)) - (int32_t)l->pad_h;
             const int32_t ix0 = (int32_t)(ox * l->stride) - (int32_t)l->pad;
             const int32_t fy0 = iy0 < 0 ? -iy0 : 0, fx0 = ix0 < 0 ? -ix0 : 0;
             const int32_t fy1 = iy0 + (int32_t)l->kh > (int32_t)l->hin ? (int32_t)l->hin - iy0 : (int32_t)l->kh;

@@ -34,9 +34,12 @@ static int8_t weight_at(const tn_layer *l, uint32_t oc, uint32_t k) {
 
 tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
     const int32_t pad_rows = l->pad_h, pad_cols = l->pad;
+    const int32_t sr = l->stride_h ? (int32_t)l->stride_h : (int32_t)l->stride; /* rows between windows */
+    const int32_t dr = l->dil_h > 1u ? (int32_t)l->dil_h : 1, dc = l->dil_w > 1u ? (int32_t)l->dil_w : 1;
+    const int32_t extent_rows = ((int32_t)l->kh - 1) * dr + 1, extent_cols = ((int32_t)l->kw - 1) * dc + 1;
     if (l->kind != TN_CONV || l->stride == 0 ||
-        (int32_t)l->hout != ((int32_t)l->hin + 2 * pad_rows - (int32_t)l->kh) / (int32_t)l->stride + 1 ||
-        (int32_t)l->wout != ((int32_t)l->win + 2 * pad_cols - (int32_t)l->kw) / (int32_t)l->stride + 1) {
+        (int32_t)l->hout != ((int32_t)l->hin + 2 * pad_rows - extent_rows) / sr + 1 ||
+        (int32_t)l->wout != ((int32_t)l->win + 2 * pad_cols - extent_cols) / (int32_t)l->stride + 1) {
         return TN_ERR_MODEL;
     }
     for (int32_t oy = 0; oy < (int32_t)l->hout; oy++) {
@@ -46,8 +49,8 @@ tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
                 uint32_t k = 0;
                 for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
                     for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
-                        const int32_t iy = oy * (int32_t)l->stride + ky - pad_rows;
-                        const int32_t ix = ox * (int32_t)l->stride + kx - pad_cols;
+                        const int32_t iy = oy * sr + ky * dr - pad_rows;
+                        const int32_t ix = ox * (int32_t)l->stride + kx * dc - pad_cols;
                         for (uint32_t ic = 0; ic < l->cin; ic++, k++) {
                             if (iy >= 0 && iy < (int32_t)l->hin && ix >= 0 && ix < (int32_t)l->win) {
                                 const int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];

@@ -20,10 +20,10 @@ static int8_t a_taps1[3 * 3 * 3 * 2], a_w1[3 * 20], a_taps2[4 * 2 * 2 * 3], a_w2
 static int32_t a_b1[3], a_m1[3], a_s1[3], a_b2[4], a_m2[4], a_s2[4], a_b4[3];
 static const tn_layer a_layers[4] = {
     /* kind cin hin win cout hout wout kh kw stride pad pad_h in_off out_off act_min act_max */
-    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, a_w1, a_b1, a_m1, a_s1},
-    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, a_w2, a_b2, a_m2, a_s2},
-    {TN_POOL, 4, 2, 2, 4, 1, 1, 0, 0, 0, 0, 0, -3, 0, 0, 0, 0, 0, 0, 0},
-    {TN_DENSE, 4, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, a_w4, a_b4, 0, 0},
+    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, a_w1, a_b1, a_m1, a_s1, 0, 0, 0},
+    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, a_w2, a_b2, a_m2, a_s2, 0, 0, 0},
+    {TN_POOL, 4, 2, 2, 4, 1, 1, 0, 0, 0, 0, 0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_DENSE, 4, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, a_w4, a_b4, 0, 0, 0, 0, 0},
 };
 static const tn_model model_a = {"a", 4, a_layers, 5 * 4 * 2, 3, 0, 1000u, 900u};
 #define A_TILES (10u + 2u + 1u + 1u) /* 20 positions / 2, 4 / 2, the pool, the classifier */
@@ -34,11 +34,11 @@ static int8_t b_taps1[5 * 3 * 3], b_w1[5 * 12], b_taps2[2 * 3 * 5], b_w2[2 * 16]
 static int8_t b_w5[4 * 3];
 static int32_t b_b1[5], b_m1[5], b_s1[5], b_b2[2], b_m2[2], b_s2[2], b_b3[3], b_m3[3], b_s3[3], b_b5[4];
 static const tn_layer b_layers[5] = {
-    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, b_w1, b_b1, b_m1, b_s1},
-    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, b_w2, b_b2, b_m2, b_s2},
-    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, b_w3, b_b3, b_m3, b_s3},
-    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0},
-    {TN_DENSE, 3, 1, 1, 4, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, b_w5, b_b5, 0, 0},
+    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, b_w1, b_b1, b_m1, b_s1, 0, 0, 0},
+    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, b_w2, b_b2, b_m2, b_s2, 0, 0, 0},
+    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, b_w3, b_b3, b_m3, b_s3, 0, 0, 0},
+    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_DENSE, 3, 1, 1, 4, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, b_w5, b_b5, 0, 0, 0, 0, 0},
 };
 static const tn_model model_b = {"b", 5, b_layers, 9 * 3, 4, 0, 2000u, 950u};
 #define B_TILES (3u + 3u + 2u + 1u + 1u)

@@ -14,8 +14,8 @@
 #define MAX_CIN 6
 #define MAX_COUT 7
 #define MAX_K 5
-#define MAX_HIN 7
-#define MAX_WIN 12
+#define MAX_HIN 16 /* a dilated window spans up to (MAX_K - 1) x 3 + 1 = 13 */
+#define MAX_WIN 20
 #define MAX_TAPS (MAX_K * MAX_K * MAX_CIN)
 #define MAX_DEPTH ((MAX_TAPS + 3) / 4 * 4)
 
@@ -30,7 +30,9 @@ static int16_t column_store[TN_TILE_POSITIONS * MAX_DEPTH];
 typedef void (*conv_tile_fn)(const tn_layer *, const int8_t *, int8_t *, uint32_t, int16_t *);
 
 /* A random conv layer: 1-D (one row, kh = 1, padding on columns only, as export.cgen writes
- * conv1d) or 2-D, padding at most half the kernel as PyTorch allows. */
+ * conv1d) or 2-D, padding at most half the window as PyTorch allows; a third of them dilated, and
+ * a 2-D one's rows strided apart from its columns' stride half the time (TFLite's strides and
+ * dilation factors). */
 static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weight) {
     memset(l, 0, sizeof *l);
     const int two_d = check_range(rng, 0, 1) == 1;
@@ -40,13 +42,20 @@ static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weig
     l->kh = (uint8_t)(two_d ? check_range(rng, 2, MAX_K) : 1);
     l->kw = (uint8_t)check_range(rng, 1, MAX_K);
     l->stride = (uint8_t)check_range(rng, 1, 3);
-    l->pad = (uint8_t)check_range(rng, 0, (two_d && l->kh < l->kw ? l->kh : l->kw) / 2);
+    l->stride_h = (uint8_t)(two_d && check_range(rng, 0, 1) == 1 ? check_range(rng, 1, 3) : 0);
+    const int dilated = check_range(rng, 0, 2) == 0;
+    l->dil_w = (uint8_t)(dilated ? check_range(rng, 1, 3) : 0);
+    l->dil_h = (uint8_t)(dilated && two_d ? check_range(rng, 1, 3) : 0);
+    const int32_t rows = ((int32_t)l->kh - 1) * (l->dil_h > 1 ? l->dil_h : 1) + 1; /* the window's extent */
+    const int32_t cols = ((int32_t)l->kw - 1) * (l->dil_w > 1 ? l->dil_w : 1) + 1;
+    const int32_t sr = l->stride_h ? l->stride_h : l->stride;
+    l->pad = (uint8_t)check_range(rng, 0, (two_d && rows < cols ? rows : cols) / 2);
     const int32_t pad_rows = two_d ? l->pad : 0;
     l->pad_h = (uint8_t)pad_rows;
-    l->hin = (uint16_t)(two_d ? check_range(rng, l->kh - 2 * pad_rows > 1 ? l->kh - 2 * pad_rows : 1, MAX_HIN) : 1);
-    l->win = (uint16_t)check_range(rng, l->kw - 2 * l->pad > 1 ? l->kw - 2 * l->pad : 1, MAX_WIN);
-    l->hout = (uint16_t)((l->hin + 2 * pad_rows - l->kh) / l->stride + 1);
-    l->wout = (uint16_t)((l->win + 2 * l->pad - l->kw) / l->stride + 1);
+    l->hin = (uint16_t)(two_d ? check_range(rng, rows - 2 * pad_rows > 1 ? rows - 2 * pad_rows : 1, MAX_HIN) : 1);
+    l->win = (uint16_t)check_range(rng, cols - 2 * l->pad > 1 ? cols - 2 * l->pad : 1, MAX_WIN);
+    l->hout = (uint16_t)((l->hin + 2 * pad_rows - rows) / sr + 1);
+    l->wout = (uint16_t)((l->win + 2 * l->pad - cols) / l->stride + 1);
     l->in_offset = check_range(rng, -127, 128); /* minus an int8 zero point */
     l->out_offset = check_range(rng, -128, 127);
     const int relu = check_range(rng, 0, 1) == 1;
@@ -100,7 +109,7 @@ static check_status conv_matches(const char *name, conv_tile_fn tile_fn, const t
 
 static check_status test_conv_tiles_match_reference(void) {
     check_rng rng = {12345u};
-    unsigned lone = 0, padded = 0, one_d = 0, odd_cout = 0;
+    unsigned lone = 0, padded = 0, one_d = 0, odd_cout = 0, dilated = 0, row_strided = 0;
     for (unsigned c = 0; c < CASES; c++) {
         tn_layer l;
         const int8_t *weight;
@@ -121,10 +130,13 @@ static check_status test_conv_tiles_match_reference(void) {
         padded += l.pad > 0 ? 1u : 0u;
         one_d += l.kh == 1 ? 1u : 0u;
         odd_cout += l.cout % 2u;
+        dilated += l.dil_h > 1u || l.dil_w > 1u ? 1u : 0u;
+        row_strided += l.stride_h != 0u && l.stride_h != l.stride ? 1u : 0u;
     }
-    /* the seeded cases do reach the paths a lone last position, padding, conv1d and an odd
-     * channel count take */
-    CHECK(lone > 20u && padded > 20u && one_d > 20u && one_d < CASES - 20u && odd_cout > 20u);
+    /* the seeded cases do reach the paths a lone last position, padding, conv1d, an odd channel
+     * count, dilation and a row stride of its own take */
+    CHECK(lone > 20u && padded > 20u && one_d > 20u && one_d < CASES - 20u && odd_cout > 20u && dilated > 20u &&
+          row_strided > 20u);
     return CHECK_OK;
 }
 
@@ -135,7 +147,7 @@ static check_status test_conv_known_values(void) {
     static int8_t w[4];
     static const int8_t taps3[3] = {1, 1, 1};
     static const int32_t b[1] = {0}, m[1] = {1 << 30}, s[1] = {0};
-    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 0, 1, -128, 127, w, b, m, s};
+    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 0, 1, -128, 127, w, b, m, s, 0, 0, 0};
     CHECK_EQ(ref_pack_conv(&l, taps3, w), TN_OK);
     static const int8_t expect[4] = {16, 31, 47, 37}; /* (30 / 2 = 15, 60 / 2, 91 / 2 = 45.5 -> 46, 71 / 2 -> 36) + 1 */
     int8_t out[4];

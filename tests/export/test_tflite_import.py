@@ -187,6 +187,65 @@ def test_depthwise_pools_mean_and_mixed_granularity_are_bit_exact_on_host_and_qe
         assert qemu["mismatches"] == 0 and qemu["variants"][0]["instructions_per_inference"] > 0
 
 
+class StridedConv1d(nn.Module):
+    """The most common TinyML time-series layout: Conv1d with stride 2 (litert-torch writes strides
+    1 x 2), then a dilated Conv1d, a global average and a dense layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv1d(3, 8, 5, stride=2, padding=2)
+        self.c2 = nn.Conv1d(8, 8, 3, dilation=2, padding=2)
+        self.c3 = nn.Conv1d(8, 8, 3, stride=2, dilation=3)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.c3(torch.relu(self.c2(torch.relu(self.c1(x))))))
+        return self.fc(x.mean(2))
+
+
+class Uneven2d(nn.Module):
+    """Unequal strides in a conv and a depthwise conv, a dilated depthwise conv, an uneven pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 6, 3, stride=(1, 2), padding=1)
+        self.dw = nn.Conv2d(6, 6, 3, stride=(2, 1), dilation=2, padding=2, groups=6)
+        self.pool = nn.AvgPool2d((1, 2))
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.dw(torch.relu(self.c1(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize(("net", "shape", "strides_seen"), [
+    (StridedConv1d, (3, 64), {(1, 2)}),
+    (Uneven2d, (2, 10, 12), {(1, 2), (2, 1)}),
+])
+def test_unequal_strides_and_dilation_are_bit_exact_with_tflm(tmp_path: Path, net: type[nn.Module],
+                                                              shape: tuple[int, ...], strides_seen: set) -> None:
+    """465309f refused both ("the firmware takes equal strides", "dilation has no firmware kernel")."""
+    from export.flash import flash
+    from export.intmodel import ConvLayer, DepthwiseLayer
+    from export.tflite_import import from_tflite, import_tflite
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.tflite"
+    x = int8_tflite(net(), shape, model)
+    np.savez(tmp_path / "x.npz", x=x)
+    read = from_tflite(model.read_bytes())
+    convs = [layer for layer in read.layers if isinstance(layer, (ConvLayer, DepthwiseLayer))]
+    assert strides_seen <= {(layer.stride_h, layer.stride) for layer in convs}
+    assert any(max(layer.dilation, layer.dilation_h) > 1 for layer in convs)
+    bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
+    host = flash(bundle, "host", tmp_path / "host")
+    assert host["mismatches"] == 0 and host["oracle"] == "TFLite Micro" and host["vectors"] == 16
+    assert len({tuple(v) for v in host["outputs"].values()}) > 8  # the vectors differ: the check bites
+    if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc"):
+        m4 = flash(bundle, "mps2-an386", tmp_path / "m4", vectors=4)
+        assert m4["mismatches"] == 0
+
+
 def test_an_operator_the_firmware_lacks_is_named_with_its_place(tmp_path: Path) -> None:
     from export.tflite_import import import_tflite
 
