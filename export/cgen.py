@@ -26,6 +26,7 @@ from export.intmodel import (
     IntModel,
     IntModelError,
     Layer,
+    LutLayer,
     MeanLayer,
     PoolLayer,
     WindowPoolLayer,
@@ -178,6 +179,10 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      layer.input_offset, layer.output_offset, layer.act_min, layer.act_max,
                      _array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer), refs,
                      *_geometry(layer))
+    if isinstance(layer, LutLayer):
+        c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
+        return _init("TN_LUT", len(layer.table), h, w, c, h, w, arrays=_array("int8_t", f"{prefix}_w", layer.table),
+                     refs=(f"{prefix}_w", "0", "0", "0"))
     if isinstance(layer, PoolLayer):
         c = layer.in_shape[0]
         return _init("TN_POOL", c, *_hw(layer.in_shape), c, 1, 1, in_offset=layer.input_offset)
@@ -197,6 +202,8 @@ def _activation_bytes(layer: Any) -> int:
         return max(int(np.prod(layer.in_shape)), layer.in_shape[0])
     if isinstance(layer, (ConvLayer, DepthwiseLayer, WindowPoolLayer)):
         return max(int(np.prod(layer.in_shape)), int(np.prod(layer.out_shape)))
+    if isinstance(layer, LutLayer):
+        return int(np.prod(layer.shape))
     return 0
 
 

@@ -121,8 +121,17 @@ def run_export_onnx(args: argparse.Namespace) -> int:
     importer = import_tflite if tflite else import_onnx
     path = importer(args.checkpoint, args.calibration, args.out, labels, args.key, args.tar, args.bundle_version,
                     args.test_vectors, progress=None if args.json else lambda m: print(f"  {m}"))
+    refusal = None
+    if tflite:  # the firmware reads it at flash time: say now whether it can
+        from export.tflite_import import flash_refusal
+
+        refusal = flash_refusal(args.checkpoint.read_bytes())
+        if not args.json:
+            print("  trickle flash can run it (bit-exact with TFLite Micro)" if refusal is None
+                  else f"  trickle flash cannot run it: {refusal}")
     if args.json:
-        print(json.dumps({"bundle": str(path), "signed": args.key is not None}))
+        print(json.dumps({"bundle": str(path), "signed": args.key is not None}
+                         | ({"flashable": refusal is None, "flash_refusal": refusal} if tflite else {})))
     else:
         print(f"wrote {path}" + (" (signed)" if args.key else " (unsigned)"))
     return 0

@@ -343,7 +343,16 @@ def inference_instructions(marks: list[int]) -> list[int]:
 
 def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
     """(name, tiles, output bytes) of each firmware layer, in the executor's order."""
-    from export.intmodel import ConvLayer, DenseLayer, DepthwiseLayer, FCLayer, MeanLayer, PoolLayer, WindowPoolLayer
+    from export.intmodel import (
+        ConvLayer,
+        DenseLayer,
+        DepthwiseLayer,
+        FCLayer,
+        LutLayer,
+        MeanLayer,
+        PoolLayer,
+        WindowPoolLayer,
+    )
 
     out: list[tuple[str, int, int]] = []
     counts: dict[str, int] = {}
@@ -361,6 +370,8 @@ def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
             out.append((name(f"{layer.kind}pool"), 1, math.prod(layer.out_shape)))
         elif isinstance(layer, MeanLayer):
             out.append((name("mean"), 1, layer.in_shape[0]))
+        elif isinstance(layer, LutLayer):
+            out.append((name(layer.op.lower()), 1, math.prod(layer.shape)))
         elif isinstance(layer, PoolLayer):
             out.append(("pool", 1, 4 * layer.in_shape[0]))
         elif isinstance(layer, FCLayer) and k + 1 < len(model.layers):

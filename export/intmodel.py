@@ -172,7 +172,21 @@ class DenseLayer:  # int32 logits = bias + W @ x, x int32
         return int(self.weight.size)
 
 
-Layer = ConvLayer | PoolLayer | DenseLayer | DepthwiseLayer | WindowPoolLayer | MeanLayer | FCLayer
+@dataclass
+class LutLayer:  # int8 -> int8, value by value: LOGISTIC, TANH, ADD/SUB/MUL with a constant, QUANTIZE
+    """An elementwise int8 operator as a table of its 256 outputs, one table, or one per channel
+    (channels last) when a constant operand differs by channel (a BatchNorm left as MUL and ADD)."""
+
+    op: str  # the TFLite operator it stands for
+    table: np.ndarray  # int8 (tables, 256): table[c, x + 128]
+    shape: tuple[int, ...]  # (C, H, W), or (N,) after a vector layer
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+Layer = ConvLayer | PoolLayer | DenseLayer | DepthwiseLayer | WindowPoolLayer | MeanLayer | FCLayer | LutLayer
 
 
 @dataclass

@@ -9,8 +9,12 @@ compute, and checks every test vector bit for bit against TFLite Micro's own int
 (``tflm_outputs``, PyPI ``tflite-micro``).
 
 What the reader takes: CONV_2D and DEPTHWISE_CONV_2D (per-tensor or per-channel weights; SAME,
-VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D,
-MAX_POOL_2D, MEAN over all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused;
+VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D, MAX_POOL_2D, MEAN over
+all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused; LOGISTIC, TANH,
+ADD/SUB/MUL by a constant (a BatchNorm left as MUL and ADD), QUANTIZE from int8 to int8, RELU,
+RELU6, LEAKY_RELU and HARD_SWISH, and a float island a quantizer leaves (DEQUANTIZE, float
+operators value by value, QUANTIZE), as tables of their 256 outputs (per channel where a constant
+differs by channel) that TFLite Micro computes on those operators alone;
 RESHAPE, SQUEEZE and TRANSPOSE, which move no data on the device (the firmware's buffer stays
 channels-last; a transposed or reshaped tensor only reorders the next layer's weights or the
 input's bytes); and a last SOFTMAX, which the device leaves out (it does not change the top
@@ -39,13 +43,17 @@ from export.intmodel import (
     IntModel,
     IntModelError,
     Layer,
+    LutLayer,
     MeanLayer,
     WindowPoolLayer,
 )
 from simulator.devices import MCUS
 
 MIN_AGREEMENT = 0.95  # LiteRT's optimized kernels against TFLite Micro's reference ones, top class
-SUPPORTED = ("CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN, FULLY_CONNECTED, RESHAPE, SQUEEZE, "
+LUT_OPS = ("LOGISTIC", "TANH", "ADD", "SUB", "MUL", "QUANTIZE", "RELU", "RELU6", "LEAKY_RELU", "HARD_SWISH")
+SUPPORTED = ("CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN, FULLY_CONNECTED, "
+             "LOGISTIC, TANH, ADD/SUB/MUL by a constant, QUANTIZE (int8 to int8), RELU, RELU6, LEAKY_RELU, "
+             "HARD_SWISH, DEQUANTIZE ... QUANTIZE around value-by-value float operators, RESHAPE, SQUEEZE, "
              "TRANSPOSE, PAD and a last SOFTMAX")
 ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}
 
@@ -116,6 +124,11 @@ class _Graph:
         scale, zp = self.quant(t)
         return float(scale[0]), int(zp[0])
 
+    def has_data(self, t: int) -> bool:
+        """Whether tensor ``t`` is a constant (its buffer holds data)."""
+        buf = self.model.buffers[self.g.tensors[t].buffer]
+        return (buf.data is not None and len(buf.data) > 0) or getattr(buf, "offset", 0) > 1
+
     def const(self, t: int) -> np.ndarray:
         tensor = self.g.tensors[t]
         buf = self.model.buffers[tensor.buffer]
@@ -171,6 +184,19 @@ def from_tflite(data: bytes) -> IntModel:
     return _Lowering(data).run()
 
 
+def flash_refusal(data: bytes) -> str | None:
+    """Why ``trickle flash`` cannot run the model (the operator and its place), or None when it can:
+    what ``trickle export`` says at export time."""
+    from export.cgen import check_fits
+
+    try:
+        model = from_tflite(data)
+        check_fits(model, "int8-d00")
+    except IntModelError as e:
+        return str(e)
+    return None
+
+
 @dataclass(frozen=True)
 class _Op:
     """One operator of the graph as a handler reads it."""
@@ -213,16 +239,22 @@ class _Lowering:
 
     def run(self) -> IntModel:
         g, out = self.g, self.out
+        island_end = -1
         for k, op in enumerate(g.operators):
+            if k <= island_end:
+                continue  # tabulated with the DEQUANTIZE that opened its float island
             kind = self.names[k]
             ins, outs = [int(i) for i in op.inputs], [int(i) for i in op.outputs]
             here = f"operator {k + 1} of {len(g.operators)} ({kind}, output {self.graph.name(outs[0])!r})"
-            if ins[0] != self.cur:
+            if ins[0] != self.cur and not (kind in LUT_OPS and self.cur in ins):
                 raise IntModelError(f"{here}: does not read the previous operator's output; only chains are supported")
             if self.pad != (0, 0, 0, 0) and kind not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
                 raise IntModelError(f"{here}: a PAD must be followed by a convolution (it is folded into it)")
             if kind == "SOFTMAX" and outs[0] in self.outputs:
                 break  # monotone: the firmware stops at the logits before it
+            if kind == "DEQUANTIZE":
+                island_end = self._float_island(k, here)
+                continue
             handler = self.HANDLERS.get(kind)
             if handler is None:
                 raise IntModelError(f"operator {kind} (operator {k + 1} of {len(g.operators)} in the graph, output "
@@ -406,11 +438,110 @@ class _Lowering:
                                        shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,
                                        act_min=act_min, act_max=act_max, output_scale=s_y))
 
+    def _lut(self, op: _Op) -> None:
+        """An elementwise int8 operator of the current tensor and constants: its 256 outputs per
+        channel, computed by TFLite Micro on the operator alone (``lut_tables``)."""
+        self._tabulate(op, [op.k], op.kind)
+
+    def _elementwise(self, k: int, here: str, running: int) -> bool:
+        """Whether operator ``k`` maps ``running`` value by value (its other operands constants, one
+        value or one per channel); raises for a residual connection. True: per channel."""
+        graph, op = self.graph, self.g.operators[k]
+        others = [int(t) for t in op.inputs if t >= 0 and int(t) != running]
+        if running not in [int(t) for t in op.inputs]:
+            raise IntModelError(f"{here}: does not read the previous operator's output; only chains are supported")
+        for t in others:
+            if not graph.has_data(t):
+                raise IntModelError(f"{here}: both operands are computed tensors (a residual connection); the "
+                                    "firmware runs a chain of layers, so one operand must be a constant")
+        x_shape, y_shape = graph.shape(running), graph.shape(int(op.outputs[0]))
+        if x_shape != y_shape:
+            raise IntModelError(f"{here}: output shape {list(y_shape)} differs from the input's {list(x_shape)}; only "
+                                "value-by-value operators become a table")
+        channels = x_shape[-1] if len(x_shape) > 1 else 1
+        per_channel = False
+        for t in others:
+            c_shape = graph.shape(t)
+            if math.prod(c_shape) > 1:
+                if c_shape[-1] != channels or math.prod(c_shape) != channels:
+                    raise IntModelError(f"{here}: a constant of shape {list(c_shape)}; the firmware takes one value, "
+                                        "or one per channel (the last axis)")
+                per_channel = True
+        return per_channel
+
+    def _tabulate(self, op: _Op, ops: list[int], name: str) -> None:
+        """Operators ``ops`` (a chain from the current int8 tensor to ``op``'s last output, int8) as one table."""
+        graph, here = self.graph, op.here
+        running, per_channel = self.cur, False
+        for k in ops:
+            per_channel |= self._elementwise(k, here, running)
+            running = int(self.g.operators[k].outputs[0])
+        x_shape = graph.shape(self.cur)
+        graph.act(self.cur)
+        graph.act(running)
+        if not self.computed:
+            raise IntModelError(f"{here}: an elementwise operator on the model's input; put it after a layer")
+        self.place(op, x_shape)
+        table = lut_tables(self.graph.data, ops, per_channel)
+        phys = x_shape[1:] if len(x_shape) == 4 else (math.prod(x_shape),)
+        shape = (phys[2], phys[0], phys[1]) if len(phys) == 3 else phys
+        self.produced(running, LutLayer(op=name, table=table, shape=shape))
+
+    def _float_island(self, k: int, here: str) -> int:
+        """DEQUANTIZE, float operators value by value, QUANTIZE (what a quantizer leaves of an operator it
+        has no int8 kernel for, e.g. LEAKY_RELU): one table of the island, computed by TFLite Micro on
+        it. Returns the QUANTIZE's index."""
+        g = self.g
+        for j in range(k + 1, len(g.operators)):
+            if self.names[j] == "QUANTIZE":
+                out = int(g.operators[j].outputs[0])
+                if g.tensors[out].type != self.graph.schema.TensorType.INT8:
+                    raise IntModelError(f"{here}: the float island ends in a QUANTIZE to another type than int8")
+                inner = [self.names[i] for i in range(k + 1, j)]
+                op = _Op(k, "DEQUANTIZE", [int(t) for t in g.operators[k].inputs], [out], None, here)
+                self._tabulate(op, list(range(k, j + 1)), "+".join(["DEQUANTIZE", *inner, "QUANTIZE"]))
+                return j
+        raise IntModelError(f"{here}: a DEQUANTIZE with no QUANTIZE after it: the firmware's layers are int8 to the end")
+
     HANDLERS: ClassVar[dict[str, Callable[[_Lowering, _Op], None]]] = {
         "RESHAPE": _reshape, "SQUEEZE": _reshape, "TRANSPOSE": _transpose, "PAD": _pad, "PADV2": _pad,
         "CONV_2D": _conv, "DEPTHWISE_CONV_2D": _conv, "AVERAGE_POOL_2D": _pool, "MAX_POOL_2D": _pool,
         "MEAN": _mean, "FULLY_CONNECTED": _fully_connected,
+        **dict.fromkeys(LUT_OPS, _lut),
     }
+
+
+def lut_tables(data: bytes, ks: list[int], per_channel: bool) -> np.ndarray:
+    """The int8 outputs of operators ``ks`` (a chain) for each int8 input value, (tables, 256): the
+    model cut down to those operators alone (their constants kept) and run by TFLite Micro on every
+    value, so the firmware's lookup is TFLite Micro's own arithmetic (its LOGISTIC and TANH
+    approximations, ADD's and MUL's rescaling, a float island's DEQUANTIZE and QUANTIZE) bit for
+    bit. One table, or one per channel (last axis) when ``per_channel``."""
+    import flatbuffers
+
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except ImportError:
+        raise TfliteImportError("elementwise operators need tflite-micro to tabulate: pip install 'trickle[export]'") from None
+    model = read_model(data)
+    g = model.subgraphs[0]
+    ops = [g.operators[k] for k in ks]
+    graph = _Graph(model, data)
+    x = next(int(t) for t in ops[0].inputs if t >= 0 and not graph.has_data(int(t)))
+    g.operators, g.inputs, g.outputs = ops, np.array([x], np.int32), np.array([int(ops[-1].outputs[0])], np.int32)
+    builder = flatbuffers.Builder(len(data) + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    interpreter = runtime.Interpreter.from_bytes(bytes(builder.Output()))
+    shape = graph.shape(x)
+    channels = shape[-1] if per_channel else 1
+    table = np.zeros((channels, 256), np.int8)
+    for v in range(-128, 128):
+        interpreter.set_input(np.full(shape, v, np.int8), 0)
+        interpreter.invoke()
+        out = np.asarray(interpreter.get_output(0)).reshape(-1)
+        table[:, v + 128] = out[:channels]
+    return table
+
 
 
 def logits_model(data: bytes) -> bytes:

@@ -37,8 +37,10 @@ typedef enum {
     TN_AVGPOOL = 5, /* int8 -> int8: windowed average, TFLite's rounding, same scale in and out */
     TN_MAXPOOL = 6, /* int8 -> int8: windowed maximum */
     TN_MEAN = 7,    /* int8 -> int8: mean over positions, as TFLite Micro's MEAN */
-    TN_FC = 8       /* int8 -> int8: fully connected, requantized; the last layer writes its int8
+    TN_FC = 8,      /* int8 -> int8: fully connected, requantized; the last layer writes its int8
                      * outputs as int32 logits */
+    TN_LUT = 9      /* int8 -> int8 value by value through 256-entry tables (weight: cin tables, one per
+                     * channel of cout, or one for all): LOGISTIC, TANH, ADD/MUL by constants */
 } tn_kind;
 
 typedef struct {
@@ -198,6 +200,7 @@ void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out);
 void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out);
 /* Writes int8 outputs to out8, or (out8 = 0) their values as int32 to out32. */
 void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32);
+void tn_lut(const tn_layer *l, const int8_t *in, int8_t *out);
 int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift);
 
 #ifdef __cplusplus

@@ -53,6 +53,9 @@ static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_
     case TN_DENSE:
         tn_dense(l, nv->pooled, nv->logits);
         return TN_OK;
+    case TN_LUT:
+        tn_lut(l, in, out);
+        return TN_OK;
     default:
         return TN_ERR_MODEL;
     }
@@ -93,7 +96,10 @@ static tn_status check(const tn_model *model) {
              (uint32_t)(l->wout - 1u) * l->stride >= (uint32_t)l->win + l->pad)) {
             return TN_ERR_MODEL;
         }
-        if (l->kind < TN_CONV || l->kind > TN_FC || ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) ||
+        if (l->kind == TN_LUT && l->cin > 1u && l->cin != l->cout) {
+            return TN_ERR_MODEL; /* a table per channel, or one for all */
+        }
+        if (l->kind < TN_CONV || l->kind > TN_LUT || ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) ||
             (l->kind == TN_DWCONV && (l->cin == 0 || l->cout % l->cin != 0))) {
             return TN_ERR_MODEL;
         }

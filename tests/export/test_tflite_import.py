@@ -7,6 +7,7 @@ an average pool, a MEAN and a last SOFTMAX. Unsupported operators and bad files 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -131,6 +132,7 @@ def test_a_tflite_classifier_bundles_runs_and_flashes_bit_exact_with_tflm(models
                    "a,b,c,d,e")
     assert proc.returncode == 0, proc.stderr
     assert "LiteRT and TFLite Micro agree on the top class" in proc.stdout
+    assert "trickle flash can run it (bit-exact with TFLite Micro)" in proc.stdout
     bundle = read_bundle(tmp_path / "b")
     (variant,) = bundle.manifest.variants
     assert variant.formats == {"tflite-int8": "int8-d00.tflite"} and variant.bits == 8
@@ -246,18 +248,117 @@ def test_unequal_strides_and_dilation_are_bit_exact_with_tflm(tmp_path: Path, ne
         assert m4["mismatches"] == 0
 
 
-def test_an_operator_the_firmware_lacks_is_named_with_its_place(tmp_path: Path) -> None:
-    from export.tflite_import import import_tflite
+class Tabled(nn.Module):
+    """A BatchNorm left as a MUL and an ADD by per-channel constants (after a ReLU, so the converter
+    cannot fold them into the conv), a sigmoid, a tanh; or a residual ADD of two computed tensors."""
+
+    def __init__(self, residual: bool = False) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 6, 3, padding=1)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 6).view(1, 6, 1, 1))
+        self.shift = nn.Parameter(torch.linspace(-0.3, 0.3, 6).view(1, 6, 1, 1))
+        self.c2 = nn.Conv2d(6, 6, 3, padding=1)
+        self.fc = nn.Linear(6, 3)
+        self.residual = residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.sigmoid(torch.relu(self.c1(x)) * self.scale + self.shift)
+        y = torch.relu(self.c2(x))
+        return self.fc(torch.tanh((x + y if self.residual else y).mean((2, 3))))
+
+
+def test_tabled_operators_are_bit_exact_with_tflm(tmp_path: Path) -> None:
+    """465309f refused MUL, ADD, LOGISTIC and TANH; a residual ADD is one clear line."""
+    from export.flash import flash
+    from export.intmodel import IntModelError, LutLayer
+    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
 
     torch.manual_seed(0)
-    net = MixNet(head=nn.Tanh())
-    x = int8_tflite(net, (1, 8, 8), tmp_path / "tanh.tflite")
+    model = tmp_path / "t.tflite"
+    x = int8_tflite(Tabled(), (2, 8, 8), model)
     np.savez(tmp_path / "x.npz", x=x)
-    import_tflite(tmp_path / "tanh.tflite", tmp_path / "x.npz", tmp_path / "b")  # LiteRT runs it
+    assert {"MUL", "ADD", "LOGISTIC", "TANH"} <= set(op_names(read_model(model.read_bytes())))
+    read = from_tflite(model.read_bytes())
+    tables = {layer.op: layer.table.shape for layer in read.layers if isinstance(layer, LutLayer)}
+    assert tables == {"MUL": (6, 256), "ADD": (6, 256), "LOGISTIC": (1, 256), "TANH": (1, 256)}
+    bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
+    host = flash(bundle, "host", tmp_path / "host")
+    assert host["mismatches"] == 0 and host["oracle"] == "TFLite Micro"
+    assert len({tuple(v) for v in host["outputs"].values()}) > 4  # the vectors differ: the check bites
+    if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc"):
+        assert flash(bundle, "mps2-an386", tmp_path / "m4", vectors=4)["mismatches"] == 0
+
+    residual = tmp_path / "r.tflite"
+    int8_tflite(Tabled(residual=True), (2, 8, 8), residual)
+    with pytest.raises(IntModelError, match=r"ADD.*both operands are computed tensors \(a residual connection\)"):
+        from_tflite(residual.read_bytes())
+
+
+class Island(nn.Module):
+    """LEAKY_RELU, which the quantizer leaves in float (DEQUANTIZE, LEAKY_RELU, QUANTIZE: the
+    "QUANTIZE/DEQUANTIZE inside the graph" 465309f refused), HARD_SWISH and a SUB of constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 6, 3, padding=1)
+        self.c2 = nn.Conv2d(6, 6, 3, padding=1)
+        self.off = nn.Parameter(torch.linspace(-0.2, 0.4, 6).view(1, 6, 1, 1))
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.leaky_relu(self.c1(x), 0.1)
+        x = nn.functional.hardswish(self.c2(x)) - self.off
+        return self.fc(x.mean((2, 3)))
+
+
+def test_a_float_island_hard_swish_and_sub_are_bit_exact_with_tflm(tmp_path: Path) -> None:
+    from export.flash import flash
+    from export.intmodel import LutLayer
+    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
+
+    torch.manual_seed(0)
+    model = tmp_path / "i.tflite"
+    x = int8_tflite(Island(), (2, 8, 8), model)
+    np.savez(tmp_path / "x.npz", x=x)
+    ops = op_names(read_model(model.read_bytes()))
+    assert ops[ops.index("LEAKY_RELU") - 1 : ops.index("LEAKY_RELU") + 2] == ["DEQUANTIZE", "LEAKY_RELU", "QUANTIZE"]
+    tables = {layer.op: layer.table.shape for layer in from_tflite(model.read_bytes()).layers
+              if isinstance(layer, LutLayer)}
+    assert tables == {"DEQUANTIZE+LEAKY_RELU+QUANTIZE": (1, 256), "HARD_SWISH": (1, 256), "SUB": (6, 256)}
+    bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
+    host = flash(bundle, "host", tmp_path / "host")
+    assert host["mismatches"] == 0 and len({tuple(v) for v in host["outputs"].values()}) > 4
+    if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc"):
+        assert flash(bundle, "stm32f405", tmp_path / "stm32", vectors=4)["mismatches"] == 0
+
+
+class Doubled(nn.Module):
+    """A CONCATENATION (of a tensor with itself): an operator the firmware lacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(x)).mean((2, 3))
+        return self.fc(torch.cat((y, y), dim=1))
+
+
+def test_an_operator_the_firmware_lacks_is_named_with_its_place(tmp_path: Path) -> None:
+
+    torch.manual_seed(0)
+    x = int8_tflite(Doubled(), (1, 8, 8), tmp_path / "cat.tflite")
+    np.savez(tmp_path / "x.npz", x=x)
+    proc = trickle("export", str(tmp_path / "cat.tflite"), "--calibration", str(tmp_path / "x.npz"), "--out",
+                   str(tmp_path / "b"), "--json")
+    assert proc.returncode == 0, proc.stderr  # LiteRT runs it: a bundle for devices; export says flash cannot
+    said = json.loads(proc.stdout)
+    assert said["flashable"] is False and "operator CONCATENATION (operator " in said["flash_refusal"]
     proc = trickle("flash", str(tmp_path / "b"), "--board", "host", "--out", str(tmp_path / "fw"))
     assert proc.returncode == 1
     line = proc.stderr.strip()
-    assert len(line.splitlines()) == 1 and "operator TANH (operator " in line and "has no firmware kernel" in line
+    assert len(line.splitlines()) == 1 and "operator CONCATENATION (operator " in line and "has no firmware kernel" in line
 
 
 def test_bad_tflite_files_get_one_line(models: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
