@@ -19,6 +19,10 @@ test vectors run; they are data-independent but for branches). Keys of bench/res
   stm32f405, ``power_cut_trials_bit_exact_by_board``).
 - stm32f405_bit_exact: 1 when every test vector of every 8-bit variant gives the expected logits
   on the STM32F405 under QEMU's netduinoplus2 (``trickle flash --board stm32f405``), else 0.
+- tflite_instructions_per_mac_max: instructions per MAC on mps2-an386 of the imported int8
+  TFLite models (``bench/tflite_models.py``: a stride-2 Conv1d net, a 2-D strided conv +
+  depthwise + average-pool net, a dilated Conv1d net), the largest; each bit-exact with TFLite
+  Micro (``tflite_models``).
 
 Each model's ``variants`` lists every 8-bit variant's instructions per MAC, with a per-layer
 split from a profiling build (``trickle flash --record``'s numbers).
@@ -60,6 +64,7 @@ GOALS = {
     "intermittency_overhead_ratio": ("<=", 1.15),
     "power_cut_trials_bit_exact": (">=", 200),
     "stm32f405_bit_exact": (">=", 1),
+    "tflite_instructions_per_mac_max": ("<=", 3.0),
 }
 BOARDS = ("mps2-an386", "stm32f405")
 
@@ -134,6 +139,32 @@ def _power_cuts(elf: Path, board: str, cuts: int) -> tuple[int, int]:
     return identical, boots
 
 
+def bench_tflite(work: Path, vectors: int) -> list[dict[str, Any]]:
+    """Each imported model of bench/tflite_models.py: made with litert-torch and ai-edge-quantizer,
+    imported, run on mps2-an386 against TFLite Micro; its instructions per MAC, per layer too."""
+    import numpy as np
+    import torch
+
+    from bench.tflite_models import BENCH_MODELS, int8_tflite
+    from export.tflite_import import import_tflite
+
+    out = []
+    for name, (module, shape) in BENCH_MODELS.items():
+        torch.manual_seed(0)
+        folder = work / name
+        folder.mkdir(parents=True)
+        x = int8_tflite(module(), shape, folder / f"{name}.tflite")
+        np.savez(folder / "x.npz", x=x)
+        bundle = read_bundle(import_tflite(folder / f"{name}.tflite", folder / "x.npz", folder / "bundle",
+                                           vectors=vectors))
+        report = flash(bundle, "mps2-an386", folder / "fw", profile=True)
+        (v,) = report["variants"]
+        out.append({"model": name, "macs": v["macs"], "instructions_per_inference": v["instructions_per_inference"],
+                    "instructions_per_mac": v["instructions_per_mac"], "mismatches": report["mismatches"],
+                    "vectors": report["vectors"], "layers": v["layers"]})
+    return out
+
+
 def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     epochs, vectors, cuts = (2, 3, 20) if quick else (30, 20, 100)
     per = []
@@ -142,7 +173,12 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
             print(f"{dataset}: training, exporting, building four firmwares, {cuts} power cuts per board ...", flush=True)
             work = Path(tmp) / dataset
             per.append(bench_model(dataset, epochs, vectors, cuts, work))
+        print("imported TFLite models: converting, quantizing, importing, flashing ...", flush=True)
+        imported = bench_tflite(Path(tmp) / "tflite", vectors)
     out: dict[str, Any] = {
+        "tflite_instructions_per_mac_max": max(m["instructions_per_mac"] for m in imported),
+        "tflite_bit_exact": int(all(m["mismatches"] == 0 for m in imported)),
+        "tflite_models": imported,
         "instructions_per_mac": max(m["instructions_per_mac"] for m in per),
         "reference_kernel_ratio": max(m["reference_kernel_ratio"] for m in per),
         "intermittency_overhead_ratio": max(m["intermittency_overhead_ratio"] for m in per),
@@ -166,6 +202,11 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
                "  ".join(f"{layer['name']} {layer['instructions_per_mac']:.2f}" for layer in v["layers"]
                          if layer["instructions_per_mac"] is not None)) for m in per for v in m["variants"]]
     print(textwrap.indent(console_table(layers, align="llrl"), "  "))
+    print("\nimported int8 TFLite models (mps2-an386, against TFLite Micro):")
+    rows = [(m["model"], m["macs"], f"{m['instructions_per_mac']:.2f}", f"{m['mismatches']} of {m['vectors']}",
+             "  ".join(f"{layer['name']} {layer['instructions']}" for layer in m["layers"])) for m in imported]
+    print(textwrap.indent(console_table(rows, headers=("model", "MACs", "instr/MAC", "mismatches", "per layer"),
+                                        align="lrrrl"), "  "))
     goals = []
     for key, (op, goal) in GOALS.items():
         ok = out[key] <= goal if op == "<=" else out[key] >= goal

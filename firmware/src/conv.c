@@ -2,6 +2,7 @@
  * im2col column of TN_TILE_POSITIONS positions, two MACs per SMLAD on a Cortex-M4) and the plain
  * one, the benchmark's baseline. */
 #include "kernel.h"
+#include "simd.h"
 
 uint32_t tn_depth(const tn_layer *l) {
     return ((uint32_t)l->cin * l->kh * l->kw + 3u) & ~3u;
@@ -43,45 +44,6 @@ void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, ui
 }
 
 #if defined(__ARM_FEATURE_DSP)
-/* ACLE intrinsics where GCC 12 makes of them code at least as fast as the instruction written out
- * (__smlad, __sxtab16: with them it schedules the conv loop better, 2.6 % fewer instructions per
- * inference, measured by trickle bench firmware). Inline assembly where it does not: __sxtb16
- * cost 0.3 % more; the "ror #8" forms, which GCC does not fold (__sxtb16(__ror(x, 8)) adds a MOV
- * per use); and PKHBT, PKHTB, which ACLE lacks. */
-#include <arm_acle.h>
-
-static inline uint32_t sxtb16(uint32_t x) { /* bytes 0 and 2, sign-extended to halfwords */
-    uint32_t r;
-    __asm__("sxtb16 %0, %1" : "=r"(r) : "r"(x));
-    return r;
-}
-static inline uint32_t sxtb16_ror8(uint32_t x) { /* bytes 1 and 3 */
-    uint32_t r;
-    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(x));
-    return r;
-}
-static inline int32_t smlad(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.lo * b.lo + a.hi * b.hi */
-    return __smlad((int16x2_t)a, (int16x2_t)b, acc);
-}
-static inline uint32_t sxtab16(uint32_t a, uint32_t x) { /* halfwords of a + bytes 0 and 2 of x */
-    return (uint32_t)__sxtab16((int16x2_t)a, (int8x4_t)x);
-}
-static inline uint32_t sxtab16_ror8(uint32_t a, uint32_t x) { /* halfwords of a + bytes 1 and 3 of x */
-    uint32_t r;
-    __asm__("sxtab16 %0, %1, %2, ror #8" : "=r"(r) : "r"(a), "r"(x));
-    return r;
-}
-static inline uint32_t pkhbt16(uint32_t lo, uint32_t hi) { /* lo's bottom half, hi's bottom half on top */
-    uint32_t r;
-    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(lo), "r"(hi));
-    return r;
-}
-static inline uint32_t pkhtb16(uint32_t hi, uint32_t lo) { /* hi's top half, lo's top half below */
-    uint32_t r;
-    __asm__("pkhtb %0, %1, %2, asr #16" : "=r"(r) : "r"(hi), "r"(lo));
-    return r;
-}
-
 /* dst[i] = src[i] + offset as int16, four at a time: two SXTAB16 widen and add, two PKH
  * restore the order. */
 static void widen(int16_t *dst, const int8_t *src, uint32_t n, int32_t offset) {
@@ -96,17 +58,7 @@ static void widen(int16_t *dst, const int8_t *src, uint32_t n, int32_t offset) {
         *dst++ = (int16_t)(*src++ + offset);
     }
 }
-#else /* the same instructions in C, so the host build runs the board's code path */
-static inline uint32_t sxtb16(uint32_t x) {
-    return (uint32_t)(uint16_t)(int16_t)(int8_t)(uint8_t)(x & 0xFFu) |
-           (uint32_t)(uint16_t)(int16_t)(int8_t)(uint8_t)((x >> 16) & 0xFFu) << 16;
-}
-static inline uint32_t sxtb16_ror8(uint32_t x) {
-    return sxtb16(x >> 8);
-}
-static inline int32_t smlad(uint32_t a, uint32_t b, int32_t acc) {
-    return acc + (int16_t)(a & 0xFFFFu) * (int16_t)(b & 0xFFFFu) + (int16_t)(a >> 16) * (int16_t)(b >> 16);
-}
+#else
 static void widen(int16_t *dst, const int8_t *src, uint32_t n, int32_t offset) {
     for (uint32_t i = 0; i < n; i++) {
         dst[i] = (int16_t)(src[i] + offset);

@@ -1,32 +1,96 @@
 /* Depthwise convolution (TFLite's DEPTHWISE_CONV_2D: cout = cin x depth multiplier), bit for bit
- * TFLite Micro's reference kernel. */
+ * TFLite Micro's reference kernel. Per output position the window's rows and columns inside the
+ * input are found once (no test per tap); four output channels are accumulated in registers, each
+ * tap one word of channels-last input and one word of the [kh][kw][cout] weights, widened two
+ * lanes at a time (SXTAB16 adds the input offset) and multiplied lane by lane (SMLABB, SMLATT),
+ * CMSIS-NN's manner. Other depth multipliers than 1 and multiples of 4 take a channel at a time. */
 #include "kernel.h"
+#include "simd.h"
+
+#define BLOCK 32u /* output channels accumulated together */
+
+/* Taps k in [*k0, *k1) whose input index origin + k * dilation lies in [0, n). */
+static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n, uint32_t *k0, uint32_t *k1) {
+    const int32_t d = (int32_t)dilation;
+    const int32_t first = origin < 0 ? (-origin + d - 1) / d : 0;
+    const int32_t last = (int32_t)n - 1 - origin; /* the largest k * d that fits */
+    *k0 = (uint32_t)first;
+    *k1 = last < 0 ? 0u : (uint32_t)(last / d + 1) < taps ? (uint32_t)(last / d + 1) : taps;
+    if (*k1 < *k0) {
+        *k1 = *k0;
+    }
+}
 
 void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile) {
-    const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, mult = cout / l->cin;
-    const int32_t dh = (int32_t)dil_rows(l), dw = (int32_t)dil_cols(l);
+    const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, cin = l->cin, mult = cout / cin;
+    const uint32_t dh = dil_rows(l), dw = dil_cols(l);
+    const int32_t offset = l->in_offset;
     const out_stage s = stage_of(l);
+    const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
+    const int quads = mult == 1u || mult % 4u == 0u; /* four channels read one input word, or one input value */
+    int32_t acc[BLOCK];
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
         const int32_t iy0 = (int32_t)(pos / l->wout * stride_rows(l)) - (int32_t)l->pad_h;
         const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
-        for (uint32_t oc = 0; oc < cout; oc++) {
-            const uint32_t ic = oc / mult;
-            int32_t acc = l->bias[oc];
-            for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
-                const int32_t iy = iy0 + ky * dh;
-                if (iy < 0 || iy >= (int32_t)l->hin) {
-                    continue;
-                }
-                for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
-                    const int32_t ix = ix0 + kx * dw;
-                    if (ix < 0 || ix >= (int32_t)l->win) {
-                        continue;
+        uint32_t ky0, ky1, kx0, kx1;
+        inside(iy0, l->kh, dh, l->hin, &ky0, &ky1);
+        inside(ix0, l->kw, dw, l->win, &kx0, &kx1);
+        uint32_t c = 0;
+        for (; quads && c + 4u <= cout; c += 4u) {
+            int32_t a0 = l->bias[c], a1 = l->bias[c + 1u], a2 = l->bias[c + 2u], a3 = l->bias[c + 3u];
+            for (uint32_t ky = ky0; ky < ky1; ky++) {
+                const uint32_t iy = (uint32_t)(iy0 + (int32_t)(ky * dh));
+                const int8_t *row = in + iy * l->win * cin;
+                const int8_t *wrow = l->weight + ky * l->kw * cout + c;
+                for (uint32_t kx = kx0; kx < kx1; kx++) {
+                    const int8_t *x = row + (uint32_t)(ix0 + (int32_t)(kx * dw)) * cin;
+                    const uint32_t w = read_u32(wrow + kx * cout), we = sxtb16(w), wo = sxtb16_ror8(w);
+                    uint32_t xe, xo;
+                    if (mult == 1u) { /* channels c..c+3 read input channels c..c+3: (x0, x2), (x1, x3) */
+                        const uint32_t xs = read_u32(x + c);
+                        xe = sxtab16(offsets, xs);
+                        xo = sxtab16_ror8(offsets, xs);
+                    } else { /* the four read one input channel */
+                        xe = xo = (uint32_t)(uint16_t)(int16_t)(x[c / mult] + offset) * 0x00010001u;
                     }
-                    const int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];
-                    acc += (x + l->in_offset) * l->weight[((uint32_t)ky * l->kw + (uint32_t)kx) * cout + oc];
+                    a0 = smlabb(xe, we, a0);
+                    a2 = smlatt(xe, we, a2);
+                    a1 = smlabb(xo, wo, a1);
+                    a3 = smlatt(xo, wo, a3);
                 }
             }
-            out[pos * cout + oc] = requantize_out(&s, acc, oc);
+            int8_t *o = out + pos * cout + c;
+            o[0] = requantize_out(&s, a0, c);
+            o[1] = requantize_out(&s, a1, c + 1u);
+            o[2] = requantize_out(&s, a2, c + 2u);
+            o[3] = requantize_out(&s, a3, c + 3u);
+        }
+        for (uint32_t cb = c; cb < cout; cb += BLOCK) { /* the rest, a channel at a time */
+            const uint32_t n = cout - cb < BLOCK ? cout - cb : BLOCK;
+            for (uint32_t i = 0; i < n; i++) {
+                acc[i] = l->bias[cb + i];
+            }
+            for (uint32_t ky = ky0; ky < ky1; ky++) {
+                const uint32_t iy = (uint32_t)(iy0 + (int32_t)(ky * dh));
+                for (uint32_t kx = kx0; kx < kx1; kx++) {
+                    const uint32_t ix = (uint32_t)(ix0 + (int32_t)(kx * dw));
+                    const int8_t *x = in + (iy * l->win + ix) * cin;
+                    const int8_t *w = l->weight + (ky * l->kw + kx) * cout + cb;
+                    if (mult == 1u) {
+                        x += cb;
+                        for (uint32_t i = 0; i < n; i++) {
+                            acc[i] += (x[i] + offset) * w[i];
+                        }
+                    } else {
+                        for (uint32_t i = 0; i < n; i++) {
+                            acc[i] += (x[(cb + i) / mult] + offset) * w[i];
+                        }
+                    }
+                }
+            }
+            for (uint32_t i = 0; i < n; i++) {
+                out[pos * cout + cb + i] = requantize_out(&s, acc[i], cb + i);
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench.tflite_models import int8_tflite
 from edge.contract.bundle import read_bundle
 from edge.contract.vectors import TestVectors
 from tests.helpers import trickle
@@ -52,35 +53,6 @@ class MixNet(nn.Module):
         if self.head is not None:
             x = self.head(x)
         return torch.softmax(self.fc(x), dim=1)
-
-
-def int8_tflite(net: nn.Module, shape: tuple[int, ...], path: Path, per_tensor_fc: bool = False) -> np.ndarray:
-    """litert-torch's float model, quantized by ai-edge-quantizer (int8 activations and weights,
-    min/max calibrated); returns the calibration inputs."""
-    import litert_torch
-    from ai_edge_quantizer import qtyping, quantizer, recipe
-    from ai_edge_quantizer.utils import tfl_interpreter_utils
-
-    from edge.classify.backends import quiet
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((48, *shape)).astype(np.float32)
-    with quiet():
-        float_path = path.with_suffix(".f32.tflite")
-        litert_torch.convert(net.eval(), (torch.from_numpy(x[:1]),)).export(str(float_path))
-        qt = quantizer.Quantizer(str(float_path))
-        qt.load_quantization_recipe(recipe.static_wi8_ai8())
-        if per_tensor_fc:
-            qt.add_static_config(".*", qtyping.TFLOperationName.FULLY_CONNECTED, 8, 8,
-                                 weight_granularity=qtyping.QuantGranularity.TENSORWISE)
-        signature = tfl_interpreter_utils.create_tfl_interpreter(str(float_path)).get_signature_list()
-        key, spec = next(iter(signature.items()))
-        name = spec["inputs"][0]
-        calibration = qt.calibrate({key: [{name: x[i : i + 1]} for i in range(len(x))]}, num_threads=1)
-        path.write_bytes(qt.quantize(calibration, enable_progress_report=False).quantized_model)
-    return x
-
-
 
 
 @pytest.fixture(scope="module")
