@@ -21,6 +21,44 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
     }
 }
 
+/* n taps of one window row into four channels' sums: the input's four channels c..c+3 (one word
+ * every x_step bytes) times the weights' (one word every w_step bytes). */
+static void quad_run(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_step, uint32_t w_step, uint32_t n,
+                     uint32_t offsets) {
+    int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    for (; n > 0u; n--, x += x_step, w += w_step) {
+        const uint32_t xs = read_u32(x), ws = read_u32(w);
+        const uint32_t xe = sxtab16(offsets, xs), xo = sxtab16_ror8(offsets, xs); /* (x0, x2), (x1, x3) + offset */
+        const uint32_t we = sxtb16(ws), wo = sxtb16_ror8(ws);
+        a0 = smlabb(xe, we, a0);
+        a2 = smlatt(xe, we, a2);
+        a1 = smlabb(xo, wo, a1);
+        a3 = smlatt(xo, wo, a3);
+    }
+    a[0] = a0;
+    a[1] = a1;
+    a[2] = a2;
+    a[3] = a3;
+}
+
+/* As quad_run, for four channels that read one input channel (a depth multiplier of 4, 8, ...). */
+static void quad_shared(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_step, uint32_t w_step, uint32_t n,
+                        int32_t offset) {
+    int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    for (; n > 0u; n--, x += x_step, w += w_step) {
+        const uint32_t xx = (uint32_t)(uint16_t)(int16_t)(*x + offset) * 0x00010001u, ws = read_u32(w);
+        const uint32_t we = sxtb16(ws), wo = sxtb16_ror8(ws);
+        a0 = smlabb(xx, we, a0);
+        a2 = smlatt(xx, we, a2);
+        a1 = smlabb(xx, wo, a1);
+        a3 = smlatt(xx, wo, a3);
+    }
+    a[0] = a0;
+    a[1] = a1;
+    a[2] = a2;
+    a[3] = a3;
+}
+
 void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile) {
     const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, cin = l->cin, mult = cout / cin;
     const uint32_t dh = dil_rows(l), dw = dil_cols(l);
@@ -37,33 +75,21 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
         inside(ix0, l->kw, dw, l->win, &kx0, &kx1);
         uint32_t c = 0;
         for (; quads && c + 4u <= cout; c += 4u) {
-            int32_t a0 = l->bias[c], a1 = l->bias[c + 1u], a2 = l->bias[c + 2u], a3 = l->bias[c + 3u];
+            int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
             for (uint32_t ky = ky0; ky < ky1; ky++) {
-                const uint32_t iy = (uint32_t)(iy0 + (int32_t)(ky * dh));
-                const int8_t *row = in + iy * l->win * cin;
-                const int8_t *wrow = l->weight + ky * l->kw * cout + c;
-                for (uint32_t kx = kx0; kx < kx1; kx++) {
-                    const int8_t *x = row + (uint32_t)(ix0 + (int32_t)(kx * dw)) * cin;
-                    const uint32_t w = read_u32(wrow + kx * cout), we = sxtb16(w), wo = sxtb16_ror8(w);
-                    uint32_t xe, xo;
-                    if (mult == 1u) { /* channels c..c+3 read input channels c..c+3: (x0, x2), (x1, x3) */
-                        const uint32_t xs = read_u32(x + c);
-                        xe = sxtab16(offsets, xs);
-                        xo = sxtab16_ror8(offsets, xs);
-                    } else { /* the four read one input channel */
-                        xe = xo = (uint32_t)(uint16_t)(int16_t)(x[c / mult] + offset) * 0x00010001u;
-                    }
-                    a0 = smlabb(xe, we, a0);
-                    a2 = smlatt(xe, we, a2);
-                    a1 = smlabb(xo, wo, a1);
-                    a3 = smlatt(xo, wo, a3);
+                const uint32_t first = (uint32_t)(iy0 + (int32_t)(ky * dh)) * l->win + (uint32_t)(ix0 + (int32_t)(kx0 * dw));
+                const int8_t *w = l->weight + (ky * l->kw + kx0) * cout + c;
+                if (mult == 1u) {
+                    quad_run(a, in + first * cin + c, w, dw * cin, cout, kx1 - kx0, offsets);
+                } else {
+                    quad_shared(a, in + first * cin + c / mult, w, dw * cin, cout, kx1 - kx0, offset);
                 }
             }
             int8_t *o = out + pos * cout + c;
-            o[0] = requantize_out(&s, a0, c);
-            o[1] = requantize_out(&s, a1, c + 1u);
-            o[2] = requantize_out(&s, a2, c + 2u);
-            o[3] = requantize_out(&s, a3, c + 3u);
+            o[0] = requantize_out(&s, a[0], c);
+            o[1] = requantize_out(&s, a[1], c + 1u);
+            o[2] = requantize_out(&s, a[2], c + 2u);
+            o[3] = requantize_out(&s, a[3], c + 3u);
         }
         for (uint32_t cb = c; cb < cout; cb += BLOCK) { /* the rest, a channel at a time */
             const uint32_t n = cout - cb < BLOCK ? cout - cb : BLOCK;
