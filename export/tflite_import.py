@@ -13,7 +13,8 @@ VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D, MAX_POOL
 all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused; LOGISTIC, TANH,
 ADD/SUB/MUL by a constant (a BatchNorm left as MUL and ADD), QUANTIZE from int8 to int8, RELU,
 RELU6, LEAKY_RELU and HARD_SWISH, and a float island a quantizer leaves (DEQUANTIZE, float
-operators value by value, QUANTIZE), as tables of their 256 outputs (per channel where a constant
+operators value by value, QUANTIZE; or DEQUANTIZE, REDUCE_MAX over all positions, QUANTIZE: an
+int8 maximum, then a table), as tables of their 256 outputs (per channel where a constant
 differs by channel) that TFLite Micro computes on those operators alone;
 RESHAPE, SQUEEZE and TRANSPOSE, which move no data on the device (the firmware's buffer stays
 channels-last; a transposed or reshaped tensor only reorders the next layer's weights or the
@@ -53,7 +54,8 @@ MIN_AGREEMENT = 0.95  # LiteRT's optimized kernels against TFLite Micro's refere
 LUT_OPS = ("LOGISTIC", "TANH", "ADD", "SUB", "MUL", "QUANTIZE", "RELU", "RELU6", "LEAKY_RELU", "HARD_SWISH")
 SUPPORTED = ("CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN, FULLY_CONNECTED, "
              "LOGISTIC, TANH, ADD/SUB/MUL by a constant, QUANTIZE (int8 to int8), RELU, RELU6, LEAKY_RELU, "
-             "HARD_SWISH, DEQUANTIZE ... QUANTIZE around value-by-value float operators, RESHAPE, SQUEEZE, "
+             "HARD_SWISH, DEQUANTIZE ... QUANTIZE around value-by-value float operators or a REDUCE_MAX over "
+             "positions, RESHAPE, SQUEEZE, "
              "TRANSPOSE, PAD and a last SOFTMAX")
 ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}
 
@@ -393,12 +395,7 @@ class _Lowering:
         if opts is not None and opts.keepDims and where.ndim == 4 and axes == [1, 2]:
             raise IntModelError(f"{here}: MEAN keeping dims over axes 1, 2 (TFLite Micro's integer path) has "
                                 "no firmware kernel; export it with keepdims=False")
-        rows = np.moveaxis(where, axes, list(range(where.ndim - len(axes), where.ndim)))
-        rows = rows.reshape(-1, math.prod(where.shape[a] for a in axes))
-        channel = rows % c
-        if (rows.shape[1] != h * w_ or np.any(channel != channel[:, :1])
-                or not np.array_equal(np.sort(rows // c, axis=1), np.broadcast_to(np.arange(h * w_), rows.shape))):
-            raise IntModelError(f"{here}: MEAN over axes {axes} is not a mean over all positions")
+        channels = self._positions(axes, here, "MEAN")
         s_x, zp_x = graph.act(ins[0])
         s_y, zp_y = graph.act(outs[0])
         if (s_x, zp_x) == (s_y, zp_y):
@@ -411,7 +408,7 @@ class _Lowering:
         self.out.layers.append(MeanLayer(multiplier=(mult << fold) // n, shift=right + fold, input_offset=-zp_x,
                                          output_offset=zp_y, in_shape=(c, h, w_)))
         self.cur, self.phys = outs[0], (c,)
-        self.where = channel[:, 0].reshape(graph.shape(outs[0]))
+        self.where = channels.reshape(graph.shape(outs[0]))
 
     def _fully_connected(self, op: _Op) -> None:
         graph, ins, outs, opts, here = self.graph, op.ins, op.outs, op.opts, op.here
@@ -499,9 +496,50 @@ class _Lowering:
                     raise IntModelError(f"{here}: the float island ends in a QUANTIZE to another type than int8")
                 inner = [self.names[i] for i in range(k + 1, j)]
                 op = _Op(k, "DEQUANTIZE", [int(t) for t in g.operators[k].inputs], [out], None, here)
+                if inner == ["REDUCE_MAX"]:
+                    self._reduce_max_island(op, k, j)
+                    return j
                 self._tabulate(op, list(range(k, j + 1)), "+".join(["DEQUANTIZE", *inner, "QUANTIZE"]))
                 return j
         raise IntModelError(f"{here}: a DEQUANTIZE with no QUANTIZE after it: the firmware's layers are int8 to the end")
+
+    def _positions(self, axes: list[int], here: str, what: str) -> np.ndarray:
+        """The current tensor's channel of each output of a reduction over ``axes``, after checking
+        the reduction runs over every position of the channels-last buffer."""
+        where = self.where
+        if not self.computed or len(self.phys) != 3:
+            raise IntModelError(f"{here}: {what} runs over the positions of a convolution's output only")
+        h, w_, c = self.phys
+        rows = np.moveaxis(where, axes, list(range(where.ndim - len(axes), where.ndim)))
+        rows = rows.reshape(-1, math.prod(where.shape[a] for a in axes))
+        channel = rows % c
+        if (rows.shape[1] != h * w_ or np.any(channel != channel[:, :1])
+                or not np.array_equal(np.sort(rows // c, axis=1), np.broadcast_to(np.arange(h * w_), rows.shape))):
+            raise IntModelError(f"{here}: {what} over axes {axes} is not over all positions")
+        return channel[:, 0]
+
+    def _reduce_max_island(self, op: _Op, k: int, j: int) -> None:
+        """DEQUANTIZE, REDUCE_MAX over all positions, QUANTIZE (the quantizer leaves REDUCE_MAX in
+        float): the maximum commutes with DEQUANTIZE (a positive scale), so the firmware takes the
+        int8 maximum (a max pool over the whole plane), then the table of QUANTIZE(DEQUANTIZE(v)),
+        which TFLite Micro computes on the island fed constant planes."""
+        graph, here, g = self.graph, op.here, self.g
+        reduce = g.operators[k + 1]
+        axes = sorted(int(a) % self.where.ndim for a in graph.const(int(reduce.inputs[1])).reshape(-1))
+        channel = self._positions(axes, here, "REDUCE_MAX")
+        h, w_, c = self.phys
+        if h > 255 or w_ > 255:
+            raise IntModelError(f"{here}: a {h} x {w_} plane; the firmware's windows span at most 255 x 255")
+        if not np.array_equal(channel, np.arange(c)):
+            raise IntModelError(f"{here}: REDUCE_MAX's output channels are not in the buffer's order")
+        graph.act(self.cur)
+        graph.act(op.outs[0])
+        self.out.layers.append(WindowPoolLayer(kind="max", kernel=(h, w_), stride=1, padding_h=0, padding=0,
+                                               act_min=-128, act_max=127, in_shape=(c, h, w_), out_shape=(c, 1, 1)))
+        table = lut_tables(self.graph.data, [k, k + 1, j], per_channel=False)
+        self.out.layers.append(LutLayer(op="DEQUANTIZE+REDUCE_MAX+QUANTIZE", table=table, shape=(c, 1, 1)))
+        self.cur, self.phys = op.outs[0], (c,)
+        self.where = np.arange(c).reshape(graph.shape(op.outs[0]))
 
     HANDLERS: ClassVar[dict[str, Callable[[_Lowering, _Op], None]]] = {
         "RESHAPE": _reshape, "SQUEEZE": _reshape, "TRANSPOSE": _transpose, "PAD": _pad, "PADV2": _pad,

@@ -267,8 +267,9 @@ def test_tabled_operators_are_bit_exact_with_tflm(tmp_path: Path) -> None:
 
 
 class Island(nn.Module):
-    """LEAKY_RELU, which the quantizer leaves in float (DEQUANTIZE, LEAKY_RELU, QUANTIZE: the
-    "QUANTIZE/DEQUANTIZE inside the graph" 465309f refused), HARD_SWISH and a SUB of constants."""
+    """LEAKY_RELU and REDUCE_MAX, which the quantizer leaves in float (DEQUANTIZE, LEAKY_RELU,
+    QUANTIZE: the "QUANTIZE/DEQUANTIZE inside the graph" 465309f refused), HARD_SWISH and a SUB of
+    constants."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -280,10 +281,10 @@ class Island(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = nn.functional.leaky_relu(self.c1(x), 0.1)
         x = nn.functional.hardswish(self.c2(x)) - self.off
-        return self.fc(x.mean((2, 3)))
+        return self.fc(x.amax((2, 3)))  # REDUCE_MAX, left in float too
 
 
-def test_a_float_island_hard_swish_and_sub_are_bit_exact_with_tflm(tmp_path: Path) -> None:
+def test_float_islands_hard_swish_and_sub_are_bit_exact_with_tflm(tmp_path: Path) -> None:
     from export.flash import flash
     from export.intmodel import LutLayer
     from export.tflite_import import from_tflite, import_tflite, op_names, read_model
@@ -296,7 +297,9 @@ def test_a_float_island_hard_swish_and_sub_are_bit_exact_with_tflm(tmp_path: Pat
     assert ops[ops.index("LEAKY_RELU") - 1 : ops.index("LEAKY_RELU") + 2] == ["DEQUANTIZE", "LEAKY_RELU", "QUANTIZE"]
     tables = {layer.op: layer.table.shape for layer in from_tflite(model.read_bytes()).layers
               if isinstance(layer, LutLayer)}
-    assert tables == {"DEQUANTIZE+LEAKY_RELU+QUANTIZE": (1, 256), "HARD_SWISH": (1, 256), "SUB": (6, 256)}
+    assert tables == {"DEQUANTIZE+LEAKY_RELU+QUANTIZE": (1, 256), "HARD_SWISH": (1, 256), "SUB": (6, 256),
+                      "DEQUANTIZE+REDUCE_MAX+QUANTIZE": (1, 256)}
+    assert ops[ops.index("REDUCE_MAX") - 1 : ops.index("REDUCE_MAX") + 2] == ["DEQUANTIZE", "REDUCE_MAX", "QUANTIZE"]
     bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
     host = flash(bundle, "host", tmp_path / "host")
     assert host["mismatches"] == 0 and len({tuple(v) for v in host["outputs"].values()}) > 4
