@@ -17,6 +17,8 @@ from torch import nn
 
 
 class Conv1dStride2(nn.Module):
+    """Three Conv1d with stride 2 (litert-torch writes strides 1 x 2), a mean over time, a dense layer."""
+
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv1d(3, 16, 5, stride=2, padding=2)
@@ -30,6 +32,9 @@ class Conv1dStride2(nn.Module):
 
 
 class StridedDepthwise2d(nn.Module):
+    """A strided Conv2d from one channel (a depthwise conv in TFLite), a depthwise and a pointwise
+    conv, an average pool, a dense layer."""
+
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv2d(1, 16, 3, stride=2, padding=1)
@@ -44,6 +49,8 @@ class StridedDepthwise2d(nn.Module):
 
 
 class Dilated1d(nn.Module):
+    """Conv1d with dilation 1, 2 and 4, a mean over time, a dense layer."""
+
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv1d(3, 16, 3, padding=1)

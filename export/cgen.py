@@ -214,6 +214,18 @@ def arena_bytes(models: Sequence[IntModel]) -> int:
     return max(16, -(-need // 16) * 16)
 
 
+def flash_refusal(tflite: bytes) -> str | None:
+    """Why ``trickle flash`` cannot run an int8 .tflite (the operator and its place, or the buffer it
+    overflows), or None when it can: what ``trickle export`` says at export time."""
+    from export.tflite_import import from_tflite
+
+    try:
+        check_fits(from_tflite(tflite), "int8-d00")
+    except IntModelError as e:
+        return str(e)
+    return None
+
+
 def check_fits(model: IntModel, variant: str) -> None:
     """One line naming the first layer that exceeds the firmware's default buffers."""
     for k, layer in enumerate(model.layers):

@@ -123,7 +123,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
                     args.test_vectors, progress=None if args.json else lambda m: print(f"  {m}"))
     refusal = None
     if tflite:  # the firmware reads it at flash time: say now whether it can
-        from export.tflite_import import flash_refusal
+        from export.cgen import flash_refusal
 
         refusal = flash_refusal(args.checkpoint.read_bytes())
         if not args.json:

@@ -186,18 +186,6 @@ def from_tflite(data: bytes) -> IntModel:
     return _Lowering(data).run()
 
 
-def flash_refusal(data: bytes) -> str | None:
-    """Why ``trickle flash`` cannot run the model (the operator and its place), or None when it can:
-    what ``trickle export`` says at export time."""
-    from export.cgen import check_fits
-
-    try:
-        model = from_tflite(data)
-        check_fits(model, "int8-d00")
-    except IntModelError as e:
-        return str(e)
-    return None
-
 
 @dataclass(frozen=True)
 class _Op:
