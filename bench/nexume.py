@@ -62,6 +62,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "without the full-width share": {"full_share": 0.0},
     "without the even spread": {"spread": 0.0},
     "without the fine-tuning": {"finetune_epochs": 0},
+    "without in-place distillation": {"distill": 0.0},
     "λ-search instead of the deployment schedule": {"schedule": "search"},
 }
 ABLATION_CELLS: tuple[tuple[str, float | None], ...] = (("piezo", 1e-3), ("rf", 1e-3), ("continuous", None))

@@ -5,7 +5,9 @@ The default ``deployment`` schedule (issue 30): DynInfer on the device runs the 
 (``harvest_scenario``) with the network's variants first (``models.nexume.deployment``) and
 counts how often each runs; training draws each step's (q, d) from those shares, with
 ``full_share`` of the steps at full width (8 bit, no dropout) so the network stays strong where
-energy is plenty, and ``spread`` of the others evenly over every (q, d) the node runs at all.
+energy is plenty, and ``spread`` of the others evenly over every (q, d) the node runs at all;
+with ``distill`` the cheaper configurations also match the full network's most recent outputs
+on the same examples (in-place distillation, as slimmable networks train; no extra forward).
 On continuous power every inference affords the full network and training is 8-bit QAT.
 (Measured against the uniform schedule and the λ-search, per part, in ``docs/results/nexume.md``.)
 
@@ -130,6 +132,10 @@ class TrainConfig(Config):
     """nexume with the deployment schedule: of the other steps, the share spread evenly over every
     (q, d) the node runs at all (the rest follow how often it runs each): a variant that runs
     rarely, when energy is scarce, still gets trained."""
+    distill: float = Field(1.0, ge=0.0, le=100.0)
+    """nexume with the deployment schedule: weight of in-place distillation (slimmable networks'):
+    a cheaper configuration's step also matches, by KL divergence, the full network's most recent
+    outputs on the same examples (kept from its own steps, so it costs no extra forward); 0: off."""
     mcu: str = "msp430fr5994"
     """MCU whose cost model prices the variants (simulator.devices.MCUS)."""
     harvest_scenario: str = "nrel_24h"
@@ -348,6 +354,7 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     rows = torch.arange(len(x)) if subset is None else torch.from_numpy(np.asarray(subset, dtype=np.int64))
     task_loss = loss_fn or (lambda logits, batch: F.cross_entropy(logits, y[batch]))
+    teacher = InPlaceTeacher(len(x), cfg.distill) if mix is not None and cfg.distill > 0 else None
     weights = trained_weights(model)
     n_layers = len(weights) // 2
     search = ConfigSearch.for_model(model, cfg) if searching else None
@@ -371,7 +378,8 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
             # the λ terms are constant in the weights: they act through the choice of (q, d) (ConfigSearch)
             cost = cfg.lambda_q * precision_cost(bits) * n_layers + cfg.lambda_d * drop * n_layers
             opt.zero_grad()
-            batch_loss, batch_correct = _backward(model, x, y, batch, task_loss, cost, parallel)
+            step_loss = task_loss if teacher is None else teacher.loss(task_loss, (bits, drop) == (cfg.q_max, 0.0))
+            batch_loss, batch_correct = _backward(model, x, y, batch, step_loss, cost, parallel)
             for count, p in zip(updates, weights):
                 if p.grad is not None:
                     count += (p.grad != 0).to(count.dtype)
@@ -398,6 +406,36 @@ def train(cfg: TrainConfig, data: Dataset, progress: Callable[[int, int, dict[st
     if parallel is None or parallel.rank == 0:  # the other ranks hold the same model and save nothing
         result.variants = evaluate_variants(model, data, cfg.mcu)
     return result
+
+
+class InPlaceTeacher:
+    """In-place distillation without an extra forward: the full network's logits on each example
+    from its own most recent step; a cheaper configuration's step adds ``weight`` × KL(teacher ‖
+    student) on the examples that have one."""
+
+    def __init__(self, n: int, weight: float) -> None:
+        self.logits: torch.Tensor | None = None
+        self.known = torch.zeros(n, dtype=torch.bool)
+        self.weight = weight
+
+    def loss(self, task_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], full: bool
+             ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def step(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+            task = task_loss(logits, batch)
+            if full:
+                if self.logits is None:
+                    self.logits = torch.zeros(len(self.known), logits.shape[1])
+                self.logits[batch] = logits.detach()
+                self.known[batch] = True
+                return task
+            known = self.known[batch]
+            if self.logits is None or not bool(known.any()):
+                return task
+            target = F.softmax(self.logits[batch][known], dim=1)
+            kl = F.kl_div(F.log_softmax(logits[known], dim=1), target, reduction="batchmean")
+            return task + self.weight * kl * (int(known.sum()) / len(batch))
+
+        return step
 
 
 def fit(module: nn.Module, data: Dataset, cfg: TrainConfig | None = None,
