@@ -8,15 +8,16 @@ For each dataset (fsdd, basic_motions, digits) and seed, four ways to train and 
   uniform     the switchable network trained with uniformly random bit-width/dropout, DynInfer + QuantaTasks
   nexume      trained for the node it runs on: each (bits, dropout) as often as DynInfer runs it on that
               cell's simulated node (another seed of the same scenario), a quarter of the steps at full
-              width, half of the others spread evenly over what the node runs, the rarely updated
-              weights fine-tuned; DynInfer + QuantaTasks
+              width, half of the others spread evenly over what the node runs, the cheaper
+              configurations distilled in place from the full network; DynInfer + QuantaTasks
 Each model runs on simulated nodes under three harvest sources (NREL solar, RF, piezo) and two
 capacitors, plus continuous power (the baselines: one model per dataset and seed for every cell;
 nexume: one per cell, as a user names the scenario). Metric: accuracy within deadline — a sensing
 event counts as right only if its result was correct and in time (lost, dropped, late or
 unfinished = wrong). Ablations (seed 0, the piezo and RF cells at 1 mF and continuous power):
-nexume without the full-width share, without the fine-tuning, and with the previous λ-weighted
-search in place of the deployment schedule. Writes bench/results/nexume.json and docs/results/nexume.md.
+nexume without the full-width share, without the even spread, without the in-place distillation,
+with NExUME's rare-weight fine-tuning, and with the previous λ-weighted search in place of the
+deployment schedule. Writes bench/results/nexume.json and docs/results/nexume.md.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ GOALS = {
 ABLATIONS: dict[str, dict[str, Any]] = {
     "without the full-width share": {"full_share": 0.0},
     "without the even spread": {"spread": 0.0},
-    "without the fine-tuning": {"finetune_epochs": 0},
+    "with the rare-weight fine-tuning (3 epochs)": {"finetune_epochs": 3},
     "without in-place distillation": {"distill": 0.0},
     "λ-search instead of the deployment schedule": {"schedule": "search"},
 }
@@ -261,7 +262,8 @@ def _write(out: dict[str, Any], results_dir: Path, docs_dir: Path, quick: bool) 
              "nexume (the default schedule of `trickle train nexume` since issue 30) is trained for the node it runs on: "
              "each (bits, dropout) as often as DynInfer runs it on that cell's simulated node (the same scenario, "
              "another seed), a quarter of the steps at full width (8 bit, no dropout), half of the others spread "
-             "evenly over every configuration the node runs at all, the rarely updated weights fine-tuned; one model "
+             "evenly over every configuration the node runs at all, the cheaper configurations distilled in place from "
+             "the full network's most recent outputs (no rare-weight fine-tuning since issue 30's ablation); one model "
              "per cell. The baselines: one model per dataset and seed for every cell.", "",
              "Gain: nexume minus the best of the three baselines; vs fixed: minus the better of ptq_jit and qat8_layer.",
              ""]
