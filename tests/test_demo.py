@@ -18,15 +18,17 @@ from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 def test_trickle_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "trickle.cli", "demo", "--out", str(out), "--nodes", "3", "--hours", "2", "--epochs", "1",
+    cmd = [sys.executable, "-m", "trickle.cli", "demo", "--out", str(out), "--nodes", "3", "--hours", "2", "--epochs", "15",
            "--no-plots"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "demo.json").read_text())
     assert summary["results_simulated"] > 100 and summary["lost"] == 0
     assert summary["results_stored"] == summary["results_simulated"]
-    # the fleet lives on scarce energy: it fails, and DynInfer steps down rather than failing on every task
-    assert summary["power_failures_per_node_hour"] > 1
+    # the fleet lives on scarce energy: a fixed 8-bit deployment fails again and again, and DynInfer
+    # steps down to what the stored energy affords (with NExUME's default schedule since issue 30 its
+    # cheaper variants are trained well enough that it rarely, if ever, fails)
+    assert summary["fixed_8bit_power_failures_per_node_hour"] > 1
     assert summary["fixed_8bit_power_failures_per_node_hour"] > 10 * summary["power_failures_per_node_hour"]
     assert len(summary["variant_tasks"]) >= 2
     report = (out / "demo.md").read_text()
