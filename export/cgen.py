@@ -102,10 +102,11 @@ def conv_rows(weight: np.ndarray) -> np.ndarray:
 
 def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,
           stride: int = 0, pad: int = 0, pad_h: int = 0, in_offset: int = 0, out_offset: int = 0, act_min: int = 0,
-          act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0"), stride_h: int = 0,
-          dil_h: int = 0, dil_w: int = 0) -> tuple[str, str]:
+          act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0"),
+          geometry: tuple[int, int, int] = (0, 0, 0)) -> tuple[str, str]:
     """(arrays, a tn_layer initializer); refs: the weight, bias, multiplier and shift arrays' names;
-    stride_h, dil_h, dil_w: 0 where the rows' stride is the columns' and the taps are adjacent."""
+    geometry: the row stride and the dilations (``_geometry``), 0 where they are the defaults."""
+    stride_h, dil_h, dil_w = geometry
     for name, value, top in (("channels in", cin, 0xFFFF), ("rows in", hin, 0xFFFF), ("columns in", win, 0xFFFF),
                              ("channels out", cout, 0xFFFF), ("rows out", hout, 0xFFFF), ("columns out", wout, 0xFFFF),
                              ("kernel rows", kh, 0xFF), ("kernel columns", kw, 0xFF), ("stride", stride, 0xFF),
@@ -148,11 +149,11 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      layer.stride, layer.padding, layer.padding_h, layer.input_offset, layer.output_offset,
                      layer.act_min, layer.act_max,
                      _array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs,
-                     *_geometry(layer))
+                     _geometry(layer))
     if isinstance(layer, WindowPoolLayer):
         return _init("TN_AVGPOOL" if layer.kind == "avg" else "TN_MAXPOOL", layer.in_shape[0], *_hw(layer.in_shape),
                      layer.out_shape[0], *_hw(layer.out_shape), *layer.kernel, layer.stride, layer.padding,
-                     layer.padding_h, 0, 0, layer.act_min, layer.act_max, "", ("0", "0", "0", "0"), *_geometry(layer))
+                     layer.padding_h, act_min=layer.act_min, act_max=layer.act_max, geometry=_geometry(layer))
     if isinstance(layer, MeanLayer):
         c = layer.in_shape[0]
         if not -32 < layer.shift < 32:
@@ -178,7 +179,7 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         return _init("TN_CONV", c_in, h_in, w_in, c_out, h_out, w_out, kh, kw, layer.stride, layer.padding, pad_h,
                      layer.input_offset, layer.output_offset, layer.act_min, layer.act_max,
                      _array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer), refs,
-                     *_geometry(layer))
+                     _geometry(layer))
     if isinstance(layer, LutLayer):
         c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
         return _init("TN_LUT", len(layer.table), h, w, c, h, w, arrays=_array("int8_t", f"{prefix}_w", layer.table),

@@ -219,8 +219,10 @@ def run_flash(args: argparse.Namespace) -> int:
         raise ConfigError("--record", str(args.record), "needs --board mps2-an386 (instructions are counted under QEMU)")
     if args.key is not None and args.record is None:
         raise ConfigError("--key", str(args.key), "signs the --record copy; give --record OUT")
-    if args.program and args.board not in ("stm32f405", "nrf52840"):
-        raise ConfigError("--program", args.board, "writes a real board: --board stm32f405 or nrf52840")
+    from export.flash import PROGRAMMABLE
+
+    if args.program and args.board not in PROGRAMMABLE:
+        raise ConfigError("--program", args.board, f"writes a real board: --board {' or '.join(PROGRAMMABLE)}")
     from edge.contract.bundle import load_private_key, read_trusted
     from export.flash import flash, program, record
 

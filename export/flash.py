@@ -36,12 +36,37 @@ from export.formats import BOARDS
 
 FIRMWARE = Path(__file__).resolve().parent.parent / "firmware"
 
-# the simulator's MCU profile each board's counts apply to
-BOARD_CPU = {"mps2-an386": "cortex-m4", "stm32f405": "cortex-m4", "nrf52840": "cortex-m4"}
 CUT_EXIT = 3  # the plugin's exit status for a power cut
 NV_BYTES = 16 << 20
-STM32_NV = (0x20020000, 64 << 10)  # where the STM32F405's state lives under QEMU (firmware/boards/stm32f405)
 TILE_POSITIONS = 2  # firmware/include/tn.h TN_TILE_POSITIONS: conv output positions per tile
+
+
+@dataclass(frozen=True)
+class Board:
+    """What the harness knows of a Cortex-M board (firmware/boards/NAME)."""
+
+    machine: str | None  # QEMU's -M, or None: built and read, not run here
+    memory: dict[str, int]  # flash, ram, non-volatile: bytes the linker script gives each region
+    state_in_ram: tuple[int, int] | None = None  # (address, bytes) under QEMU, saved at a cut, loaded at power-on
+    probe: tuple[str, str] | None = None  # --program: OpenOCD's target config, pyOCD's target
+    small_state: bool = False  # a few KB of state: activation buffers sized to the model, classifiers only
+    cpu: str = "cortex-m4"  # the simulator's MCU profile its counts apply to
+
+    @property
+    def nv_file_bytes(self) -> int:
+        return self.state_in_ram[1] if self.state_in_ram else NV_BYTES
+
+
+BOARD_SPECS = {
+    "mps2-an386": Board("mps2-an386", {"flash": 4 << 20, "ram": 4 << 20, "non-volatile": 16 << 20}),
+    # the backup SRAM less its probe word (link.ld); under QEMU the state sits past the chip's 128 KB
+    "stm32f405": Board("netduinoplus2", {"flash": 1 << 20, "ram": 128 << 10, "non-volatile": (4 << 10) - 4},
+                       state_in_ram=(0x20020000, 64 << 10), probe=("target/stm32f4x.cfg", "stm32f405rg"),
+                       small_state=True),
+    "nrf52840": Board(None, {"flash": 1 << 20, "ram": 248 << 10, "non-volatile": 8 << 10},  # RAM's last 8 KB
+                      probe=("target/nrf52.cfg", "nrf52840"), small_state=True),
+}
+PROGRAMMABLE = tuple(name for name, spec in BOARD_SPECS.items() if spec.probe)
 
 
 @dataclass
@@ -153,13 +178,6 @@ def code_size(elf: Path) -> dict[str, int]:
     return sizes
 
 
-BOARD_MEMORY = {  # what the linker script gives each region, bytes
-    "mps2-an386": {"flash": 4 << 20, "ram": 4 << 20, "non-volatile": 16 << 20},
-    "stm32f405": {"flash": 1 << 20, "ram": 128 << 10, "non-volatile": (4 << 10) - 4},  # the probe word: link.ld
-    "nrf52840": {"flash": 1 << 20, "ram": 248 << 10, "non-volatile": 8 << 10},  # RAM's last 8 KB: link.ld
-}
-EMULATED = ("mps2-an386", "stm32f405")  # the boards QEMU runs here
-PROGRAMMABLE = {"stm32f405": ("target/stm32f4x.cfg", "stm32f405rg"), "nrf52840": ("target/nrf52.cfg", "nrf52840")}
 # what OpenOCD (ST-Link, CMSIS-DAP) and pyOCD say when no probe is attached
 NO_PROBE = ("Error: open failed", "unable to find a matching CMSIS-DAP device", "No connected debug probes",
             "No available debug probes")
@@ -175,7 +193,7 @@ def memory_use(elf: Path, board: str) -> dict[str, dict[str, int]]:
         section = ELFFile(fh).get_section_by_name(".noinit")
         nv = int(section["sh_size"]) if section is not None else 0
     used = {"flash": size["text"] + size["data"], "ram": size["data"] + size["bss"], "non-volatile": nv}
-    return {k: {"used": used[k], "size": BOARD_MEMORY[board][k]} for k in used}
+    return {k: {"used": used[k], "size": BOARD_SPECS[board].memory[k]} for k in used}
 
 
 def symbol(elf: Path, name: str) -> int:
@@ -215,7 +233,7 @@ def parse_output(stdout: str) -> BoardRun:
 def fresh_nv(path: Path, voltage_mv: int = 0, board: str = "mps2-an386") -> None:
     """Erased non-volatile memory, with the voltage register (its first word) set."""
     with open(path, "wb") as fh:
-        fh.truncate(STM32_NV[1] if board == "stm32f405" else NV_BYTES)
+        fh.truncate(BOARD_SPECS[board].nv_file_bytes)
         fh.write(int(voltage_mv).to_bytes(4, "little"))
 
 
@@ -227,10 +245,11 @@ def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float
     args = f"{plugin(work)},out={counts},mark={symbol(elf, 'tn_mark'):#x}" + (f",cut={cut}" if cut is not None else "")
     exe = _tool("qemu-system-arm", "qemu-system-arm")
     common = ["-nographic", "-semihosting-config", "enable=on,target=native", "-kernel", str(elf)]
-    if board == "stm32f405":
-        proc = _stm32_power_on(exe, common, args, nv, work, cut, timeout)
+    spec = BOARD_SPECS[board]
+    if spec.state_in_ram is not None:
+        proc = _ram_state_power_on(exe, spec, common, args, nv, work, cut, timeout)
     else:
-        cmd = [exe, "-M", "mps2-an386,memory-backend=nv", "-object",
+        cmd = [exe, "-M", f"{spec.machine},memory-backend=nv", "-object",
                f"memory-backend-file,id=nv,size={NV_BYTES},mem-path={nv},share=on", "-monitor", "none",
                "-serial", "none", *common, "-plugin", args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -245,26 +264,29 @@ def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float
     return proc.returncode, proc.stdout + proc.stderr, marks, total
 
 
-def _stm32_power_on(exe: str, common: list[str], plugin_args: str, nv: Path, work: Path, cut: int | None,
-                    timeout: float) -> subprocess.CompletedProcess[str]:
-    """netduinoplus2 with ``nv`` loaded where the firmware keeps its state; at a cut the plugin holds
-    the CPU, the monitor saves that RAM back to ``nv`` and QEMU is killed (exit status CUT_EXIT)."""
+def _ram_state_power_on(exe: str, spec: Board, common: list[str], plugin_args: str, nv: Path, work: Path,
+                        cut: int | None, timeout: float) -> subprocess.CompletedProcess[str]:
+    """The board with ``nv`` loaded where the firmware keeps its state under QEMU; at a cut the plugin
+    holds the CPU, the monitor saves that RAM back to ``nv`` and QEMU is killed (exit status CUT_EXIT)."""
+    assert spec.state_in_ram is not None and spec.machine is not None
     hold, monitor = work / "cut.hold", work / "monitor.sock"
     hold.unlink(missing_ok=True)
     monitor.unlink(missing_ok=True)
-    addr = STM32_NV[0]
-    cmd = [exe, "-M", "netduinoplus2", "-monitor", f"unix:{monitor},server=on,wait=off", "-serial", "stdio", *common,
+    addr = spec.state_in_ram[0]
+    cmd = [exe, "-M", spec.machine, "-monitor", f"unix:{monitor},server=on,wait=off", "-serial", "stdio", *common,
            "-device", f"loader,file={nv},addr={addr:#x},force-raw=on",
            "-plugin", plugin_args + (f",hold={hold}" if cut is not None else "")]
     console = work / "console.txt"  # a file, not a pipe: a full pipe would stall QEMU
     with open(console, "w") as sink:
-        code = _hold_or_finish(cmd, sink, hold, monitor, nv, cut is not None, timeout)
+        code = _hold_or_finish(cmd, sink, hold, monitor, nv, spec.state_in_ram, cut is not None, timeout)
     return subprocess.CompletedProcess(cmd, code, console.read_text(errors="replace"), "")
 
 
-def _hold_or_finish(cmd: list[str], sink: Any, hold: Path, monitor: Path, nv: Path, cutting: bool, timeout: float) -> int:
-    """Run QEMU to its end, or to the plugin's hold: then save the state through the monitor and kill it."""
-    addr, size = STM32_NV
+def _hold_or_finish(cmd: list[str], sink: Any, hold: Path, monitor: Path, nv: Path, region: tuple[int, int],
+                    cutting: bool, timeout: float) -> int:
+    """Run QEMU to its end, or to the plugin's hold: then save ``region`` (address, bytes) through the
+    monitor and kill it."""
+    addr, size = region
     proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     while proc.poll() is None and not hold.exists():
@@ -418,7 +440,8 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
     if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")
     early = bundle.manifest.early is not None
-    if early and board in ("stm32f405", "nrf52840"):
+    spec = BOARD_SPECS.get(board)
+    if early and spec is not None and spec.small_state:
         raise FlashError(f"--board {board} runs classifiers; an early-decision bundle runs on host and mps2-an386 "
                          "(its rule's state is not yet kept in the board's few KB of non-volatile memory)")
     if early:  # x_test: raw test series (n, channels, T); vectors: how many
@@ -427,8 +450,8 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
         sources, info = generate(bundle, x_test, max_vectors=vectors)
     gen = out / "generated"
     write_sources(sources, gen)
-    exe = build(gen, board, out / board, arena=info["arena_bytes"] if board in PROGRAMMABLE else None)
-    if board not in EMULATED and board != "host":  # built and read, not run: no emulator for this chip here
+    exe = build(gen, board, out / board, arena=info["arena_bytes"] if spec is not None and spec.small_state else None)
+    if spec is not None and spec.machine is None:  # built and read, not run: no emulator for this chip here
         return {"board": board, "binary": str(exe), "bin": str(exe.with_suffix(".bin")), "vectors": info["vectors"],
                 "variants": info["variants"], "mismatches": None, "outputs": {}, "oracle": info["oracle"],
                 "size": code_size(exe), "memory": memory_use(exe, board)}
@@ -463,9 +486,10 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
 def program(elf: Path, board: str, programmer: str = "openocd", interface: str = "stlink") -> str:
     """Write ``elf`` to a real board through a debug probe: OpenOCD (``interface``: stlink or
     cmsis-dap, its interface/*.cfg) or pyOCD. No probe attached is one FlashError saying so."""
-    if board not in PROGRAMMABLE:
+    probe = BOARD_SPECS[board].probe if board in BOARD_SPECS else None
+    if probe is None:
         raise FlashError(f"--program: the {board} is not a board to write ({', '.join(PROGRAMMABLE)} are)")
-    config, target = PROGRAMMABLE[board]
+    config, target = probe
     if programmer == "openocd":
         cmd = [_tool("openocd", "openocd"), "-f", f"interface/{interface}.cfg", "-f", config,
                "-c", f"program {elf} verify reset exit"]
@@ -503,7 +527,7 @@ def record(bundle: Bundle, report: dict[str, Any], out: Path, key: Ed25519Privat
     for v in bundle.manifest.variants:
         if v.name in measured:
             m = measured[v.name]
-            counts = Measured(cpu=BOARD_CPU[board], instructions=m["instructions_per_inference"],
+            counts = Measured(cpu=BOARD_SPECS[board].cpu, instructions=m["instructions_per_inference"],
                               layers=[MeasuredLayer(**layer) for layer in m["layers"]])
             v = v.model_copy(update={"measured": {**(v.measured or {}), board: counts}})
         variants.append(v)

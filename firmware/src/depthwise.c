@@ -21,37 +21,28 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
     }
 }
 
-/* n taps of one window row into four channels' sums: the input's four channels c..c+3 (one word
- * every x_step bytes) times the weights' (one word every w_step bytes). */
-static void quad_run(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_step, uint32_t w_step, uint32_t n,
-                     uint32_t offsets) {
+/* n taps of one window row into four channels' sums: the weights' four channels (one word every
+ * w_step bytes) times the input's, one word every x_step bytes holding channels c..c+3 or, when
+ * ``shared`` (a depth multiplier of 4, 8, ...), one value all four read. Inlined with ``shared``
+ * constant, so each caller gets its own loop. */
+static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_step,
+                                                       uint32_t w_step, uint32_t n, int32_t offset, int shared) {
+    const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
     int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
     for (; n > 0u; n--, x += x_step, w += w_step) {
-        const uint32_t xs = read_u32(x), ws = read_u32(w);
-        const uint32_t xe = sxtab16(offsets, xs), xo = sxtab16_ror8(offsets, xs); /* (x0, x2), (x1, x3) + offset */
-        const uint32_t we = sxtb16(ws), wo = sxtb16_ror8(ws);
+        const uint32_t ws = read_u32(w), we = sxtb16(ws), wo = sxtb16_ror8(ws);
+        uint32_t xe, xo;
+        if (shared) {
+            xe = xo = (uint32_t)(uint16_t)(int16_t)(*x + offset) * 0x00010001u;
+        } else { /* (x0, x2), (x1, x3), the offset added */
+            const uint32_t xs = read_u32(x);
+            xe = sxtab16(offsets, xs);
+            xo = sxtab16_ror8(offsets, xs);
+        }
         a0 = smlabb(xe, we, a0);
         a2 = smlatt(xe, we, a2);
         a1 = smlabb(xo, wo, a1);
         a3 = smlatt(xo, wo, a3);
-    }
-    a[0] = a0;
-    a[1] = a1;
-    a[2] = a2;
-    a[3] = a3;
-}
-
-/* As quad_run, for four channels that read one input channel (a depth multiplier of 4, 8, ...). */
-static void quad_shared(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_step, uint32_t w_step, uint32_t n,
-                        int32_t offset) {
-    int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
-    for (; n > 0u; n--, x += x_step, w += w_step) {
-        const uint32_t xx = (uint32_t)(uint16_t)(int16_t)(*x + offset) * 0x00010001u, ws = read_u32(w);
-        const uint32_t we = sxtb16(ws), wo = sxtb16_ror8(ws);
-        a0 = smlabb(xx, we, a0);
-        a2 = smlatt(xx, we, a2);
-        a1 = smlabb(xx, wo, a1);
-        a3 = smlatt(xx, wo, a3);
     }
     a[0] = a0;
     a[1] = a1;
@@ -64,7 +55,6 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
     const uint32_t dh = dil_rows(l), dw = dil_cols(l);
     const int32_t offset = l->in_offset;
     const out_stage s = stage_of(l);
-    const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
     const int quads = mult == 1u || mult % 4u == 0u; /* four channels read one input word, or one input value */
     int32_t acc[BLOCK];
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
@@ -80,9 +70,9 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
                 const uint32_t first = (uint32_t)(iy0 + (int32_t)(ky * dh)) * l->win + (uint32_t)(ix0 + (int32_t)(kx0 * dw));
                 const int8_t *w = l->weight + (ky * l->kw + kx0) * cout + c;
                 if (mult == 1u) {
-                    quad_run(a, in + first * cin + c, w, dw * cin, cout, kx1 - kx0, offsets);
+                    quad(a, in + first * cin + c, w, dw * cin, cout, kx1 - kx0, offset, 0);
                 } else {
-                    quad_shared(a, in + first * cin + c / mult, w, dw * cin, cout, kx1 - kx0, offset);
+                    quad(a, in + first * cin + c / mult, w, dw * cin, cout, kx1 - kx0, offset, 1);
                 }
             }
             int8_t *o = out + pos * cout + c;

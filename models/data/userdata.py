@@ -45,9 +45,10 @@ from models.data.base import Dataset, DatasetError, standardize_splits
 AUDIO_SUFFIXES = (".wav", ".flac")
 N_MFCC, HOP_S, N_MELS = 13, 0.016, 40
 Fill = Literal["linear", "previous", "zero"]
-# a long table's column by these names (or ending _time, _ts, _s, _ms) orders rows: never a channel unnamed
+# a long table's column by these names (or ending _time, _ts, _ms, _index) orders rows: never a channel
+# unnamed (not a bare _s suffix: channels are named in units too, e.g. gyro_s)
 TIME_LIKE = re.compile(r"^(t|time|times|timestamp|ts|step|steps|sample|sample_index|index|idx|seconds|secs|sec|ms|"
-                       r"millis|frame|tick|date|datetime)$|(_time|_ts|_s|_ms|_index)$", re.IGNORECASE)
+                       r"millis|frame|tick|date|datetime)$|(_time|_ts|_ms|_index)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

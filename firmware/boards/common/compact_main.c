@@ -16,7 +16,7 @@
 char *board_nv_base(void);
 extern char _nv_start[];
 
-#define BOARD_MAGIC 0x53544D34u /* "STM4" */
+#define BOARD_MAGIC 0x544E4231u /* "TNB1": the compact board state */
 
 typedef struct {
     volatile uint32_t voltage_mv; /* written by the harness (DynInfer builds); 0: 3300 mV */
