@@ -21,33 +21,62 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
     }
 }
 
-/* n taps of one window row into four channels' sums: the weights' four channels (one word every
- * w_step bytes) times the input's, one word every x_step bytes holding channels c..c+3 or, when
- * ``shared`` (a depth multiplier of 4, 8, ...), one value all four read. Inlined with ``shared``
- * constant, so each caller gets its own loop. */
-static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_step,
-                                                       uint32_t w_step, uint32_t n, int32_t offset, int shared) {
+/* One output position's channels c..c+3 over a window of `rows` x `cols` taps inside the input:
+ * x at the first tap's channel c (the input word of channels c..c+3, or with ``shared`` the one
+ * value all four read), x_tap and x_row bytes to the next tap and row; w at the first tap's
+ * weights of channels c..c+3, w_row bytes to the next row (cout to the next tap). The sums start
+ * at *a and stay in registers; a row of three taps is unrolled. Inlined with ``shared`` constant,
+ * so each caller gets its own loop. */
+static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t *x, const int8_t *w, uint32_t rows,
+                                                       uint32_t cols, uint32_t x_tap, uint32_t x_row, uint32_t w_row,
+                                                       uint32_t cout, int32_t offset, int shared) {
     const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
     int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
-    for (; n > 0u; n--, x += x_step, w += w_step) {
-        const uint32_t ws = read_u32(w), we = sxtb16(ws), wo = sxtb16_ror8(ws);
-        uint32_t xe, xo;
-        if (shared) {
-            xe = xo = (uint32_t)(uint16_t)(int16_t)(*x + offset) * 0x00010001u;
-        } else { /* (x0, x2), (x1, x3), the offset added */
-            const uint32_t xs = read_u32(x);
-            xe = sxtab16(offsets, xs);
-            xo = sxtab16_ror8(offsets, xs);
+#define TN_DW_TAP(xp, wp)                                                                                            \
+    do {                                                                                                             \
+        const uint32_t ws = read_u32(wp), we = sxtb16(ws), wo = sxtb16_ror8(ws);                                     \
+        uint32_t xe, xo;                                                                                             \
+        if (shared) { /* one value: its low half is all SMLABB/SMLABT read */                                        \
+            xe = xo = (uint32_t)(*(xp) + offset);                                                                    \
+            a0 = smlabb(xe, we, a0);                                                                                 \
+            a2 = smlabt(xe, we, a2);                                                                                 \
+            a1 = smlabb(xo, wo, a1);                                                                                 \
+            a3 = smlabt(xo, wo, a3);                                                                                 \
+        } else { /* (x0, x2), (x1, x3), the offset added */                                                          \
+            const uint32_t xs = read_u32(xp);                                                                        \
+            xe = sxtab16(offsets, xs);                                                                               \
+            xo = sxtab16_ror8(offsets, xs);                                                                          \
+            a0 = smlabb(xe, we, a0);                                                                                 \
+            a2 = smlatt(xe, we, a2);                                                                                 \
+            a1 = smlabb(xo, wo, a1);                                                                                 \
+            a3 = smlatt(xo, wo, a3);                                                                                 \
+        }                                                                                                            \
+    } while (0)
+    for (; rows > 0u; rows--, x += x_row, w += w_row) {
+        if (cols == 3u) {
+            TN_DW_TAP(x, w);
+            TN_DW_TAP(x + x_tap, w + cout);
+            TN_DW_TAP(x + 2u * x_tap, w + 2u * cout);
+            continue;
         }
-        a0 = smlabb(xe, we, a0);
-        a2 = smlatt(xe, we, a2);
-        a1 = smlabb(xo, wo, a1);
-        a3 = smlatt(xo, wo, a3);
+        const int8_t *xp = x, *wp = w;
+        for (uint32_t k = cols; k > 0u; k--, xp += x_tap, wp += cout) {
+            TN_DW_TAP(xp, wp);
+        }
     }
+#undef TN_DW_TAP
     a[0] = a0;
     a[1] = a1;
     a[2] = a2;
     a[3] = a3;
+}
+
+/* Four channels' sums to int8 outputs. */
+static void quad_out(const out_stage *s, const int32_t *a, int8_t *o, uint32_t c) {
+    o[0] = requantize_out(s, a[0], c);
+    o[1] = requantize_out(s, a[1], c + 1u);
+    o[2] = requantize_out(s, a[2], c + 2u);
+    o[3] = requantize_out(s, a[3], c + 3u);
 }
 
 void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile) {
@@ -63,23 +92,24 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
         uint32_t ky0, ky1, kx0, kx1;
         inside(iy0, l->kh, dh, l->hin, &ky0, &ky1);
         inside(ix0, l->kw, dw, l->win, &kx0, &kx1);
+        const uint32_t rows = ky1 - ky0, cols = kx1 - kx0;
+        const uint32_t x_tap = dw * cin, x_row = dh * l->win * cin, w_row = l->kw * cout;
+        const uint32_t first = ((uint32_t)(iy0 + (int32_t)(ky0 * dh)) * l->win + (uint32_t)(ix0 + (int32_t)(kx0 * dw))) * cin;
+        const int8_t *w0 = l->weight + (ky0 * l->kw + kx0) * cout;
+        int8_t *o = out + pos * cout;
         uint32_t c = 0;
-        for (; quads && c + 4u <= cout; c += 4u) {
-            int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
-            for (uint32_t ky = ky0; ky < ky1; ky++) {
-                const uint32_t first = (uint32_t)(iy0 + (int32_t)(ky * dh)) * l->win + (uint32_t)(ix0 + (int32_t)(kx0 * dw));
-                const int8_t *w = l->weight + (ky * l->kw + kx0) * cout + c;
-                if (mult == 1u) {
-                    quad(a, in + first * cin + c, w, dw * cin, cout, kx1 - kx0, offset, 0);
-                } else {
-                    quad(a, in + first * cin + c / mult, w, dw * cin, cout, kx1 - kx0, offset, 1);
-                }
+        if (quads && mult == 1u) {
+            for (; c + 4u <= cout; c += 4u) {
+                int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
+                quad(a, in + first + c, w0 + c, rows, cols, x_tap, x_row, w_row, cout, offset, 0);
+                quad_out(&s, a, o + c, c);
             }
-            int8_t *o = out + pos * cout + c;
-            o[0] = requantize_out(&s, a[0], c);
-            o[1] = requantize_out(&s, a[1], c + 1u);
-            o[2] = requantize_out(&s, a[2], c + 2u);
-            o[3] = requantize_out(&s, a[3], c + 3u);
+        } else if (quads) {
+            for (; c + 4u <= cout; c += 4u) {
+                int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
+                quad(a, in + first + c / mult, w0 + c, rows, cols, x_tap, x_row, w_row, cout, offset, 1);
+                quad_out(&s, a, o + c, c);
+            }
         }
         for (uint32_t cb = c; cb < cout; cb += BLOCK) { /* the rest, a channel at a time */
             const uint32_t n = cout - cb < BLOCK ? cout - cb : BLOCK;

@@ -24,20 +24,29 @@ static inline int32_t srdhm(int32_t a, int32_t b) {
     return (int32_t)(((int64_t)a * (int64_t)b + (INT64_C(1) << 30)) >> 31);
 }
 
-static inline int32_t rounding_divide_by_pot(int32_t x, int32_t exponent) {
-    int32_t mask = (int32_t)((UINT32_C(1) << exponent) - 1u);
-    int32_t remainder = x & mask;
-    int32_t threshold = (mask >> 1) + (x < 0 ? 1 : 0);
-    return (x >> exponent) + (remainder > threshold ? 1 : 0);
-}
-
 /* MultiplyByQuantizedMultiplier (TFLite): a shift >= 0 divides after the multiply, rounding; a
- * negative one multiplies by 2^-shift before it (two's complement wrap, as TFLite's int32 does). */
+ * negative one multiplies by 2^-shift before it (two's complement wrap, as TFLite's int32 does).
+ *
+ * For a right shift s >= 2 both roundings fold into one multiply-accumulate. RoundingDivideByPOT
+ * rounds x = srdhm(acc, m) = floor(P / 2^31), P = acc m + 2^30, half away from zero:
+ * floor((x - [x < 0] + 2^(s-1)) / 2^s) = floor((P - [P < 0] 2^31 + 2^(30+s)) / 2^(31+s)), and
+ * [P < 0] may be read as [acc < 0] (where they differ, -2^30 <= acc m < 0, both give 0). The
+ * 64-bit base 2^30 + 2^(30+s) - [acc < 0] 2^31 has the high word 2^(s-2) - [acc < 0] and the low
+ * word 0x40000000 or 0xC0000000; SMLAL adds acc m; the result is the high word >> (s - 1).
+ * tests/firmware checks it against gemmlowp's two steps on ties and extremes. */
 static inline int32_t mbqm(int32_t acc, int32_t multiplier, int32_t shift) {
-    if (shift >= 0) {
-        return rounding_divide_by_pot(srdhm(acc, multiplier), shift);
+    if (shift >= 2) {
+        const uint32_t lo = 0x40000000u | ((uint32_t)acc & 0x80000000u);
+        const uint32_t hi = (UINT32_C(1) << (uint32_t)(shift - 2)) + (uint32_t)(acc >> 31);
+        const int64_t q = (int64_t)(((uint64_t)hi << 32) | lo) + (int64_t)acc * (int64_t)multiplier;
+        return (int32_t)(q >> 32) >> (shift - 1);
     }
-    return srdhm((int32_t)((uint32_t)acc << (uint32_t)-shift), multiplier);
+    const int32_t x = srdhm((int32_t)((uint32_t)acc << (uint32_t)(shift < 0 ? -shift : 0)), multiplier);
+    if (shift == 1) { /* half away from zero: x - [x < 0] + 1, halved */
+        const int32_t y = x + (x >> 31);
+        return (y >> 1) + (y & 1);
+    }
+    return x;
 }
 
 /* A conv layer's output stage, read once per tile: the stores to int8 outputs may alias

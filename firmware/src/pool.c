@@ -1,6 +1,11 @@
 /* Pooling: the trained models' global sum over positions (int32 out), and TFLite's average and
- * max pools and MEAN over positions (int8 out, TFLite Micro's rounding). */
+ * max pools and MEAN over positions (int8 out, TFLite Micro's rounding). Sums of int8 over at most
+ * 255 cells fit int16, so four channels are summed at once in two registers of int16 lanes
+ * (SXTAB16 adds bytes 0 and 2, or 1 and 3, of a word of channels-last input). */
 #include "kernel.h"
+#include "simd.h"
+
+#define LANES_MAX 255u /* cells whose int8 sum an int16 lane holds */
 
 void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
     const uint32_t positions = (uint32_t)l->hin * l->win, cin = l->cin;
@@ -14,10 +19,41 @@ void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
     }
 }
 
-/* TFLite's AveragePool (the window's sum over its cells inside the input, divided by their count,
- * rounding half away from zero) and MaxPool, clamped to the fused activation's range. */
+/* Channels c..c+3 summed over a window of `rows` x `cols` cells (`row_step` bytes between rows,
+ * `c_n` between cells) into sums[0..3]. */
+static void sum_quad(const int8_t *x, uint32_t rows, uint32_t cols, uint32_t row_step, uint32_t c_n, int32_t *sums) {
+    uint32_t even = 0, odd = 0; /* int16 lanes: (c, c + 2), (c + 1, c + 3) */
+    for (uint32_t r = 0; r < rows; r++, x += row_step) {
+        const int8_t *cell = x;
+        for (uint32_t k = 0; k < cols; k++, cell += c_n) {
+            const uint32_t v = read_u32(cell);
+            even = sxtab16(even, v);
+            odd = sxtab16_ror8(odd, v);
+        }
+    }
+    sums[0] = (int16_t)(even & 0xFFFFu);
+    sums[1] = (int16_t)(odd & 0xFFFFu);
+    sums[2] = (int16_t)(even >> 16);
+    sums[3] = (int16_t)(odd >> 16);
+}
+
+static int8_t clamp8(int32_t v, int32_t lo, int32_t hi) {
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    return (int8_t)v;
+}
+
+/* TFLite's AveragePool: the window's sum over its cells inside the input, divided by their count,
+ * rounding half away from zero. */
+static int32_t average(int32_t sum, int32_t count) {
+    return sum > 0 ? (sum + count / 2) / count : (sum - count / 2) / count;
+}
+
+/* TFLite's AveragePool and MaxPool, clamped to the fused activation's range. The window's cells
+ * inside the input are found once per output position. */
 void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
-    const uint32_t c_n = l->cin;
+    const uint32_t c_n = l->cin, row_step = (uint32_t)l->win * c_n;
+    const int avg = l->kind == TN_AVGPOOL;
     for (uint32_t oy = 0; oy < l->hout; oy++) {
         for (uint32_t ox = 0; ox < l->wout; ox++) {
             const int32_t iy0 = (int32_t)(oy * stride_rows(l)) - (int32_t)l->pad_h;
@@ -25,21 +61,34 @@ void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
             const int32_t fy0 = iy0 < 0 ? -iy0 : 0, fx0 = ix0 < 0 ? -ix0 : 0;
             const int32_t fy1 = iy0 + (int32_t)l->kh > (int32_t)l->hin ? (int32_t)l->hin - iy0 : (int32_t)l->kh;
             const int32_t fx1 = ix0 + (int32_t)l->kw > (int32_t)l->win ? (int32_t)l->win - ix0 : (int32_t)l->kw;
-            for (uint32_t c = 0; c < c_n; c++) {
-                int32_t acc = l->kind == TN_MAXPOOL ? -128 : 0, count = 0;
-                for (int32_t fy = fy0; fy < fy1; fy++) {
-                    for (int32_t fx = fx0; fx < fx1; fx++) {
-                        const int32_t x = in[((uint32_t)(iy0 + fy) * l->win + (uint32_t)(ix0 + fx)) * c_n + c];
-                        acc = l->kind == TN_MAXPOOL ? (x > acc ? x : acc) : acc + x;
-                        count++;
+            int8_t *o = out + (oy * l->wout + ox) * c_n;
+            if (fy1 <= fy0 || fx1 <= fx0) { /* no cell inside: TFLite's empty sum (0) or its -128 */
+                for (uint32_t c = 0; c < c_n; c++) {
+                    o[c] = clamp8(avg ? 0 : -128, l->act_min, l->act_max);
+                }
+                continue;
+            }
+            const uint32_t rows = (uint32_t)(fy1 - fy0), cols = (uint32_t)(fx1 - fx0);
+            const int32_t count = (int32_t)(rows * cols);
+            const int8_t *x = in + ((uint32_t)(iy0 + fy0) * l->win + (uint32_t)(ix0 + fx0)) * c_n;
+            uint32_t c = 0;
+            for (; avg && (uint32_t)count <= LANES_MAX && c + 4u <= c_n; c += 4u) {
+                int32_t sums[4];
+                sum_quad(x + c, rows, cols, row_step, c_n, sums);
+                for (uint32_t i = 0; i < 4u; i++) {
+                    o[c + i] = clamp8(average(sums[i], count), l->act_min, l->act_max);
+                }
+            }
+            for (; c < c_n; c++) {
+                int32_t acc = avg ? 0 : -128;
+                const int8_t *row = x + c;
+                for (uint32_t r = 0; r < rows; r++, row += row_step) {
+                    for (uint32_t k = 0; k < cols; k++) {
+                        const int32_t v = row[k * c_n];
+                        acc = avg ? acc + v : (v > acc ? v : acc);
                     }
                 }
-                if (l->kind == TN_AVGPOOL && count > 0) {
-                    acc = acc > 0 ? (acc + count / 2) / count : (acc - count / 2) / count;
-                }
-                acc = acc < l->act_min ? l->act_min : acc;
-                acc = acc > l->act_max ? l->act_max : acc;
-                out[(oy * l->wout + ox) * c_n + c] = (int8_t)acc;
+                o[c] = clamp8(avg ? average(acc, count) : acc, l->act_min, l->act_max);
             }
         }
     }
@@ -49,14 +98,18 @@ void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
  * multiplier with 1/positions folded in (QuantizedMeanOrSum). */
 void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out) {
     const uint32_t positions = (uint32_t)l->hin * l->win, c_n = l->cin;
+    int32_t sums[4] = {0, 0, 0, 0};
     for (uint32_t c = 0; c < c_n; c++) {
-        int32_t sum = 0;
-        for (uint32_t p = 0; p < positions; p++) {
+        const uint32_t lane = c % 4u;
+        const int quad = c - lane + 4u <= c_n && positions <= LANES_MAX;
+        if (quad && lane == 0u) {
+            sum_quad(in + c, 1u, positions, 0u, c_n, sums);
+        }
+        int32_t sum = quad ? sums[lane] : 0;
+        for (uint32_t p = 0; !quad && p < positions; p++) {
             sum += in[p * c_n + c];
         }
-        int32_t v = mbqm(sum + l->in_offset * (int32_t)positions, l->multiplier[0], l->shift[0]) + l->out_offset;
-        v = v < -128 ? -128 : v;
-        v = v > 127 ? 127 : v;
-        out[c] = (int8_t)v;
+        out[c] = clamp8(mbqm(sum + l->in_offset * (int32_t)positions, l->multiplier[0], l->shift[0]) + l->out_offset,
+                        -128, 127);
     }
 }

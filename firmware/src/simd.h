@@ -50,6 +50,9 @@ static inline int32_t smlabb(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.l
 static inline int32_t smlatt(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.hi * b.hi */
     return __smlatt((int32_t)a, (int32_t)b, acc);
 }
+static inline int32_t smlabt(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.lo * b.hi */
+    return __smlabt((int32_t)a, (int32_t)b, acc);
+}
 #else
 static inline uint32_t sxtb16(uint32_t x) {
     return (uint32_t)(uint16_t)(int16_t)(int8_t)(uint8_t)(x & 0xFFu) |
@@ -73,6 +76,9 @@ static inline int32_t smlabb(uint32_t a, uint32_t b, int32_t acc) {
 }
 static inline int32_t smlatt(uint32_t a, uint32_t b, int32_t acc) {
     return acc + (int16_t)(a >> 16) * (int16_t)(b >> 16);
+}
+static inline int32_t smlabt(uint32_t a, uint32_t b, int32_t acc) {
+    return acc + (int16_t)(a & 0xFFFFu) * (int16_t)(b >> 16);
 }
 #endif
 

@@ -192,9 +192,43 @@ class Uneven2d(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+class Quads2d(nn.Module):
+    """The SIMD kernels' paths: a depthwise conv of multiplier 4 (one input value for four channels)
+    and a 5 x 5 one of multiplier 1, windows cut by the edges; average and max pools over four
+    channels at a time; a MEAN over more positions than an int16 lane's sum holds; a dense layer with an odd
+    output count and inputs not a multiple of four."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 8, 3, stride=(2, 1), padding=2, dilation=2, groups=2)
+        self.dw = nn.Conv2d(8, 8, 5, padding=2, groups=8)
+        self.avg = nn.AvgPool2d(3, stride=2)
+        self.max = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(8, 7)
+        self.fc2 = nn.Linear(7, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.dw(torch.relu(self.c1(x))))
+        return self.fc2(torch.relu(self.fc1(self.max(self.avg(x)).mean((2, 3)))))
+
+
+class LongMean1d(nn.Module):
+    """A MEAN over 300 positions (more than an int16 lane's sum holds) of eight channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv1d(3, 8, 3, padding=2, dilation=2)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.c1(x)).mean(2))
+
+
 @pytest.mark.parametrize(("net", "shape", "strides_seen"), [
     (StridedConv1d, (3, 64), {(1, 2)}),
     (Uneven2d, (2, 10, 12), {(1, 2), (2, 1)}),
+    (Quads2d, (2, 26, 24), {(2, 1)}),
+    (LongMean1d, (3, 300), {(1, 1)}),
 ])
 def test_unequal_strides_and_dilation_are_bit_exact_with_tflm(tmp_path: Path, net: type[nn.Module],
                                                               shape: tuple[int, ...], strides_seen: set) -> None:
