@@ -2,7 +2,7 @@
 
 Benchmarks print a table of measured figures and ratios against their goals; they are
 never part of the test pass/fail. Available: simulator, nexume, export, firmware, link, speculative,
-client-server, firmbound, distill.
+client-server, firmbound, distill, design.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ("simulator", "nexume", "export", "firmware", "link", "speculative", "client-server", "firmbound", "distill")
+BENCHMARKS = ("simulator", "nexume", "export", "firmware", "link", "speculative", "client-server", "firmbound", "distill",
+              "design")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from edge.core.errors import TrickleError
 # verb -> (tier module defining add_<verb>_arguments and run_<verb>, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "simulate": ("simulator.cli", "simulate energy-harvesting sensor nodes (SimPy, exact event-driven)"),
+    "design": ("models.design.cli", "choose capacitor, thresholds and duty cycle by Bayesian optimisation over the simulator"),
     "train": ("models.cli", "train NExUME for intermittent power, or the server's language model (trickle train lm)"),
     "export": ("export.cli", "export a checkpoint as a signed bundle (ONNX fp32/int8, ExecuTorch, TFLite; parity-checked)"),
     "flash": ("export.cli", "build a bundle as Cortex-M4 firmware and run it (host or QEMU mps2-an386)"),
