@@ -111,6 +111,11 @@ class Scenario(Config):
         if kind == "bq25570" and not with_curve and self.input.input_v is None:
             raise ConfigError("input.input_v", None, f"bq25570 with a power source ({source}) needs the voltage "
                               "it delivers at (input.input_v)")
+        if self.storage.bank_f and not self.simple_power_path:
+            raise ConfigError("storage.bank_f", self.storage.bank_f, "a capacitor bank is modelled behind converters "
+                              "(input.kind and output.kind = \"converter\")")
+        if self.storage.bank_f and self.run.engine == "fixed_step":
+            raise ConfigError("storage.bank_f", self.storage.bank_f, "the fixed-step reference has no bank; use the exact engine")
         if self.run.engine == "fixed_step" and not self.simple_power_path:
             raise ConfigError("run.engine", "fixed_step", "the fixed-step reference models converters only "
                               "(input.kind and output.kind = \"converter\"); use the exact engine")

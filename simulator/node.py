@@ -53,12 +53,13 @@ class NodeEvent(IntEnum):
     V_MAX = 7  # voltage reaches the clamp
     V_SEG = 8  # voltage crosses an edge of the power path's regions (a cell's I-V segment, cold start)
     MPPT = 9  # the charger stops to sample V_oc, or starts again
+    V_BANK = 10  # voltage reaches a bank threshold: a bank capacitor connects (rising) or is isolated (falling)
 
 
 # Looking up an enum member costs ~0.1 µs in CPython 3.11, ten times a global: the hot
 # paths below use these aliases.
 OFF, BOOT, RESTORE, RUN, CHECKPOINT, IDLE, HIBERNATE, SEQ = Mode
-END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX, V_SEG, MPPT = NodeEvent
+END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX, V_SEG, MPPT, V_BANK = NodeEvent
 
 
 @dataclass
@@ -86,7 +87,8 @@ class NodeStats:
     latency_sum_s: float = 0.0  # of completed + missed results
     v_initial_v: float = 0.0
     v_final_v: float = 0.0
-    stored_delta_j: float = 0.0
+    stored_delta_j: float = 0.0  # in the capacitor, and in a bank's isolated capacitors
+    switching_loss_j: float = 0.0  # lost to charge sharing as a bank capacitor connects
     phase_counts: dict[str, int] = field(default_factory=dict)  # completions per phase name (a packet: a tx/send)
 
 
@@ -150,6 +152,15 @@ class Node:
         self.simple = path is None
         self.c_f, self.i_a, self.g_s = s.capacitance_f, s.current_draw_a + spec.gate_quiescent_a, s.conductance_s
         self.eta_in, self.eta_out = s.input_efficiency, s.output_efficiency
+        # a reconfigurable bank: capacitors beside c_f, connected in order; the isolated ones' voltages
+        # and since when they are isolated
+        self.bank = s.bank_f
+        self.bank_on = 0
+        self.bank_v = [0.0] * len(s.bank_f)
+        self.bank_since = [0.0] * len(s.bank_f)
+        self.bank_g = s.bank_conductance_s
+        self.v_connect = s.bank_connect_v if s.bank_connect_v is not None else math.inf
+        self.v_isolate = s.bank_isolate_v if s.bank_isolate_v is not None else -math.inf
         th = spec.thresholds
         if th is None:
             th = Thresholds(s.v_on_v, s.cut_off_v(w.mcu_profile), s.v_max_v)
@@ -427,6 +438,8 @@ class Node:
             # VSTOR_CHGEN while the cold-start converter charges below): the voltage rests on the edge
             back = capacitor.direction(self.v, self.p, self.i, self.g)
             self.pinned = (back < 0) if up else (back > 0)
+        elif kind == V_BANK:
+            self._bank_switch()
         elif kind == MPPT:
             assert self.path is not None
             inp = self.path.inp
@@ -435,6 +448,42 @@ class Node:
             self._source_terms()
         if self.tracing:
             self.record(int(kind))
+
+    # ---- a reconfigurable bank --------------------------------------------------
+
+    def _isolated_v(self, j: int, t: float) -> float:
+        """Bank capacitor j's voltage at ``t``, isolated since bank_since[j]: v exp(-t / (R C))."""
+        if self.bank_g == 0.0:
+            return self.bank_v[j]
+        return self.bank_v[j] * math.exp(-(t - self.bank_since[j]) * self.bank_g / self.bank[j])
+
+    def _bank_switch(self) -> None:
+        """At bank_connect_v (rising) the next capacitor connects: the charge C v + C_j u is shared,
+        v' = (C v + C_j u) / (C + C_j), and C C_j (v - u)^2 / 2 (C + C_j) is lost; at
+        bank_isolate_v (falling) the last one connected is isolated with the bus's voltage."""
+        st = self.stats
+        if abs(self.v - self.v_connect) <= abs(self.v - self.v_isolate):
+            j = self.bank_on
+            u = self._isolated_v(j, self.t)
+            c_j = self.bank[j]
+            leaked = 0.5 * c_j * (self.bank_v[j] ** 2 - u * u)  # while isolated
+            st.leaked_j += leaked
+            loss = 0.5 * self.c_f * c_j * (self.v - u) ** 2 / (self.c_f + c_j)
+            st.switching_loss_j += loss
+            st.stored_delta_j -= loss + leaked
+            self.v = (self.c_f * self.v + c_j * u) / (self.c_f + c_j)
+            self.c_f += c_j
+            self.g_s += self.bank_g
+            self.bank_on += 1
+            if self.mode != OFF and self.v <= self.v_cut:  # a design that shares too much: the node browns out
+                self._power_fail()
+        else:
+            self.bank_on -= 1
+            j = self.bank_on
+            self.bank_v[j], self.bank_since[j] = self.v, self.t
+            self.c_f -= self.bank[j]
+            self.g_s -= self.bank_g
+        self._coeffs()
 
     def _enter(self, mode: Mode, phase: Phase | None = None, remaining_s: float | None = None) -> None:
         self.mode, self.phase = mode, phase
@@ -648,6 +697,12 @@ class Node:
 
     def finish(self) -> NodeStats:
         st = self.stats
+        for j in range(self.bank_on, len(self.bank)):  # isolated to the end
+            u = self._isolated_v(j, self.t)
+            leaked = 0.5 * self.bank[j] * (self.bank_v[j] ** 2 - u * u)
+            st.leaked_j += leaked
+            st.stored_delta_j -= leaked
+            self.bank_v[j], self.bank_since[j] = u, self.t
         st.unfinished = len(self.queue) + (self.task_release_s is not None)
         st.v_final_v = self.v
         if self.simple:  # a general path booked its losses as it went
@@ -686,11 +741,19 @@ def next_event(node: Node) -> tuple[float, NodeEvent, float, bool]:
     if f > 0.0:
         waiting = node.mode == OFF or node.mode == HIBERNATE
         v_th, ev = (node.v_on, V_ON) if waiting else (node.v_max, V_MAX)
+        if node.bank_on < len(node.bank) and v < node.v_connect < v_th:
+            v_th, ev = node.v_connect, V_BANK
         crossed = v_next >= v_th
-    elif f < 0.0 and node.mode != OFF:
-        v_th, ev = node.v_cut, V_CUT
-        if (node.mode == RUN or node.mode == SEQ) and node.jit_armed and v > node.v_jit > node.v_cut:
-            v_th, ev = node.v_jit, V_JIT
+    elif f < 0.0:
+        v_th, ev = -math.inf, END
+        if node.mode != OFF:
+            v_th, ev = node.v_cut, V_CUT
+            if (node.mode == RUN or node.mode == SEQ) and node.jit_armed and v > node.v_jit > node.v_cut:
+                v_th, ev = node.v_jit, V_JIT
+        if node.bank_on > 0 and v > node.v_isolate > v_th:
+            v_th, ev = node.v_isolate, V_BANK
+        if ev == END:
+            return t_next, kind, v_next, False
         crossed = v_next <= v_th
     else:
         return t_next, kind, v_next, False

@@ -139,7 +139,8 @@ _SUMMARY_ROWS = (
     ("packets_below_sensitivity", "packets below sensitivity", "{:.0f}"),
 )
 
-_ENERGY_ROWS = ("harvested_j", "input_loss_j", "wasted_j", "leaked_j", "load_j", "output_loss_j", "stored_delta_j")
+_ENERGY_ROWS = ("harvested_j", "input_loss_j", "wasted_j", "leaked_j", "load_j", "output_loss_j", "stored_delta_j",
+                "switching_loss_j")
 
 
 def _fmt(value: float | int | None, style: str) -> str:

@@ -50,8 +50,22 @@ class StorageConfig(Config):
     """MPPT/boost converter efficiency, harvester → capacitor."""
     output_efficiency: float = Field(0.9, gt=0, le=1)
     """Buck/LDO efficiency, capacitor → load."""
+    bank_f: tuple[float, ...] = ()
+    """Reconfigurable storage (Capybara, ASPLOS 2018; REACT, 2024): capacitors switched onto the
+    bus beside capacitance_f, in this order. In surplus each connects when the bus rises to
+    bank_connect_v (charge sharing with what it holds; the loss is booked as switching_loss_j); as
+    the input falls the last one connected is isolated at bank_isolate_v and keeps its charge
+    (leaking through bank_leakage_r_ohm) until the bus rises again: a small buffer's quick start
+    with a large one's capacity. No series reconfiguration is modelled. () : a fixed capacitor."""
+    bank_connect_v: float | None = Field(None, gt=0, le=50)
+    """Bus voltage (rising) at which the next bank capacitor connects; below v_max_v."""
+    bank_isolate_v: float | None = Field(None, gt=0, le=50)
+    """Bus voltage (falling) at which the last connected bank capacitor is isolated."""
+    bank_leakage_r_ohm: float | None = Field(None, gt=0)
+    """Each bank capacitor's own leakage resistance (connected: in parallel with the bus; isolated:
+    it discharges on its own); "none" or unset: none."""
 
-    @field_validator("leakage_r_ohm", mode="before")
+    @field_validator("leakage_r_ohm", "bank_leakage_r_ohm", mode="before")
     @classmethod
     def _none_written(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() == "none":
@@ -68,7 +82,22 @@ class StorageConfig(Config):
             )
         if self.v_initial_v > self.v_max_v:
             raise ConfigError("storage.v_initial_v", self.v_initial_v, f"must be <= v_max_v ({self.v_max_v})")
+        if self.bank_f:
+            if any(not 0 < c <= 100 for c in self.bank_f):
+                raise ConfigError("storage.bank_f", self.bank_f, "each capacitance must be > 0 and <= 100 F")
+            on, off = self.bank_connect_v, self.bank_isolate_v
+            if on is None or off is None or not self.v_off_v <= off < on < self.v_max_v:
+                raise ConfigError("storage.bank_connect_v", on, f"a bank needs v_off_v ({self.v_off_v}) <= bank_isolate_v "
+                                  f"({off}) < bank_connect_v < v_max_v ({self.v_max_v})")
+            if self.v_initial_v >= on:
+                raise ConfigError("storage.v_initial_v", self.v_initial_v, f"must be below bank_connect_v ({on}): "
+                                  "the bank's capacitors start isolated and empty")
         return self
+
+    @property
+    def bank_conductance_s(self) -> float:
+        """Each bank capacitor's own leakage conductance."""
+        return 0.0 if self.bank_leakage_r_ohm is None else 1.0 / self.bank_leakage_r_ohm
 
     @property
     def conductance_s(self) -> float:
