@@ -26,6 +26,9 @@ class ConfigError(TrickleError):
         self.field, self.value, self.allowed = field, value, allowed
         super().__init__(f"{field} = {value!r}: {allowed}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, object, str]]:  # raised in a worker process, it arrives whole
+        return ConfigError, (self.field, self.value, self.allowed)
+
 
 class DataError(TrickleError):
     """An input or data file is missing or malformed (a trace, a data set, a raw example)."""

@@ -52,11 +52,12 @@ def test_isolated_capacitor_keeps_its_charge_minus_its_leakage_until_it_reconnec
                   workload={"sense_period_s": 2.0})
     node = simulate(sc).nodes[0]
     assert node.trace is not None
-    bank = [(t, v) for t, v, e in zip(node.trace["time_s"], node.trace["voltage_v"], node.trace["event"]) if e == NodeEvent.V_BANK]
+    trace = node.trace
+    bank = [(t, v) for t, v, e in zip(trace["time_s"], trace["voltage_v"], trace["event"]) if e == NodeEvent.V_BANK]
     assert len(bank) >= 3 and len(bank) % 2 == 0, bank  # it connects, is isolated, connects again, ...
     expected_loss, u = 0.0, 0.0  # C1 starts empty
     for k in range(0, len(bank), 2):
-        (t_c, v_after), (t_iso, v_iso) = bank[k], bank[k + 1]
+        (_, v_after), (t_iso, v_iso) = bank[k], bank[k + 1]
         # the trace shows the voltage after the switch: the shared charge, from V_CONNECT and C1's u
         assert v_after == pytest.approx((C0 * V_CONNECT + C1 * u) / (C0 + C1), rel=1e-12)
         expected_loss += 0.5 * C0 * C1 * (V_CONNECT - u) ** 2 / (C0 + C1)
