@@ -75,7 +75,7 @@ def _closed_form_scenario(harvest_w: float, c_f: float, r_ohm: float | None, i_a
 def _mode_times(sc: Scenario, mode: Mode) -> list[float]:
     trace = simulate(sc).nodes[0].trace
     assert trace is not None
-    return [t for t, m in zip(trace["time_s"], trace["mode"]) if m == mode]
+    return [float(t) for t, m in zip(trace["time_s"], trace["mode"]) if m == mode]
 
 
 def _charge_time(c: float, p: float, g: float, i: float, v0: float, v1: float) -> float:

@@ -53,10 +53,11 @@ class McuProfile:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("name", "source", "sleep_a") and not value > 0:
+            if f.name not in ("name", "source", "sleep_a", "boot_s") and not value > 0:
                 raise ConfigError(f"{self.name}.{f.name}", value, "must be > 0")
-        if self.sleep_a < 0:
-            raise ConfigError(f"{self.name}.sleep_a", self.sleep_a, "must be >= 0")
+        for name in ("sleep_a", "boot_s"):  # a firmware may start at once
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{self.name}.{name}", getattr(self, name), "must be >= 0")
 
     def active_power_w(self) -> float:
         return self.active_a_per_hz * self.clock_hz * self.vdd_v

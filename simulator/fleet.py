@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import simpy
@@ -225,9 +226,10 @@ def run_shard(shared: _Shared, node_ids: range) -> list[NodeResult]:
 
 
 def _result(node: Node) -> NodeResult:
-    trace: dict[str, list[float] | list[int]] | None = None
+    trace: dict[str, list[Any]] | None = None
     if node.spec.record_trace:
-        trace = {"time_s": node.trace_t, "voltage_v": node.trace_v, "mode": node.trace_mode, "event": node.trace_event}
+        trace = {"time_s": node.trace_t, "voltage_v": node.trace_v, "mode": node.trace_mode, "event": node.trace_event,
+                 "phase": node.trace_phase, "ended": node.trace_ended}
     packets = np.asarray(node.packets, dtype=np.float64).reshape(-1, 3)
     task_log = np.asarray(node.task_log, dtype=np.int64).reshape(-1, 3)
     done_s = np.asarray(node.task_done_s, dtype=np.float64)

@@ -54,12 +54,13 @@ class NodeEvent(IntEnum):
     V_SEG = 8  # voltage crosses an edge of the power path's regions (a cell's I-V segment, cold start)
     MPPT = 9  # the charger stops to sample V_oc, or starts again
     V_BANK = 10  # voltage reaches a bank threshold: a bank capacitor connects (rising) or is isolated (falling)
+    PERIODIC = 11  # a JitLoad's periodic checkpoint is due
 
 
 # Looking up an enum member costs ~0.1 µs in CPython 3.11, ten times a global: the hot
 # paths below use these aliases.
 OFF, BOOT, RESTORE, RUN, CHECKPOINT, IDLE, HIBERNATE, SEQ = Mode
-END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX, V_SEG, MPPT, V_BANK = NodeEvent
+END, HARVEST, PHASE, SENSE, V_ON, V_CUT, V_JIT, V_MAX, V_SEG, MPPT, V_BANK, PERIODIC = NodeEvent
 
 
 @dataclass
@@ -176,6 +177,12 @@ class Node:
         self.restore_jit: Phase | None = None
         if spec.jit_phases is not None:
             self.ckpt, self.restore_jit = spec.jit_phases
+        jit = w.jit_load
+        self.ckpt_period_s = math.inf if jit is None or jit.checkpoint_period_s is None else jit.checkpoint_period_s
+        self.restore_every_boot = jit is not None and jit.restore_on_boot
+        self.next_ckpt_s = math.inf  # the next periodic checkpoint (armed while a phase runs)
+        self.periodic = False  # the checkpoint in progress is a periodic one: run on after it
+        self.boot_restoring = False  # the restore in progress is restore_on_boot's
         # the program's boot sequence: position, durable completions, a jit checkpoint of it
         self.seq, self.loop_at = spec.boot_seq, spec.loop_at
         self.seq_i = -1
@@ -227,6 +234,9 @@ class Node:
         self.trace_v: list[float] = []
         self.trace_mode: list[int] = []
         self.trace_event: list[int] = []  # what happened at each row (-1: the start)
+        self.trace_phase: list[str] = []  # the phase running after each row ("" when none)
+        self.trace_ended: list[str] = []  # at a phase row, the phase that finished
+        self.ended = ""  # the phase the event being handled finished
         self.tracing = spec.record_trace
         if path is not None:
             if path.source in ("bq_curve", "bq_power") and path.inp.mppt_sample_s > 0:
@@ -326,6 +336,8 @@ class Node:
             best, kind = self.t + self.remaining_s, PHASE
         if self.next_mppt_s < best:
             best, kind = self.next_mppt_s, MPPT
+        if self.next_ckpt_s < best:
+            best, kind = self.next_ckpt_s, PERIODIC
         return best, kind
 
     # ---- accounting --------------------------------------------------------------
@@ -403,6 +415,9 @@ class Node:
             self.trace_v.append(self.v)
             self.trace_mode.append(int(self.mode))
             self.trace_event.append(event)
+            phase = self.phase
+            self.trace_phase.append("" if phase is None else (phase.name or phase.kind))
+            self.trace_ended.append(self.ended if event == PHASE else "")
 
     # ---- transitions -------------------------------------------------------------
 
@@ -420,6 +435,8 @@ class Node:
         elif kind == SENSE:
             self._sense()
         elif kind == PHASE:
+            done = self.phase
+            self.ended = "" if done is None else (done.name or done.kind)
             self._phase_done()
         elif kind == V_ON:
             self._resume() if self.mode == HIBERNATE else self._power_on()
@@ -440,14 +457,42 @@ class Node:
             self.pinned = (back < 0) if up else (back > 0)
         elif kind == V_BANK:
             self._bank_switch()
+        elif kind == PERIODIC:
+            self._periodic_checkpoint()
         elif kind == MPPT:
             assert self.path is not None
             inp = self.path.inp
             self.sampling = not self.sampling
             self.next_mppt_s += inp.mppt_sample_s if self.sampling else inp.mppt_period_s - inp.mppt_sample_s
             self._source_terms()
+        self._jit_due()
         if self.tracing:
             self.record(int(kind))
+
+    def _jit_due(self) -> None:
+        """Already below the JIT threshold as a phase runs (after a long boot, or a harvest that
+        stepped down), the voltage falling: the comparator's level is past its trip point, so the
+        checkpoint is taken at once."""
+        if (self.jit_armed and self.mode in (RUN, SEQ) and self.v_cut < self.v_jit and self.v <= self.v_jit
+                and self._falling()):
+            self.jit_armed = False
+            if self.mode == SEQ:
+                self.seq_saving = (self.seq_i, self.remaining_s)
+            self._enter(CHECKPOINT, self.ckpt)
+
+    def _periodic_checkpoint(self) -> None:
+        """A JitLoad's periodic checkpoint: save and run on (one due while no phase runs waits)."""
+        self.next_ckpt_s = math.inf
+        if self.mode in (RUN, SEQ):
+            if self.mode == SEQ:
+                self.seq_saving = (self.seq_i, self.remaining_s)
+            self.periodic = True
+            self._enter(CHECKPOINT, self.ckpt)
+
+    def _falling(self) -> bool:
+        if self.simple:
+            return self.p - self.i_a * self.v - self.g_s * self.v * self.v < 0.0
+        return capacitor.direction(self.v, self.p, self.i, self.g) < 0
 
     # ---- a reconfigurable bank --------------------------------------------------
 
@@ -487,6 +532,8 @@ class Node:
 
     def _enter(self, mode: Mode, phase: Phase | None = None, remaining_s: float | None = None) -> None:
         self.mode, self.phase = mode, phase
+        if mode in (RUN, SEQ) and self.next_ckpt_s == math.inf and self.ckpt_period_s != math.inf:
+            self.next_ckpt_s = self.t + self.ckpt_period_s
         self.remaining_s = math.inf if phase is None else (phase.duration_s if remaining_s is None else remaining_s)
         if phase is not None:
             self.load_w = phase.power_w
@@ -533,6 +580,7 @@ class Node:
         if self.task_release_s is not None:
             self._roll_back()
         self.jit_armed = True
+        self.next_ckpt_s, self.periodic, self.boot_restoring = math.inf, False, False
         self._enter(OFF)
 
     def _roll_back(self) -> None:
@@ -553,16 +601,24 @@ class Node:
         if mode == SEQ:
             self._seq_next()
         elif mode == BOOT:
-            if self.seq_ckpt is not None:  # a checkpoint of the boot sequence: restore it, don't start over
+            if self.restore_every_boot and self.restore_jit is not None:  # the firmware always reads its state back
+                self.boot_restoring = True
+                self._enter(RESTORE, self.restore_jit)
+            elif self.seq_ckpt is not None:  # a checkpoint of the boot sequence: restore it, don't start over
                 self._enter(RESTORE, self.restore_jit or restore_phase(self.spec.work, self.ckpt.restore_bytes))
             elif self.seq:
                 self._seq_enter(self._seq_skip(0))
             else:
                 self._after_boot()
         elif mode == RESTORE:
-            if self.seq_ckpt is not None:
+            if self.boot_restoring and self.seq_ckpt is None and self.seq:
+                self.boot_restoring = False
+                self._seq_enter(self._seq_skip(0))
+            elif self.seq_ckpt is not None:
+                self.boot_restoring = False
                 self._seq_resume()
             else:
+                self.boot_restoring = False
                 self._continue()
         elif mode == CHECKPOINT:
             self.stats.checkpoints += 1
@@ -571,6 +627,13 @@ class Node:
             else:
                 self.durable = _Progress(self.pos.phase, self.pos.elapsed_s)
                 self.restore_bytes = self.ckpt.restore_bytes
+            if self.periodic:  # saved: run on where it was (the checkpoint stays in NVM)
+                self.periodic = False
+                if self.seq_ckpt is not None and self.seq_i >= 0:
+                    self._seq_enter(*self.seq_ckpt)
+                else:
+                    self._continue()
+                return
             self._enter(HIBERNATE)
         else:
             self._next_phase()

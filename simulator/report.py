@@ -43,10 +43,18 @@ def result_dict(result: SimulationResult) -> dict[str, Any]:
         # a current source's trace is its current (A); every other source's, its power at MPP (W)
         ("harvest_mean_current_a" if result.scenario.harvester.kind == "current" else "harvest_mean_power_w"):
             result.harvest.mean_power_w(),
+        # what the nodes took in: below the MPP power when the cell is not held at its MPP (a direct coupling)
+        "harvested_mean_power_w": harvested_mean_power_w(result),
         "summary": result.summary,
         "nodes": nodes,
     }
     return _finite(doc)
+
+
+def harvested_mean_power_w(result: SimulationResult) -> float:
+    """Mean power the transducers delivered to the nodes (harvested_j over nodes and time), per node."""
+    s = result.summary
+    return float(s["harvested_j"]) / (len(result.nodes) * result.scenario.run.duration_s)
 
 
 def cycles_csv(result: SimulationResult) -> str:
@@ -67,12 +75,15 @@ def trace_csv(trace: dict[str, Any]) -> str:
     """A recorded node's event log: at every event, what happened, the voltage and the mode entered
     (which holds until the next row). Events: start, harvest (the source steps), phase (one ends),
     sense, v_on, v_cut (power failure), v_jit, v_max (clamp reached), v_seg (a region edge of the
-    power path), mppt (the charger stops to sample V_oc, or resumes)."""
-    rows = ["time_s,event,voltage_v,mode"]
+    power path), mppt (the charger stops to sample V_oc, or resumes), v_bank (a bank capacitor
+    connects or is isolated). ``phase``: the phase running after the row (empty when none);
+    ``ended``: on a phase row, the phase that finished (a program phase's name, else its kind)."""
+    rows = ["time_s,event,voltage_v,mode,phase,ended"]
     modes = {int(m): m.name.lower() for m in Mode}
     events = {-1: "start", **{int(e): e.name.lower() for e in NodeEvent}}
-    for t, e, v, m in zip(trace["time_s"], trace["event"], trace["voltage_v"], trace["mode"]):
-        rows.append(f"{float(t)!r},{events[int(e)]},{float(v)!r},{modes[int(m)]}")
+    for t, e, v, m, ph, end in zip(trace["time_s"], trace["event"], trace["voltage_v"], trace["mode"], trace["phase"],
+                                   trace["ended"]):
+        rows.append(f"{float(t)!r},{events[int(e)]},{float(v)!r},{modes[int(m)]},{ph},{end}")
     return "\n".join(rows) + "\n"
 
 
@@ -113,7 +124,7 @@ def write_outputs(result: SimulationResult, out_dir: str | Path, plots: bool = T
 
 _SUMMARY_ROWS = (
     ("nodes", "nodes", "{:.0f}"),
-    ("duration_s", "simulated time per node (h)", "h"),
+    ("duration_s", "simulated time per node", "duration"),
     ("availability", "availability (on-time fraction)", "{:.3f}"),
     ("power_cycles", "power failures", "{:.0f}"),
     ("on_period_mean_s", "on-period, mean (s; boot to power failure)", "{:.4g}"),
@@ -143,11 +154,18 @@ _ENERGY_ROWS = ("harvested_j", "input_loss_j", "wasted_j", "leaked_j", "load_j",
                 "switching_loss_j")
 
 
+def _power(w: float) -> str:
+    return f"{w * 1e3:.4g} mW" if w >= 1e-3 else f"{w * 1e6:.4g} uW"
+
+
 def _fmt(value: float | int | None, style: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
     if style == "h":
         return f"{value / 3600:.2f}"
+    if style == "duration":  # in the unit a reader of this run's length wants
+        scale, label = _time_unit(float(value))
+        return f"{value / scale:.4g} {label.removeprefix('time (').rstrip(')')}"
     if style == "mJ":
         return f"{value * 1e3:.3f}"
     return style.format(value)
@@ -157,7 +175,9 @@ def markdown(result: SimulationResult, images: list[Path]) -> str:
     sc, s = result.scenario, result.summary
     th = sc.thresholds
     mean = result.harvest.mean_power_w()
-    source = f"mean {mean * 1e3:.3f} mA" if sc.harvester.kind == "current" else f"mean {mean * 1e3:.3f} mW at MPP"
+    taken = harvested_mean_power_w(result)
+    source = (f"mean {mean * 1e3:.3f} mA" if sc.harvester.kind == "current" else f"mean {mean * 1e3:.3f} mW at MPP")
+    source += f"; the nodes harvested {_power(taken)} each on average"
     task = (f"program `{' → '.join(p.name for p in sc.workload.program)}`" if sc.workload.program
             else f"policy `{sc.workload.policy}`")
     completions = [(k.removeprefix("phase_").removesuffix("_completed"), s[k]) for k in s if k.startswith("phase_")]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ class NodeResult:
     harvest_scale: float
     stats: NodeStats
     packets: np.ndarray  # (n, 3): start_s, airtime_s, deadline_s
-    trace: dict[str, list[float] | list[int]] | None = None
+    trace: dict[str, list[Any]] | None = None
     task_log: np.ndarray | None = None  # (k, 3) int: sensing event, variant, within deadline
     task_done_s: np.ndarray | None = None  # (k,) when each logged task finished
     task_latency_s: np.ndarray | None = None  # (k,) finish - sensing event

@@ -103,8 +103,8 @@ class McuParams(Config):
     sleep_a: float | None = Field(None, ge=0, le=1)
     """Retention sleep current (A)."""
     brown_out_v: float | None = Field(None, gt=0, le=50)
-    boot_s: float | None = Field(None, gt=0, le=60)
-    """Power-up to main (s), at full active power."""
+    boot_s: float | None = Field(None, ge=0, le=60)
+    """Power-up to main (s), at full active power; 0: firmware that starts at once."""
     cycles_per_mac: float | None = Field(None, gt=0, le=1e6)
     nvm_write_j_per_byte: float | None = Field(None, gt=0, le=1)
     nvm_read_j_per_byte: float | None = Field(None, gt=0, le=1)
@@ -167,6 +167,13 @@ class JitLoad(Config):
     restore_a: float = Field(ge=0, le=10)
     hold_a: float | None = Field(None, ge=0, le=10)
     """Current while holding after a checkpoint (default: the MCU's sleep current)."""
+    checkpoint_period_s: float | None = Field(None, gt=0, le=86400)
+    """Also checkpoint every this many seconds while a phase runs, and run on (firmware that saves
+    periodically as well as at the threshold, ENGAGE-style); a checkpoint due while the node
+    sleeps waits for the next phase. None: at the threshold only."""
+    restore_on_boot: bool = False
+    """Run the restore after every boot, whether or not a checkpoint is due (firmware that always
+    reads its state back at power-up)."""
 
 
 class WorkloadConfig(Config):

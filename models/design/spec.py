@@ -100,6 +100,8 @@ class Parameter(Config):
 
 
 class Objective(Config):
+    """A metric to maximise or minimise."""
+
     metric: str
     """A summary metric of the simulation (completed, packets_delivered, wasted_j, accuracy_within_deadline, ...)
     or a design metric (capacitor_volume_mm3, capacitor_cost_usd, capacitance_f)."""
@@ -107,6 +109,8 @@ class Objective(Config):
 
 
 class Constraint(Config):
+    """A bound a design's metric must keep (reduced over cases and seeds as the objectives are)."""
+
     metric: str
     min: float | None = None
     max: float | None = None
