@@ -133,3 +133,15 @@ def test_the_catalogue_is_ordered_by_capacitance_and_sets_the_leakage() -> None:
     assert chosen["storage.capacitance_f"] == parts[0].capacitance_f
     assert chosen["storage.leakage_r_ohm"] == parts[0].leakage_r_ohm
     assert spec.design_metrics({"storage.capacitance_f": 0})["capacitor_volume_mm3"] == parts[0].volume_mm3
+
+
+@pytest.mark.slow
+def test_designs_simulated_as_ray_tasks_give_the_local_study(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from models.design.report import summary
+
+    local = summary(_spec(), run_study(_spec(), tmp_path, tmp_path / "a", workers=2), None)
+    on_ray = summary(_spec(), run_study(_spec(), tmp_path, tmp_path / "b", workers=2, cluster="ray"), None)
+    assert on_ray == local
+    with pytest.raises(ConfigError, match="ray or ray:ADDRESS"):
+        run_study(_spec(), tmp_path, tmp_path / "c", workers=2, cluster="dask")
