@@ -444,9 +444,7 @@ class Node:
             self._power_fail()
         elif kind == V_JIT:
             self.jit_armed = False
-            if self.mode == SEQ:
-                self.seq_saving = (self.seq_i, self.remaining_s)
-            self._enter(CHECKPOINT, self.ckpt)
+            self._checkpoint()
         elif kind == V_SEG:
             up = self.region < len(self.edges) and self.v >= self.edges[self.region]
             self.region += 1 if up else -1
@@ -473,21 +471,24 @@ class Node:
         """Already below the JIT threshold as a phase runs (after a long boot, or a harvest that
         stepped down), the voltage falling: the comparator's level is past its trip point, so the
         checkpoint is taken at once."""
-        if (self.jit_armed and self.mode in (RUN, SEQ) and self.v_cut < self.v_jit and self.v <= self.v_jit
+        # cheapest test first: every event passes here, and without JIT v_jit is -1
+        if (self.v <= self.v_jit and self.v_cut < self.v_jit and self.jit_armed and self.mode in (RUN, SEQ)
                 and self._falling()):
             self.jit_armed = False
-            if self.mode == SEQ:
-                self.seq_saving = (self.seq_i, self.remaining_s)
-            self._enter(CHECKPOINT, self.ckpt)
+            self._checkpoint()
 
     def _periodic_checkpoint(self) -> None:
         """A JitLoad's periodic checkpoint: save and run on (one due while no phase runs waits)."""
         self.next_ckpt_s = math.inf
         if self.mode in (RUN, SEQ):
-            if self.mode == SEQ:
-                self.seq_saving = (self.seq_i, self.remaining_s)
             self.periodic = True
-            self._enter(CHECKPOINT, self.ckpt)
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Save the running phase: the boot sequence's position, or the task's progress (at the end)."""
+        if self.mode == SEQ:
+            self.seq_saving = (self.seq_i, self.remaining_s)
+        self._enter(CHECKPOINT, self.ckpt)
 
     def _falling(self) -> bool:
         if self.simple:
@@ -496,11 +497,16 @@ class Node:
 
     # ---- a reconfigurable bank --------------------------------------------------
 
-    def _isolated_v(self, j: int, t: float) -> float:
-        """Bank capacitor j's voltage at ``t``, isolated since bank_since[j]: v exp(-t / (R C))."""
-        if self.bank_g == 0.0:
-            return self.bank_v[j]
-        return self.bank_v[j] * math.exp(-(t - self.bank_since[j]) * self.bank_g / self.bank[j])
+    def _decay_isolated(self, j: int) -> float:
+        """Bank capacitor j's voltage now, isolated since bank_since[j] (u exp(-t / R C)); what it
+        leaked meanwhile is booked (it leaves the stored energy)."""
+        u0 = self.bank_v[j]
+        u = u0 if self.bank_g == 0.0 else u0 * math.exp(-(self.t - self.bank_since[j]) * self.bank_g / self.bank[j])
+        leaked = 0.5 * self.bank[j] * (u0 * u0 - u * u)
+        self.stats.leaked_j += leaked
+        self.stats.stored_delta_j -= leaked
+        self.bank_v[j], self.bank_since[j] = u, self.t
+        return u
 
     def _bank_switch(self) -> None:
         """At bank_connect_v (rising) the next capacitor connects: the charge C v + C_j u is shared,
@@ -509,13 +515,11 @@ class Node:
         st = self.stats
         if abs(self.v - self.v_connect) <= abs(self.v - self.v_isolate):
             j = self.bank_on
-            u = self._isolated_v(j, self.t)
+            u = self._decay_isolated(j)
             c_j = self.bank[j]
-            leaked = 0.5 * c_j * (self.bank_v[j] ** 2 - u * u)  # while isolated
-            st.leaked_j += leaked
             loss = 0.5 * self.c_f * c_j * (self.v - u) ** 2 / (self.c_f + c_j)
             st.switching_loss_j += loss
-            st.stored_delta_j -= loss + leaked
+            st.stored_delta_j -= loss
             self.v = (self.c_f * self.v + c_j * u) / (self.c_f + c_j)
             self.c_f += c_j
             self.g_s += self.bank_g
@@ -611,14 +615,12 @@ class Node:
             else:
                 self._after_boot()
         elif mode == RESTORE:
-            if self.boot_restoring and self.seq_ckpt is None and self.seq:
-                self.boot_restoring = False
-                self._seq_enter(self._seq_skip(0))
-            elif self.seq_ckpt is not None:
-                self.boot_restoring = False
+            at_boot, self.boot_restoring = self.boot_restoring, False
+            if self.seq_ckpt is not None:
                 self._seq_resume()
+            elif at_boot and self.seq:  # restore_on_boot with nothing saved: the sequence starts over
+                self._seq_enter(self._seq_skip(0))
             else:
-                self.boot_restoring = False
                 self._continue()
         elif mode == CHECKPOINT:
             self.stats.checkpoints += 1
@@ -761,11 +763,7 @@ class Node:
     def finish(self) -> NodeStats:
         st = self.stats
         for j in range(self.bank_on, len(self.bank)):  # isolated to the end
-            u = self._isolated_v(j, self.t)
-            leaked = 0.5 * self.bank[j] * (self.bank_v[j] ** 2 - u * u)
-            st.leaked_j += leaked
-            st.stored_delta_j -= leaked
-            self.bank_v[j], self.bank_since[j] = u, self.t
+            self._decay_isolated(j)
         st.unfinished = len(self.queue) + (self.task_release_s is not None)
         st.v_final_v = self.v
         if self.simple:  # a general path booked its losses as it went

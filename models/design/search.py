@@ -30,7 +30,7 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
-from edge.core.errors import ConfigError, TrickleError
+from edge.core.errors import ConfigError
 from models.design.spec import DESIGN_METRICS, Case, DesignSpec, scenario_data
 
 STUDY_FILE = "study.log"
@@ -295,6 +295,3 @@ def best_so_far(spec: DesignSpec, trials: list[Any]) -> list[float]:
         out.append(sign * best if best != -math.inf else math.nan)
     return out
 
-
-class DesignError(TrickleError):
-    """A study that found no design meeting its constraints."""

@@ -86,18 +86,6 @@ class Parameter(Config):
             return sorted(load_parts(self.parts), key=lambda p: p.capacitance_f)
         return None
 
-    def grid(self) -> list[Any]:
-        """Every value of this parameter on its grid (a list, or a range with a step); a continuous
-        range has none."""
-        if self.choices is not None:
-            return list(range(len(self.choices)))
-        if self.step is None and not self.integer:
-            raise ConfigError(f"parameter {self.field}", None, "a continuous range has no grid: give step or values")
-        assert self.low is not None and self.high is not None
-        step = self.step or 1.0
-        n = math.floor((self.high - self.low) / step + 1e-9) + 1
-        return [round(self.low + k * step, 12) for k in range(n)]
-
 
 class Objective(Config):
     """A metric to maximise or minimise."""
@@ -202,12 +190,6 @@ class DesignSpec(Config):
                         "capacitance_f": part.capacitance_f}
         c = self.overrides(chosen).get("storage.capacitance_f", math.nan)
         return {"capacitor_volume_mm3": math.nan, "capacitor_cost_usd": math.nan, "capacitance_f": float(c)}
-
-    def part_name(self, chosen: dict[str, Any]) -> str | None:
-        for p in self.parameter:
-            if p.parts is not None and p.choices is not None:
-                return str(p.choices[int(chosen[p.field])].name)
-        return None
 
 
 def load_parts(parts: str | list[Part]) -> list[Part]:
