@@ -4,7 +4,8 @@ weights, min/max calibrated); no TensorFlow.
 
 The benchmark's three, the layouts TinyML users bring: a 1-D conv net with stride 2 (what
 litert-torch writes as strides 1 x 2), a 2-D net of strided conv, depthwise conv and average
-pool, and a dilated 1-D conv net.
+pool, and a dilated 1-D conv net; beside them, a graph that branches (a residual ADD and a
+CONCATENATION).
 """
 
 from __future__ import annotations
@@ -63,6 +64,23 @@ class Dilated1d(nn.Module):
         return self.fc(x.mean(2))
 
 
+class ResidualConcat2d(nn.Module):
+    """A graph that branches: a residual block (conv, conv, the ADD of both outputs), then the
+    concatenation along channels of the sum and a 1x1 conv of it, a mean, a dense layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 6, 3, padding=1)
+        self.c2 = nn.Conv2d(6, 6, 3, padding=1)
+        self.c3 = nn.Conv2d(6, 4, 1)
+        self.fc = nn.Linear(10, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.c1(x))
+        y = torch.relu(self.c2(x)) + x
+        return self.fc(torch.cat([y, torch.relu(self.c3(y))], dim=1).mean((2, 3)))
+
+
 BENCH_MODELS = {  # name: (module, input shape)
     "conv1d_stride2": (Conv1dStride2, (3, 128)),
     "conv2d_strided_depthwise_avgpool": (StridedDepthwise2d, (1, 16, 16)),
@@ -95,3 +113,5 @@ def int8_tflite(net: nn.Module, shape: tuple[int, ...], path: Path, per_tensor_f
         calibration = qt.calibrate({key: [{name: x[i : i + 1]} for i in range(len(x))]}, num_threads=1)
         path.write_bytes(qt.quantize(calibration, enable_progress_report=False).quantized_model)
     return x
+# measured beside them, not in tflite_instructions_per_mac_max (whose three models the issue names)
+BRANCHING_MODELS = {"residual_concat2d": (ResidualConcat2d, (2, 8, 8))}

@@ -19,6 +19,8 @@ from edge.contract.bundle import Bundle
 from edge.contract.manifest import Variant
 from edge.contract.vectors import TestVectors
 from export.intmodel import (
+    AddLayer,
+    ConcatLayer,
     ConvLayer,
     DenseLayer,
     DepthwiseLayer,
@@ -103,9 +105,11 @@ def conv_rows(weight: np.ndarray) -> np.ndarray:
 def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,
           stride: int = 0, pad: int = 0, pad_h: int = 0, in_offset: int = 0, out_offset: int = 0, act_min: int = 0,
           act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0"),
-          geometry: tuple[int, int, int] = (0, 0, 0)) -> tuple[str, str]:
-    """(arrays, a tn_layer initializer); refs: the weight, bias, multiplier and shift arrays' names;
-    geometry: the row stride and the dilations (``_geometry``), 0 where they are the defaults."""
+          geometry: tuple[int, int, int] = (0, 0, 0), in2_offset: int = 0) -> tuple[str, str]:
+    """(arrays, a tn_layer initializer but its buffers, ``routed`` adds them); refs: the weight, bias,
+    multiplier and shift arrays' names; geometry: the row stride and the dilations (``_geometry``), 0
+    where they are the defaults; in2_offset: an ADD's second input offset, a concatenation's first
+    channel."""
     stride_h, dil_h, dil_w = geometry
     for name, value, top in (("channels in", cin, 0xFFFF), ("rows in", hin, 0xFFFF), ("columns in", win, 0xFFFF),
                              ("channels out", cout, 0xFFFF), ("rows out", hout, 0xFFFF), ("columns out", wout, 0xFFFF),
@@ -114,9 +118,18 @@ def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: i
                              ("row dilation", dil_h, 0xFF), ("column dilation", dil_w, 0xFF)):
         if not 0 <= value <= top:
             raise IntModelError(f"a {kind} layer with {value} {name}: the firmware's descriptor holds 0 to {top}")
-    tail = f", {stride_h}, {dil_h}, {dil_w}"
+    tail = f", {stride_h}, {dil_h}, {dil_w}, {in2_offset}"
     return arrays, (f"{{{kind}, {cin}, {hin}, {win}, {cout}, {hout}, {wout}, {kh}, {kw}, {stride}, {pad}, {pad_h}, "
-                    f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}{tail}}}")
+                    f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}{tail}")
+
+
+def routed(init: str, route: tuple[int, int, int] | None) -> str:
+    """A layer initializer closed with the buffers it reads and writes (+ 1; 0, 0, 0: the chain's)."""
+    src, src2, dst = (b + 1 for b in route) if route is not None else (0, 0, 0)
+    for name, value in (("input buffer", src), ("second input buffer", src2), ("output buffer", dst)):
+        if not 0 <= value <= 0xFF:
+            raise IntModelError(f"a layer with {name} {value - 1}: the firmware's descriptor holds 0 to 254")
+    return f"{init}, {src}, {src2}, {dst}}}"
 
 
 def _geometry(layer: ConvLayer | DepthwiseLayer | WindowPoolLayer) -> tuple[int, int, int]:
@@ -184,6 +197,18 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
         return _init("TN_LUT", len(layer.table), h, w, c, h, w, arrays=_array("int8_t", f"{prefix}_w", layer.table),
                      refs=(f"{prefix}_w", "0", "0", "0"))
+    if isinstance(layer, AddLayer):
+        c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
+        if not all(0 < m < 2**31 for m in layer.multiplier) or not all(0 <= sh < 32 for sh in layer.shift):
+            raise IntModelError(f"{prefix}: an ADD's multipliers must be positive Q31 values, its shifts right ones")
+        arrays = (_array("int32_t", f"{prefix}_m", np.array(layer.multiplier))
+                  + _array("int32_t", f"{prefix}_s", np.array(layer.shift)))
+        return _init("TN_ADD", c, h, w, c, h, w, in_offset=layer.input_offset, out_offset=layer.output_offset,
+                     act_min=layer.act_min, act_max=layer.act_max, arrays=arrays,
+                     refs=("0", "0", f"{prefix}_m", f"{prefix}_s"), in2_offset=layer.input2_offset)
+    if isinstance(layer, ConcatLayer):
+        h, w = layer.positions
+        return _init("TN_CONCAT", layer.channels, h, w, layer.out_channels, h, w, in2_offset=layer.offset)
     if isinstance(layer, PoolLayer):
         c = layer.in_shape[0]
         return _init("TN_POOL", c, *_hw(layer.in_shape), c, 1, 1, in_offset=layer.input_offset)
@@ -203,8 +228,10 @@ def _activation_bytes(layer: Any) -> int:
         return max(int(np.prod(layer.in_shape)), layer.in_shape[0])
     if isinstance(layer, (ConvLayer, DepthwiseLayer, WindowPoolLayer)):
         return max(int(np.prod(layer.in_shape)), int(np.prod(layer.out_shape)))
-    if isinstance(layer, LutLayer):
+    if isinstance(layer, (LutLayer, AddLayer)):
         return int(np.prod(layer.shape))
+    if isinstance(layer, ConcatLayer):
+        return layer.out_channels * layer.positions[0] * layer.positions[1]
     return 0
 
 
@@ -275,7 +302,7 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
         for li, layer in enumerate(m.layers):
             arrays, init = _layer(f"v{vi}_l{li}", layer)
             parts.append(arrays)
-            inits.append(init)
+            inits.append(routed(init, m.routes[li] if m.routes is not None else None))
         parts.append(f"static const tn_layer v{vi}_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
         energy_nj = round(v.energy_j.get(mcu, 0.0) * 1e9)
         accuracy = round(next((v.accuracy[f] for f in INT8_FORMATS if f in v.accuracy), 0.0) * 1000)  # 0: unmeasured
@@ -300,7 +327,8 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
         "extern const int32_t tn_expected_flat[];\n#endif\n"
     )
     info = {"variants": descriptors, "vectors": len(x_q), "n_classes": n_classes, "inputs": x_q, "expected": expected,
-            "models": list(models), "oracle": oracles[0], "arena_bytes": arena_bytes(list(models))}
+            "models": list(models), "oracle": oracles[0], "arena_bytes": arena_bytes(list(models)),
+            "buffers": max(m.buffers for m in models)}
     return {"model.c": "".join(parts), "model.h": header}, info
 
 
@@ -352,7 +380,7 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
     for li, layer in enumerate(layers):
         arrays, init = _layer(f"v0_l{li}", layer)
         parts.append(arrays)
-        inits.append(init)
+        inits.append(routed(init, None))
     parts.append(f"static const tn_layer v0_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
     parts.append(f'const tn_model tn_variant_0 = {{"frame", {len(inits)}, v0_layers, {frames.shape[1]}, {n_classes}, '
                  f"{model.macs}, 0, 0}};\n\nconst tn_model *const tn_variants[TN_N_VARIANTS] = {{&tn_variant_0}};\n")

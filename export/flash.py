@@ -110,7 +110,7 @@ def _make(what: str, *args: str) -> None:
 
 def build(sources: Path, board: str, out: Path, vectors: int | None = None, sanitize: bool = False,
           reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False, profile: bool = False,
-          arena: int | None = None) -> Path:
+          arena: int | None = None, buffers: int = 2) -> Path:
     """Compile firmware + generated model for ``board``; returns the executable / ELF. ``arena``:
     each activation buffer's bytes (default: the firmware's 4096; cgen's ``arena_bytes`` sizes it to
     a model, as the stm32f405's 4 KB of backup SRAM needs)."""
@@ -122,6 +122,7 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
     args += ["REFERENCE_KERNEL=1"] if reference_kernel else []  # the plain kernel (the benchmark's baseline)
     args += ["NO_PROGRESS=1"] if no_progress else []  # straight loops, no commits: the overhead's baseline
     args += [f"ARENA={arena}"] if arena is not None else []
+    args += [f"BUFFERS={buffers}"] if buffers != 2 else []  # a graph that branches keeps tensors for later
     if board == "host":
         _tool("gcc", "gcc")
         _make("host build", *args, *(["SANITIZE=1"] if sanitize else []), "firmware")
@@ -366,6 +367,8 @@ def inference_instructions(marks: list[int]) -> list[int]:
 def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
     """(name, tiles, output bytes) of each firmware layer, in the executor's order."""
     from export.intmodel import (
+        AddLayer,
+        ConcatLayer,
         ConvLayer,
         DenseLayer,
         DepthwiseLayer,
@@ -394,6 +397,10 @@ def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
             out.append((name("mean"), 1, layer.in_shape[0]))
         elif isinstance(layer, LutLayer):
             out.append((name(layer.op.lower()), 1, math.prod(layer.shape)))
+        elif isinstance(layer, AddLayer):
+            out.append((name("add"), 1, math.prod(layer.shape)))
+        elif isinstance(layer, ConcatLayer):
+            out.append((name("concat"), 1, layer.channels * math.prod(layer.positions)))
         elif isinstance(layer, PoolLayer):
             out.append(("pool", 1, 4 * layer.in_shape[0]))
         elif isinstance(layer, FCLayer) and k + 1 < len(model.layers):
@@ -411,7 +418,7 @@ def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Pat
     marks' own cost (the same for every tile) is taken out using ``plain``, the unmarked
     build's instructions for that inference. A layer's first tile includes what precedes it
     (the first layer: starting the run, copying the input to non-volatile memory)."""
-    elf = build(sources, "mps2-an386", work, vectors=1, profile=True)
+    elf = build(sources, "mps2-an386", work, vectors=1, profile=True, buffers=max(m.buffers for m in models))
     run = run_board(elf, "mps2-an386", work)
     marks, at, result = run.marks, 0, []
     for model, total in zip(models, plain):
@@ -450,7 +457,8 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
         sources, info = generate(bundle, x_test, max_vectors=vectors)
     gen = out / "generated"
     write_sources(sources, gen)
-    exe = build(gen, board, out / board, arena=info["arena_bytes"] if spec is not None and spec.small_state else None)
+    exe = build(gen, board, out / board, arena=info["arena_bytes"] if spec is not None and spec.small_state else None,
+                buffers=info.get("buffers", 2))
     if spec is not None and spec.machine is None:  # built and read, not run: no emulator for this chip here
         return {"board": board, "binary": str(exe), "bin": str(exe.with_suffix(".bin")), "vectors": info["vectors"],
                 "variants": info["variants"], "mismatches": None, "outputs": {}, "oracle": info["oracle"],

@@ -186,7 +186,42 @@ class LutLayer:  # int8 -> int8, value by value: LOGISTIC, TANH, ADD/SUB/MUL wit
         return 0
 
 
-Layer = ConvLayer | PoolLayer | DenseLayer | DepthwiseLayer | WindowPoolLayer | MeanLayer | FCLayer | LutLayer
+@dataclass
+class AddLayer:  # TFLite's quantized ADD of two computed tensors of one shape (a residual connection)
+    """An int8 ADD of two tensors as TFLite computes it: each input's offset added and shifted left by 20,
+    rescaled by its own multiplier, the sum requantized by a third (``multiplier``/``shift``: inputs 1 and 2,
+    then the output), clamped."""
+
+    multiplier: tuple[int, int, int]  # Q31
+    shift: tuple[int, int, int]  # right shifts
+    input_offset: int
+    input2_offset: int
+    output_offset: int
+    act_min: int
+    act_max: int
+    shape: tuple[int, ...]  # (C, H, W), or (N,) after a vector layer
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass
+class ConcatLayer:  # one input of TFLite's CONCATENATION along channels (int8: one scale for all)
+    """One input's channels copied into channels ``offset`` ... of the concatenation's output."""
+
+    channels: int  # this input's
+    offset: int  # its first channel in the output
+    out_channels: int
+    positions: tuple[int, int]  # (H, W)
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+Layer = (ConvLayer | PoolLayer | DenseLayer | DepthwiseLayer | WindowPoolLayer | MeanLayer | FCLayer | LutLayer
+         | AddLayer | ConcatLayer)
 
 
 @dataclass
@@ -200,6 +235,15 @@ class IntModel:
     # where each value of the firmware's input buffer comes from in the flattened model input; None:
     # channels-first in, channels-last on the device
     input_gather: np.ndarray | None = None
+    # the activation buffers each layer reads and writes, (src, src2, dst) with -1 for no second input;
+    # None: a chain, each layer reading the previous one's output (the input in buffer 0) and writing the
+    # other of buffers 0 and 1
+    routes: list[tuple[int, int, int]] | None = None
+
+    @property
+    def buffers(self) -> int:
+        """How many activation buffers the firmware needs for this model (TN_BUFFERS)."""
+        return max([2, *(max(r) + 1 for r in self.routes or [])])
 
     @property
     def macs(self) -> int:

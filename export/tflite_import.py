@@ -10,7 +10,9 @@ compute, and checks every test vector bit for bit against TFLite Micro's own int
 
 What the reader takes: CONV_2D and DEPTHWISE_CONV_2D (per-tensor or per-channel weights; SAME,
 VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D, MAX_POOL_2D, MEAN over
-all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused; LOGISTIC, TANH,
+all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused; ADD of two computed
+tensors of one shape (a residual connection) and CONCATENATION along channels, in graphs that
+branch (each tensor read later keeps an activation buffer of its own); LOGISTIC, TANH,
 ADD/SUB/MUL by a constant (a BatchNorm left as MUL and ADD), QUANTIZE from int8 to int8, RELU,
 RELU6, LEAKY_RELU and HARD_SWISH, and a float island a quantizer leaves (DEQUANTIZE, float
 operators value by value, QUANTIZE; or DEQUANTIZE, REDUCE_MAX over all positions, QUANTIZE: an
@@ -38,6 +40,8 @@ from edge.contract.vectors import FILE as VECTORS_FILE
 from edge.contract.vectors import TestVectors
 from edge.core.errors import BundleError
 from export.intmodel import (
+    AddLayer,
+    ConcatLayer,
     ConvLayer,
     DepthwiseLayer,
     FCLayer,
@@ -53,7 +57,8 @@ from simulator.devices import MCUS
 MIN_AGREEMENT = 0.95  # LiteRT's optimized kernels against TFLite Micro's reference ones, top class
 LUT_OPS = ("LOGISTIC", "TANH", "ADD", "SUB", "MUL", "QUANTIZE", "RELU", "RELU6", "LEAKY_RELU", "HARD_SWISH")
 SUPPORTED = ("CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN, FULLY_CONNECTED, "
-             "LOGISTIC, TANH, ADD/SUB/MUL by a constant, QUANTIZE (int8 to int8), RELU, RELU6, LEAKY_RELU, "
+             "ADD of two tensors, CONCATENATION along channels, LOGISTIC, TANH, ADD/SUB/MUL by a constant, "
+             "QUANTIZE (int8 to int8), RELU, RELU6, LEAKY_RELU, "
              "HARD_SWISH, DEQUANTIZE ... QUANTIZE around value-by-value float operators or a REDUCE_MAX over "
              "positions, RESHAPE, SQUEEZE, "
              "TRANSPOSE, PAD and a last SOFTMAX")
@@ -205,7 +210,13 @@ class _Lowering:
     ``where[i...]``: the offset in the device's buffer of each value of the current tensor; before
     the first layer that computes, the buffer is the model input itself, laid out as the layer
     needs. ``phys``: the device buffer, (H, W, C), or (N,) after a vector op; ``pad``: a pending
-    PAD (top, bottom, left, right), folded into the next convolution."""
+    PAD (top, bottom, left, right), folded into the next convolution.
+
+    A graph that branches (a residual ADD, a CONCATENATION, two operators reading one tensor) keeps
+    each tensor some later operator reads in its own activation buffer: ``values`` holds every
+    tensor's buffer and view, ``last_use`` the last operator reading it, and a layer writes the
+    lowest-numbered buffer that holds nothing read later and is none of its inputs (a chain gets
+    the ping-pong of buffers 0 and 1)."""
 
     def __init__(self, data: bytes) -> None:
         model = read_model(data)
@@ -226,6 +237,13 @@ class _Lowering:
         self.phys: tuple[int, ...] = in_shape[1:]
         self.pad = (0, 0, 0, 0)
         self.outputs = {int(g.outputs[0])}
+        self.buffer, self.k = 0, 0  # the current tensor's buffer (the input's: 0); the operator lowered
+        self.values: dict[int, tuple[int, np.ndarray, tuple[int, ...], bool]] = {}
+        self.last_use: dict[int, int] = {}
+        for k, op in enumerate(g.operators):
+            for t in op.inputs:
+                self.last_use[int(t)] = k
+        self.routes: list[tuple[int, int, int]] = []
 
     def run(self) -> IntModel:
         g, out = self.g, self.out
@@ -236,8 +254,18 @@ class _Lowering:
             kind = self.names[k]
             ins, outs = [int(i) for i in op.inputs], [int(i) for i in op.outputs]
             here = f"operator {k + 1} of {len(g.operators)} ({kind}, output {self.graph.name(outs[0])!r})"
-            if ins[0] != self.cur and not (kind in LUT_OPS and self.cur in ins):
-                raise IntModelError(f"{here}: does not read the previous operator's output; only chains are supported")
+            self.k = k
+            self.values[self.cur] = (self.buffer, self.where, self.phys, self.computed)
+            reads = [t for t in ins if t >= 0 and not self.graph.has_data(t)]
+            main = self.cur if self.cur in reads else (reads[0] if reads else ins[0])
+            if main != self.cur:
+                if main not in self.values:
+                    raise IntModelError(f"{here}: reads {self.graph.name(main)!r}, which no operator the firmware "
+                                        "runs has computed")
+                if self.pad != (0, 0, 0, 0):
+                    raise IntModelError(f"{here}: a PAD must be followed by the convolution it pads")
+                self.cur = main
+                self.buffer, self.where, self.phys, self.computed = self.values[main]
             if self.pad != (0, 0, 0, 0) and kind not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
                 raise IntModelError(f"{here}: a PAD must be followed by a convolution (it is folded into it)")
             if kind == "SOFTMAX" and outs[0] in self.outputs:
@@ -250,6 +278,8 @@ class _Lowering:
                 raise IntModelError(f"operator {kind} (operator {k + 1} of {len(g.operators)} in the graph, output "
                                     f"{self.graph.name(outs[0])!r}) has no firmware kernel: the firmware runs {SUPPORTED}")
             handler(self, _Op(k, kind, ins, outs, op.builtinOptions, here))
+        if self.routes != self._chain_routes():
+            out.routes = self.routes
         if not out.layers or not isinstance(out.layers[-1], FCLayer):
             raise IntModelError("the model must end in a FULLY_CONNECTED layer (optionally then a SOFTMAX): its outputs "
                                 "are the device's logits")
@@ -265,13 +295,37 @@ class _Lowering:
             raise IntModelError(f"operator {op.k + 1} ({op.kind}): input shape {list(self.where.shape)}, expected "
                                 f"{list(shape)}")
         if not self.computed:
-            self.out.input_gather = self.where.reshape(-1).copy()
+            self._gather(op, self.where.reshape(-1))
         elif self.phys != shape[1:] or not np.array_equal(self.where.reshape(-1), np.arange(self.where.size)):
             raise IntModelError(f"operator {op.k + 1} ({op.kind}): its input is a transposed view of the buffer; the "
                                 "firmware's layers read channels-last tensors in order")
 
-    def produced(self, t: int, layer: Layer) -> None:
+    def _gather(self, op: _Op, order: np.ndarray) -> None:
+        """The model input laid out as the first layer reading it needs (every reader the same way)."""
+        if self.out.input_gather is not None and not np.array_equal(self.out.input_gather, order):
+            raise IntModelError(f"operator {op.k + 1} ({op.kind}): reads the model input in another order than the "
+                                "operator before it; the firmware's input buffer has one layout")
+        self.out.input_gather = order.copy()
+
+    def _free(self, exclude: set[int]) -> int:
+        """The lowest-numbered buffer no later operator reads and no input of this layer is."""
+        live = {b for t, (b, *_rest) in self.values.items() if self.last_use.get(t, -1) > self.k}
+        return min(set(range(len(live | exclude) + 1)) - live - exclude)
+
+    def emit(self, layer: Layer, src2: int = -1, dst: int | None = None) -> None:
+        """A layer reading the current tensor's buffer (and ``src2``), writing ``dst`` or a free buffer."""
+        src = self.buffer
+        dst = self._free({src, src2}) if dst is None else dst
         self.out.layers.append(layer)
+        self.routes.append((src, src2, dst))
+        self.buffer = dst
+
+    def _chain_routes(self) -> list[tuple[int, int, int]]:
+        """The routes of a chain: each layer reads the buffer the one before wrote, writes the other."""
+        return [(i % 2, -1, (i + 1) % 2) for i in range(len(self.routes))]
+
+    def produced(self, t: int, layer: Layer, src2: int = -1, dst: int | None = None) -> None:
+        self.emit(layer, src2, dst)
         self.cur, self.computed = t, True
         shape = self.graph.shape(t)
         self.phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
@@ -393,7 +447,7 @@ class _Lowering:
         mult, right = quantize_multiplier(float(np.float64(s_x) / np.float64(s_y)))
         n = h * w_
         fold = min(n.bit_length() - 1, 32, 31 - right)
-        self.out.layers.append(MeanLayer(multiplier=(mult << fold) // n, shift=right + fold, input_offset=-zp_x,
+        self.emit(MeanLayer(multiplier=(mult << fold) // n, shift=right + fold, input_offset=-zp_x,
                                          output_offset=zp_y, in_shape=(c, h, w_)))
         self.cur, self.phys = outs[0], (c,)
         self.where = channels.reshape(graph.shape(outs[0]))
@@ -405,7 +459,8 @@ class _Lowering:
             raise IntModelError(f"{here}: {self.where.size} inputs for {n_in} weight columns")
         order = self.where.reshape(-1)
         if not self.computed:
-            self.out.input_gather, order = order.copy(), np.arange(n_in)
+            self._gather(op, order)
+            order = np.arange(n_in)
         elif sorted(order.tolist()) != list(range(math.prod(self.phys))):
             raise IntModelError(f"{here}: its input is not a permutation of the buffer")
         s_x, zp_x = graph.act(ins[0])
@@ -423,6 +478,78 @@ class _Lowering:
                                        shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,
                                        act_min=act_min, act_max=act_max, output_scale=s_y))
 
+    def _stored(self, op: _Op, t: int) -> int:
+        """The buffer holding tensor ``t`` in order (a layer's output, not a view of it)."""
+        if t not in self.values:
+            raise IntModelError(f"{op.here}: reads {self.graph.name(t)!r}, which no operator the firmware runs has "
+                                "computed")
+        buffer, where, phys, computed = self.values[t]
+        shape = self.graph.shape(t)
+        if (not computed or phys != (shape[1:] if len(shape) == 4 else (math.prod(shape),))
+                or not np.array_equal(where.reshape(-1), np.arange(where.size))):
+            raise IntModelError(f"{op.here}: reads {self.graph.name(t)!r} as the model input or a transposed view; "
+                                "it must read layers' outputs as they lie in the buffer")
+        return buffer
+
+    def _add(self, op: _Op) -> None:
+        """ADD of a constant: a table; of two computed tensors (a residual connection): TFLite's
+        quantized ADD, with Prepare's multipliers (add_common's CalculateOpDataAdd)."""
+        graph, here = self.graph, op.here
+        a, b = op.ins[0], op.ins[1]
+        if graph.has_data(a) or graph.has_data(b):
+            self._lut(op)
+            return
+        if not graph.shape(a) == graph.shape(b) == graph.shape(op.outs[0]):
+            raise IntModelError(f"{here}: adds shapes {list(graph.shape(a))} and {list(graph.shape(b))}; the "
+                                "firmware adds two computed tensors of one shape (no broadcasting)")
+        src, src2 = self._stored(op, a), self._stored(op, b)
+        (s1, z1), (s2, z2), (s_y, z_y) = graph.act(a), graph.act(b), graph.act(op.outs[0])
+        twice_max = 2.0 * max(s1, s2)  # the float32 scales, in double
+        m1, sh1 = quantize_multiplier(s1 / twice_max)
+        m2, sh2 = quantize_multiplier(s2 / twice_max)
+        m_y, sh_y = quantize_multiplier(twice_max / ((1 << 20) * s_y))
+        if min(sh1, sh2, sh_y) < 0:
+            raise IntModelError(f"{here}: output scale {s_y} is too small for TFLite's ADD (its multiplier must be "
+                                "below one)")
+        act_min, act_max = _activation_range(op.opts.fusedActivationFunction, s_y, z_y, here)
+        shape = graph.shape(a)
+        phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
+        self.buffer = src
+        self.produced(op.outs[0], AddLayer(multiplier=(m1, m2, m_y), shift=(sh1, sh2, sh_y), input_offset=-z1,
+                                           input2_offset=-z2, output_offset=z_y, act_min=act_min, act_max=act_max,
+                                           shape=(phys[2], phys[0], phys[1]) if len(phys) == 3 else phys),
+                      src2=src2)
+
+    def _concat(self, op: _Op) -> None:
+        """CONCATENATION along channels of layers' outputs, one scale for all (TFLite's int8 rule): one
+        copy layer per input into the output's buffer."""
+        graph, here = self.graph, op.here
+        shape = graph.shape(op.outs[0])
+        axis = int(op.opts.axis) % len(shape)
+        if axis != len(shape) - 1:
+            raise IntModelError(f"{here}: concatenates along axis {axis} of {list(shape)}; the firmware's buffers are "
+                                "channels last, so it concatenates along the last axis only")
+        if op.opts.fusedActivationFunction != 0:
+            raise IntModelError(f"{here}: a fused activation on a CONCATENATION has no firmware kernel")
+        q_y = graph.act(op.outs[0])
+        for t in op.ins:
+            if graph.act(t) != q_y:
+                raise IntModelError(f"{here}: input {graph.name(t)!r} is quantized differently from the output; "
+                                    "TFLite's int8 CONCATENATION takes one scale and zero point for all")
+        srcs = [self._stored(op, t) for t in op.ins]
+        dst = self._free(set(srcs))
+        h, w_ = (shape[1], shape[2]) if len(shape) == 4 else (1, 1)
+        offset = 0
+        for t, src in zip(op.ins, srcs):
+            self.buffer = src
+            channels = graph.shape(t)[-1]
+            self.emit(ConcatLayer(channels=channels, offset=offset, out_channels=shape[-1], positions=(h, w_)),
+                      dst=dst)
+            offset += channels
+        self.cur, self.computed = op.outs[0], True
+        self.phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
+        self.where = np.arange(math.prod(shape)).reshape(shape)
+
     def _lut(self, op: _Op) -> None:
         """An elementwise int8 operator of the current tensor and constants: its 256 outputs per
         channel, computed by TFLite Micro on the operator alone (``lut_tables``)."""
@@ -437,8 +564,9 @@ class _Lowering:
             raise IntModelError(f"{here}: does not read the previous operator's output; only chains are supported")
         for t in others:
             if not graph.has_data(t):
-                raise IntModelError(f"{here}: both operands are computed tensors (a residual connection); the "
-                                    "firmware runs a chain of layers, so one operand must be a constant")
+                raise IntModelError(f"{here}: both operands are computed tensors; the firmware adds two tensors "
+                                    "(ADD) but has no kernel for another operator of two (one operand must be a "
+                                    "constant)")
         x_shape, y_shape = graph.shape(running), graph.shape(int(op.outputs[0]))
         if x_shape != y_shape:
             raise IntModelError(f"{here}: output shape {list(y_shape)} differs from the input's {list(x_shape)}; only "
@@ -522,10 +650,10 @@ class _Lowering:
             raise IntModelError(f"{here}: REDUCE_MAX's output channels are not in the buffer's order")
         graph.act(self.cur)
         graph.act(op.outs[0])
-        self.out.layers.append(WindowPoolLayer(kind="max", kernel=(h, w_), stride=1, padding_h=0, padding=0,
+        self.emit(WindowPoolLayer(kind="max", kernel=(h, w_), stride=1, padding_h=0, padding=0,
                                                act_min=-128, act_max=127, in_shape=(c, h, w_), out_shape=(c, 1, 1)))
         table = lut_tables(self.graph.data, [k, k + 1, j], per_channel=False)
-        self.out.layers.append(LutLayer(op="DEQUANTIZE+REDUCE_MAX+QUANTIZE", table=table, shape=(c, 1, 1)))
+        self.emit(LutLayer(op="DEQUANTIZE+REDUCE_MAX+QUANTIZE", table=table, shape=(c, 1, 1)))
         self.cur, self.phys = op.outs[0], (c,)
         self.where = np.arange(c).reshape(graph.shape(op.outs[0]))
 
@@ -533,7 +661,7 @@ class _Lowering:
         "RESHAPE": _reshape, "SQUEEZE": _reshape, "TRANSPOSE": _transpose, "PAD": _pad, "PADV2": _pad,
         "CONV_2D": _conv, "DEPTHWISE_CONV_2D": _conv, "AVERAGE_POOL_2D": _pool, "MAX_POOL_2D": _pool,
         "MEAN": _mean, "FULLY_CONNECTED": _fully_connected,
-        **dict.fromkeys(LUT_OPS, _lut),
+        **dict.fromkeys(LUT_OPS, _lut), "ADD": _add, "CONCATENATION": _concat,
     }
 
 

@@ -7,11 +7,11 @@
  * data in flash.
  *
  * Intermittency: a run is a sequence of idempotent tiles (TN_TILE_POSITIONS output positions of
- * a conv or depthwise conv, all channels; any other layer whole). A tile reads only its layer's input buffer
- * and writes only its own outputs; after a tile, a single 32-bit store advances `progress`. A
- * power cut at any instruction leaves either the old or the new progress word, and redoing a
- * tile rewrites the same bytes, so resuming gives the same logits bit for bit (SONIC/HAWAII-
- * style loop continuation).
+ * a conv or depthwise conv, all channels; any other layer whole). A tile reads only its layer's
+ * input buffers (two for an ADD) and writes only its own outputs, never into a buffer it reads;
+ * after a tile, a single 32-bit store advances `progress`. A power cut at any instruction leaves
+ * either the old or the new progress word, and redoing a tile rewrites the same bytes, so
+ * resuming gives the same logits bit for bit (SONIC/HAWAII-style loop continuation).
  */
 #ifndef TN_H
 #define TN_H
@@ -39,8 +39,13 @@ typedef enum {
     TN_MEAN = 7,    /* int8 -> int8: mean over positions, as TFLite Micro's MEAN */
     TN_FC = 8,      /* int8 -> int8: fully connected, requantized; the last layer writes its int8
                      * outputs as int32 logits */
-    TN_LUT = 9      /* int8 -> int8 value by value through 256-entry tables (weight: cin tables, one per
+    TN_LUT = 9,     /* int8 -> int8 value by value through 256-entry tables (weight: cin tables, one per
                      * channel of cout, or one for all): LOGISTIC, TANH, ADD/MUL by constants */
+    TN_ADD = 10,    /* int8 + int8 -> int8, value by value, TFLite's quantized ADD (a residual connection):
+                     * src and src2 rescaled (multiplier/shift [0] and [1], after a left shift of 20), summed,
+                     * requantized ([2]); cin = cout channels, hin x win positions */
+    TN_CONCAT = 11  /* int8 -> int8: the cin channels of src into channels in2_offset... of dst's cout (one
+                     * input of a CONCATENATION along channels; each input is one such layer) */
 } tn_kind;
 
 typedef struct {
@@ -61,6 +66,10 @@ typedef struct {
     const int32_t *shift;         /* as multiplier: a right shift (< 0: a left shift) */
     uint8_t stride_h;             /* rows between windows; 0: stride, the columns' (older descriptors) */
     uint8_t dil_h, dil_w;         /* dilation: rows, columns between a window's taps (0 or 1: adjacent) */
+    int32_t in2_offset;           /* add: the second input's offset (-zero point); concat: the first channel
+                                   * of dst written */
+    uint8_t src, src2, dst;       /* activation buffers read and written, + 1; 0: the chain's (the previous
+                                   * layer's output buffer, and the other one of the first two) */
 } tn_layer;
 
 typedef struct {
@@ -75,7 +84,11 @@ typedef struct {
 } tn_model;
 
 #ifndef TN_ARENA_BYTES
-#define TN_ARENA_BYTES 4096       /* each of the two activation buffers */
+#define TN_ARENA_BYTES 4096       /* each activation buffer */
+#endif
+#ifndef TN_BUFFERS
+#define TN_BUFFERS 2              /* activation buffers: two for a chain, more where a graph keeps a tensor
+                                   * for later (a residual connection, a concatenation's inputs) */
 #endif
 #ifndef TN_MAX_CLASSES
 #define TN_MAX_CLASSES 16
@@ -106,7 +119,7 @@ typedef struct {
     uint32_t progress;            /* tiles done; the only word a commit writes */
     int32_t logits[TN_MAX_CLASSES];
     int32_t pooled[TN_MAX_CHANNELS];
-    int8_t buf[2][TN_ARENA_BYTES];
+    int8_t buf[TN_BUFFERS][TN_ARENA_BYTES];
 } tn_nv;
 
 /* Scratch in volatile RAM (contents need not survive a power failure): a tile's im2col columns. */
@@ -201,6 +214,8 @@ void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out);
 /* Writes int8 outputs to out8, or (out8 = 0) their values as int32 to out32. */
 void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32);
 void tn_lut(const tn_layer *l, const int8_t *in, int8_t *out);
+void tn_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out);
+void tn_concat(const tn_layer *l, const int8_t *in, int8_t *out);
 int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift);
 
 #ifdef __cplusplus

@@ -18,14 +18,15 @@ static uint32_t flips(const tn_layer *l) {
     return l->kind == TN_POOL || l->kind == TN_DENSE ? 0u : 1u;
 }
 
-/* One tile of layer `li`, whose input is buffer `flip` % 2: it writes only the other buffer (or
- * the pooled sums, or the logits), so redoing it after a power cut rewrites the same bytes. A
- * kind this executor does not know is TN_ERR_MODEL, never some other layer's kernel. */
+/* One tile of layer `li`, whose input is buffer `flip` % 2 (or its src): it writes only the other
+ * buffer (or its dst, never one it reads; or the pooled sums, or the logits), so redoing it after
+ * a power cut rewrites the same bytes. A kind this executor does not know is TN_ERR_MODEL, never
+ * some other layer's kernel. */
 static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_t tile, uint32_t flip,
                           tn_scratch *scratch) {
     const tn_layer *l = &model->layers[li];
-    const int8_t *in = nv->buf[flip & 1u];
-    int8_t *out = nv->buf[(flip + 1u) & 1u];
+    const int8_t *in = nv->buf[l->src != 0u ? l->src - 1u : flip & 1u];
+    int8_t *out = nv->buf[l->dst != 0u ? l->dst - 1u : (flip + 1u) & 1u];
     switch (l->kind) {
     case TN_CONV:
         CONV_TILE(l, in, out, tile, scratch->column);
@@ -55,6 +56,12 @@ static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_
         return TN_OK;
     case TN_LUT:
         tn_lut(l, in, out);
+        return TN_OK;
+    case TN_ADD:
+        tn_add(l, in, nv->buf[l->src2 - 1u], out);
+        return TN_OK;
+    case TN_CONCAT:
+        tn_concat(l, in, out);
         return TN_OK;
     default:
         return TN_ERR_MODEL;
@@ -99,7 +106,16 @@ static tn_status check(const tn_model *model) {
         if (l->kind == TN_LUT && l->cin > 1u && l->cin != l->cout) {
             return TN_ERR_MODEL; /* a table per channel, or one for all */
         }
-        if (l->kind < TN_CONV || l->kind > TN_LUT || ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) ||
+        if (l->src > TN_BUFFERS || l->src2 > TN_BUFFERS || l->dst > TN_BUFFERS ||
+            (l->dst != 0u && (l->dst == l->src || l->dst == l->src2))) {
+            return TN_ERR_MODEL; /* a buffer the board lacks, or a layer overwriting its own input */
+        }
+        if ((l->kind == TN_ADD && (l->src2 == 0u || l->cin != l->cout || l->hin != l->hout || l->win != l->wout)) ||
+            (l->kind == TN_CONCAT && (l->in2_offset < 0 || (uint32_t)l->in2_offset + l->cin > l->cout ||
+                                      l->hin != l->hout || l->win != l->wout))) {
+            return TN_ERR_MODEL;
+        }
+        if (l->kind < TN_CONV || l->kind > TN_CONCAT || ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) ||
             (l->kind == TN_DWCONV && (l->cin == 0 || l->cout % l->cin != 0))) {
             return TN_ERR_MODEL;
         }

@@ -103,23 +103,61 @@ tn_status ref_dense(const tn_layer *l, const int32_t *in, int32_t *out) {
     return TN_OK;
 }
 
+tn_status ref_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out) {
+    if (l->kind != TN_ADD) {
+        return TN_ERR_MODEL;
+    }
+    for (uint32_t i = 0; i < (uint32_t)l->cin * l->hin * l->win; i++) {
+        const int32_t x = (int32_t)((a[i] + l->in_offset) * (INT64_C(1) << 20));
+        const int32_t y = (int32_t)((b[i] + l->in2_offset) * (INT64_C(1) << 20));
+        const int64_t sum = (int64_t)gemmlowp_requantize(x, l->multiplier[0], l->shift[0]) +
+                            gemmlowp_requantize(y, l->multiplier[1], l->shift[1]);
+        int64_t v = (int64_t)gemmlowp_requantize((int32_t)sum, l->multiplier[2], l->shift[2]) + l->out_offset;
+        v = v < l->act_min ? l->act_min : v;
+        v = v > l->act_max ? l->act_max : v;
+        out[i] = (int8_t)v;
+    }
+    return TN_OK;
+}
+
+tn_status ref_concat(const tn_layer *l, const int8_t *in, int8_t *out) {
+    if (l->kind != TN_CONCAT) {
+        return TN_ERR_MODEL;
+    }
+    for (uint32_t p = 0; p < (uint32_t)l->hin * l->win; p++) {
+        for (uint32_t c = 0; c < l->cin; c++) {
+            out[p * l->cout + (uint32_t)l->in2_offset + c] = in[p * l->cin + c];
+        }
+    }
+    return TN_OK;
+}
+
 tn_status ref_forward(const tn_model *m, const int8_t *input, int32_t *logits) {
-    static int8_t act[2][TN_ARENA_BYTES];
+    static int8_t act[TN_BUFFERS][TN_ARENA_BYTES];
     static int32_t pooled[TN_MAX_CHANNELS];
-    const int8_t *in = input;
-    uint32_t which = 0;
+    uint32_t which = 0; /* the chain's: the buffer the last layer wrote */
+    for (uint32_t i = 0; i < m->input_bytes; i++) {
+        act[0][i] = input[i];
+    }
     tn_status status = TN_OK;
     for (uint16_t i = 0; i < m->n_layers && status == TN_OK; i++) {
         const tn_layer *l = &m->layers[i];
+        const int8_t *in = act[l->src != 0u ? l->src - 1u : which];
+        int8_t *out = act[l->dst != 0u ? l->dst - 1u : which ^ 1u];
         if (l->kind == TN_CONV) {
-            status = ref_conv(l, in, act[which]);
-            in = act[which];
-            which ^= 1u;
+            status = ref_conv(l, in, out);
+        } else if (l->kind == TN_ADD) {
+            status = ref_add(l, in, act[l->src2 - 1u], out);
+        } else if (l->kind == TN_CONCAT) {
+            status = ref_concat(l, in, out);
         } else if (l->kind == TN_POOL) {
             status = ref_pool(l, in, pooled);
+            continue;
         } else {
             status = ref_dense(l, pooled, logits);
+            continue;
         }
+        which = l->dst != 0u ? l->dst - 1u : which ^ 1u;
     }
     return status;
 }

@@ -15,7 +15,12 @@ tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed);
 tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out);
 tn_status ref_pool(const tn_layer *l, const int8_t *in, int32_t *out);
 tn_status ref_dense(const tn_layer *l, const int32_t *in, int32_t *out);
-/* A whole model, layer by layer, into `logits` (n_classes values). */
+/* TFLite's quantized ADD of src and src2 (gemmlowp's two roundings at each rescaling). */
+tn_status ref_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out);
+/* One input of a concatenation along channels. */
+tn_status ref_concat(const tn_layer *l, const int8_t *in, int8_t *out);
+/* A whole model, layer by layer, into `logits` (n_classes values): each layer reads its src (and
+ * src2) and writes its dst, or the chain's ping-pong where they are 0. */
 tn_status ref_forward(const tn_model *m, const int8_t *input, int32_t *logits);
 
 #endif

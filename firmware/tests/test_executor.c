@@ -20,10 +20,10 @@ static int8_t a_taps1[3 * 3 * 3 * 2], a_w1[3 * 20], a_taps2[4 * 2 * 2 * 3], a_w2
 static int32_t a_b1[3], a_m1[3], a_s1[3], a_b2[4], a_m2[4], a_s2[4], a_b4[3];
 static const tn_layer a_layers[4] = {
     /* kind cin hin win cout hout wout kh kw stride pad pad_h in_off out_off act_min act_max */
-    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, a_w1, a_b1, a_m1, a_s1, 0, 0, 0},
-    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, a_w2, a_b2, a_m2, a_s2, 0, 0, 0},
-    {TN_POOL, 4, 2, 2, 4, 1, 1, 0, 0, 0, 0, 0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {TN_DENSE, 4, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, a_w4, a_b4, 0, 0, 0, 0, 0},
+    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, a_w1, a_b1, a_m1, a_s1, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, a_w2, a_b2, a_m2, a_s2, 0, 0, 0, 0, 0, 0, 0},
+    {TN_POOL, 4, 2, 2, 4, 1, 1, 0, 0, 0, 0, 0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_DENSE, 4, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, a_w4, a_b4, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 static const tn_model model_a = {"a", 4, a_layers, 5 * 4 * 2, 3, 0, 1000u, 900u};
 #define A_TILES (10u + 2u + 1u + 1u) /* 20 positions / 2, 4 / 2, the pool, the classifier */
@@ -34,14 +34,32 @@ static int8_t b_taps1[5 * 3 * 3], b_w1[5 * 12], b_taps2[2 * 3 * 5], b_w2[2 * 16]
 static int8_t b_w5[4 * 3];
 static int32_t b_b1[5], b_m1[5], b_s1[5], b_b2[2], b_m2[2], b_s2[2], b_b3[3], b_m3[3], b_s3[3], b_b5[4];
 static const tn_layer b_layers[5] = {
-    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, b_w1, b_b1, b_m1, b_s1, 0, 0, 0},
-    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, b_w2, b_b2, b_m2, b_s2, 0, 0, 0},
-    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, b_w3, b_b3, b_m3, b_s3, 0, 0, 0},
-    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {TN_DENSE, 3, 1, 1, 4, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, b_w5, b_b5, 0, 0, 0, 0, 0},
+    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, b_w1, b_b1, b_m1, b_s1, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, b_w2, b_b2, b_m2, b_s2, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, b_w3, b_b3, b_m3, b_s3, 0, 0, 0, 0, 0, 0, 0},
+    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_DENSE, 3, 1, 1, 4, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, b_w5, b_b5, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 static const tn_model model_b = {"b", 5, b_layers, 9 * 3, 4, 0, 2000u, 950u};
 #define B_TILES (3u + 3u + 2u + 1u + 1u)
+
+/* ---- model C: a graph that branches (three buffers): conv -> conv, the residual ADD of both,
+ * the concatenation of the sum and the second conv along channels -> pool -> dense ----------- */
+static int8_t c_taps1[3 * 3 * 3 * 2], c_w1[3 * 20], c_taps2[3 * 3 * 3 * 3], c_w2[3 * 28], c_w6[3 * 6];
+static int32_t c_b1[3], c_m1[3], c_s1[3], c_b2[3], c_m2[3], c_s2[3], c_b6[3];
+/* TFLite's ADD of inputs at scales 0.02 and 0.03 into 0.04: 0.02 / 0.06, 0.03 / 0.06, 0.06 / (2^20 0.04) */
+static const int32_t c_add_m[3] = {1431655765, 1073741824, 1610612736}, c_add_s[3] = {1, 0, 19};
+static const tn_layer c_layers[7] = {
+    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, c_w1, c_b1, c_m1, c_s1, 0, 0, 0, 0, 1, 0, 2},
+    {TN_CONV, 3, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 10, 3, -128, 127, c_w2, c_b2, c_m2, c_s2, 0, 0, 0, 0, 2, 0, 3},
+    {TN_ADD, 3, 5, 4, 3, 5, 4, 0, 0, 0, 0, 0, -3, -7, -128, 100, 0, 0, c_add_m, c_add_s, 0, 0, 0, 10, 3, 2, 1},
+    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 2},
+    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 0, 2},
+    {TN_POOL, 6, 5, 4, 6, 1, 1, 0, 0, 0, 0, 0, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0},
+    {TN_DENSE, 6, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, c_w6, c_b6, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+};
+static const tn_model model_c = {"c", 7, c_layers, 5 * 4 * 2, 3, 0, 0u, 0u};
+#define C_TILES (10u + 10u + 1u + 2u + 1u + 1u)
 
 /* Weights, biases and requantization of a conv, seeded; the shift keeps outputs inside int8
  * for most positions, so the clamps are reached but the outputs are not all clamped. */
@@ -77,6 +95,12 @@ static check_status build_models(void) {
         fill_conv(&rng, &b_layers[2], b_taps3, b_w3, b_b3, b_m3, b_s3, 6) != CHECK_OK) {
         return CHECK_FAIL;
     }
+    if (fill_conv(&rng, &c_layers[0], c_taps1, c_w1, c_b1, c_m1, c_s1, 8) != CHECK_OK ||
+        fill_conv(&rng, &c_layers[1], c_taps2, c_w2, c_b2, c_m2, c_s2, 8) != CHECK_OK) {
+        return CHECK_FAIL;
+    }
+    fill_dense(&rng, &c_layers[6], c_w6, c_b6);
+    CHECK_EQ(sizeof c_w2, 3u * tn_depth(&c_layers[1]));
     fill_dense(&rng, &a_layers[3], a_w4, a_b4);
     fill_dense(&rng, &b_layers[4], b_w5, b_b5);
     CHECK_EQ(sizeof a_w1, 3u * tn_depth(&a_layers[0]));
@@ -147,7 +171,7 @@ static check_status commits_are(uint32_t first, uint32_t last, uint32_t at) {
     return CHECK_OK;
 }
 
-static int8_t input_a[5 * 4 * 2], input_b[9 * 3];
+static int8_t input_a[5 * 4 * 2], input_b[9 * 3], input_c[5 * 4 * 2];
 
 static check_status resume_everywhere(const tn_model *m, const int8_t *input, uint32_t tiles) {
     int32_t expect[TN_MAX_CLASSES], whole[TN_MAX_CLASSES];
@@ -224,6 +248,33 @@ static check_status test_model_a_resumes_at_every_progress_point(void) {
 
 static check_status test_model_b_resumes_at_every_progress_point(void) {
     return resume_everywhere(&model_b, input_b, B_TILES);
+}
+
+/* Where the graph branches, the tensors kept for later survive every cut: no tile writes a
+ * buffer another tile still reads. */
+static check_status test_model_c_resumes_at_every_progress_point(void) {
+    return resume_everywhere(&model_c, input_c, C_TILES);
+}
+
+/* A layer that would overwrite its own input, or a buffer the board lacks, is refused. */
+static check_status test_routes_are_checked(void) {
+    tn_layer layers[7];
+    memcpy(layers, c_layers, sizeof layers);
+    tn_model m = model_c;
+    m.layers = layers;
+    memset(&nv, 0, sizeof nv);
+    CHECK_EQ(tn_start(&nv, &m, 0u, 3u, input_c), TN_OK);
+    layers[2].dst = 3u; /* the ADD writing the buffer it reads */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 4u, input_c), TN_ERR_MODEL);
+    layers[2].dst = TN_BUFFERS + 1u;
+    CHECK_EQ(tn_start(&nv, &m, 0u, 5u, input_c), TN_ERR_MODEL);
+    layers[2].dst = 1u;
+    layers[2].src2 = 0u; /* an ADD with one input */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 6u, input_c), TN_ERR_MODEL);
+    layers[2].src2 = 2u;
+    layers[4].in2_offset = 4; /* channels 4..6 of 6 */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 7u, input_c), TN_ERR_MODEL);
+    return CHECK_OK;
 }
 
 /* A second run on new input starts over even if the previous one was cut mid-way. */
@@ -332,9 +383,14 @@ int main(void) {
     for (uint32_t i = 0; i < sizeof input_b; i++) {
         input_b[i] = (int8_t)check_range(&rng, -128, 127);
     }
+    for (uint32_t i = 0; i < sizeof input_c; i++) {
+        input_c[i] = (int8_t)check_range(&rng, -128, 127);
+    }
     RUN(failures, build_models);
     RUN(failures, test_model_a_resumes_at_every_progress_point);
     RUN(failures, test_model_b_resumes_at_every_progress_point);
+    RUN(failures, test_model_c_resumes_at_every_progress_point);
+    RUN(failures, test_routes_are_checked);
     RUN(failures, test_new_run_starts_over);
     RUN(failures, test_rejects_what_does_not_fit);
     RUN(failures, test_choose_variant);

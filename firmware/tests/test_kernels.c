@@ -147,7 +147,7 @@ static check_status test_conv_known_values(void) {
     static int8_t w[4];
     static const int8_t taps3[3] = {1, 1, 1};
     static const int32_t b[1] = {0}, m[1] = {1 << 30}, s[1] = {0};
-    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 0, 1, -128, 127, w, b, m, s, 0, 0, 0};
+    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 0, 1, -128, 127, w, b, m, s, 0, 0, 0, 0, 0, 0, 0};
     CHECK_EQ(ref_pack_conv(&l, taps3, w), TN_OK);
     static const int8_t expect[4] = {16, 31, 47, 37}; /* (30 / 2 = 15, 60 / 2, 91 / 2 = 45.5 -> 46, 71 / 2 -> 36) + 1 */
     int8_t out[4];

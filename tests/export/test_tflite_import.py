@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench.tflite_models import int8_tflite
+from bench.tflite_models import ResidualConcat2d, int8_tflite
 from edge.contract.bundle import read_bundle
 from edge.contract.vectors import TestVectors
 from tests.helpers import trickle
@@ -274,9 +274,9 @@ class Tabled(nn.Module):
 
 
 def test_tabled_operators_are_bit_exact_with_tflm(tmp_path: Path) -> None:
-    """465309f refused MUL, ADD, LOGISTIC and TANH; a residual ADD is one clear line."""
+    """465309f refused MUL, ADD, LOGISTIC and TANH, and a residual ADD (aacb8cc too, in one line)."""
     from export.flash import flash
-    from export.intmodel import IntModelError, LutLayer
+    from export.intmodel import AddLayer, LutLayer
     from export.tflite_import import from_tflite, import_tflite, op_names, read_model
 
     torch.manual_seed(0)
@@ -295,9 +295,54 @@ def test_tabled_operators_are_bit_exact_with_tflm(tmp_path: Path) -> None:
         assert flash(bundle, "mps2-an386", tmp_path / "m4", vectors=4)["mismatches"] == 0
 
     residual = tmp_path / "r.tflite"
-    int8_tflite(Tabled(residual=True), (2, 8, 8), residual)
-    with pytest.raises(IntModelError, match=r"ADD.*both operands are computed tensors \(a residual connection\)"):
-        from_tflite(residual.read_bytes())
+    np.savez(tmp_path / "xr.npz", x=int8_tflite(Tabled(residual=True), (2, 8, 8), residual))
+    assert any(isinstance(layer, AddLayer) for layer in from_tflite(residual.read_bytes()).layers)
+    bundle = read_bundle(import_tflite(residual, tmp_path / "xr.npz", tmp_path / "br", vectors=16))
+    assert flash(bundle, "host", tmp_path / "host-r")["mismatches"] == 0
+
+
+def test_a_residual_add_and_a_concatenation_are_bit_exact_and_survive_power_cuts(tmp_path: Path) -> None:
+    """aacb8cc refused both ("only chains are supported"; CONCATENATION "has no firmware kernel")."""
+    import random
+
+    from export.cgen import generate
+    from export.flash import build, flash, fresh_nv, qemu, run_with_cuts, write_sources
+    from export.intmodel import AddLayer, ConcatLayer
+    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
+
+    torch.manual_seed(0)
+    model = tmp_path / "b.tflite"
+    np.savez(tmp_path / "x.npz", x=int8_tflite(ResidualConcat2d(), (2, 8, 8), model))
+    assert {"ADD", "CONCATENATION"} <= set(op_names(read_model(model.read_bytes())))
+    read = from_tflite(model.read_bytes())
+    kinds = [type(layer).__name__ for layer in read.layers]
+    assert kinds.count("AddLayer") == 1 and kinds.count("ConcatLayer") == 2
+    assert read.buffers == 3 and read.routes is not None
+    for layer, (src, src2, dst) in zip(read.layers, read.routes):
+        assert dst not in (src, src2)  # no layer overwrites what it reads: a redone tile rewrites the same bytes
+        assert (src2 >= 0) == isinstance(layer, AddLayer)
+    concat = [route for layer, route in zip(read.layers, read.routes) if isinstance(layer, ConcatLayer)]
+    assert len({dst for _, _, dst in concat}) == 1 and len({src for src, _, _ in concat}) == 2  # two inputs, one output
+    bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
+    host = flash(bundle, "host", tmp_path / "host")
+    assert host["mismatches"] == 0 and host["oracle"] == "TFLite Micro"
+    assert len({tuple(v) for v in host["outputs"].values()}) > 8  # the vectors differ: the check bites
+    if not (shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc")):
+        return
+    assert flash(bundle, "mps2-an386", tmp_path / "m4", vectors=4)["mismatches"] == 0
+    assert flash(bundle, "stm32f405", tmp_path / "stm32", vectors=4)["mismatches"] == 0
+    sources, info = generate(bundle)
+    write_sources(sources, tmp_path / "gen")
+    elf = build(tmp_path / "gen", "mps2-an386", tmp_path / "cut", vectors=1, buffers=info["buffers"])
+    nv = tmp_path / "cut" / "nv.bin"
+    fresh_nv(nv)
+    rc, out, marks, _ = qemu(elf, nv, tmp_path / "cut")
+    assert rc == 0
+    rng = random.Random(0)
+    for _ in range(20):  # a cut at a random instruction of the inference, then power on again
+        result = run_with_cuts(elf, tmp_path / "cut", [rng.randrange(marks[0], marks[1])])
+        assert result.boots == 2 and result.mismatches == 0
+        assert result.stdout.splitlines()[0] == out.splitlines()[0]
 
 
 class Island(nn.Module):
@@ -341,33 +386,33 @@ def test_float_islands_hard_swish_and_sub_are_bit_exact_with_tflm(tmp_path: Path
         assert flash(bundle, "stm32f405", tmp_path / "stm32", vectors=4)["mismatches"] == 0
 
 
-class Doubled(nn.Module):
-    """A CONCATENATION (of a tensor with itself): an operator the firmware lacks."""
+class Maxed(nn.Module):
+    """A MAXIMUM of two computed tensors: an operator TFLite Micro runs and the firmware lacks."""
 
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv2d(1, 4, 3, padding=1)
-        self.fc = nn.Linear(8, 3)
+        self.fc = nn.Linear(4, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.c1(x)).mean((2, 3))
-        return self.fc(torch.cat((y, y), dim=1))
+        return self.fc(torch.maximum(y, 0.5 * y))
 
 
 def test_an_operator_the_firmware_lacks_is_named_with_its_place(tmp_path: Path) -> None:
 
     torch.manual_seed(0)
-    x = int8_tflite(Doubled(), (1, 8, 8), tmp_path / "cat.tflite")
+    x = int8_tflite(Maxed(), (1, 8, 8), tmp_path / "cat.tflite")
     np.savez(tmp_path / "x.npz", x=x)
     proc = trickle("export", str(tmp_path / "cat.tflite"), "--calibration", str(tmp_path / "x.npz"), "--out",
                    str(tmp_path / "b"), "--json")
     assert proc.returncode == 0, proc.stderr  # LiteRT runs it: a bundle for devices; export says flash cannot
     said = json.loads(proc.stdout)
-    assert said["flashable"] is False and "operator CONCATENATION (operator " in said["flash_refusal"]
+    assert said["flashable"] is False and "operator MAXIMUM (operator " in said["flash_refusal"]
     proc = trickle("flash", str(tmp_path / "b"), "--board", "host", "--out", str(tmp_path / "fw"))
     assert proc.returncode == 1
     line = proc.stderr.strip()
-    assert len(line.splitlines()) == 1 and "operator CONCATENATION (operator " in line and "has no firmware kernel" in line
+    assert len(line.splitlines()) == 1 and "operator MAXIMUM (operator " in line and "has no firmware kernel" in line
 
 
 def test_bad_tflite_files_get_one_line(models: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:

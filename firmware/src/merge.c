@@ -1,0 +1,35 @@
+/* Where a graph's branches meet: TFLite's quantized ADD of two computed tensors (a residual
+ * connection) and one input of a CONCATENATION along channels. Both read buffers other than the
+ * one they write, so a layer redone after a power cut rewrites the same bytes. */
+#include "kernel.h"
+
+#define TN_ADD_LEFT_SHIFT 20 /* TFLite's int8 ADD: inputs scaled up before their rescaling */
+
+/* out = clamp(mbqm(mbqm((a + off_a) << 20, m0, s0) + mbqm((b + off_b) << 20, m1, s1), m2, s2) + zp):
+ * reference_integer_ops::AddElementwise, with Prepare's multipliers (export.tflite_import). */
+void tn_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out) {
+    const uint32_t n = (uint32_t)l->cin * l->hin * l->win;
+    const int32_t m0 = l->multiplier[0], m1 = l->multiplier[1], m2 = l->multiplier[2];
+    const int32_t s0 = l->shift[0], s1 = l->shift[1], s2 = l->shift[2];
+    const int32_t off_a = l->in_offset, off_b = l->in2_offset, zp = l->out_offset;
+    const int32_t lo = l->act_min, hi = l->act_max;
+    for (uint32_t i = 0; i < n; i++) {
+        const int32_t x = (int32_t)((uint32_t)(a[i] + off_a) << TN_ADD_LEFT_SHIFT);
+        const int32_t y = (int32_t)((uint32_t)(b[i] + off_b) << TN_ADD_LEFT_SHIFT);
+        int32_t v = mbqm(mbqm(x, m0, s0) + mbqm(y, m1, s1), m2, s2) + zp;
+        v = v < lo ? lo : v;
+        v = v > hi ? hi : v;
+        out[i] = (int8_t)v;
+    }
+}
+
+/* Channels in2_offset ... in2_offset + cin - 1 of every position of dst (cout channels) from src. */
+void tn_concat(const tn_layer *l, const int8_t *in, int8_t *out) {
+    const uint32_t positions = (uint32_t)l->hin * l->win, cin = l->cin, cout = l->cout;
+    int8_t *o = out + (uint32_t)l->in2_offset;
+    for (uint32_t p = 0; p < positions; p++, in += cin, o += cout) {
+        for (uint32_t c = 0; c < cin; c++) {
+            o[c] = in[c];
+        }
+    }
+}
