@@ -123,13 +123,30 @@ def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: i
                     f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}{tail}")
 
 
-def routed(init: str, route: tuple[int, int, int] | None) -> str:
-    """A layer initializer closed with the buffers it reads and writes (+ 1; 0, 0, 0: the chain's)."""
+def routed(init: str, route: tuple[int, int, int] | None, requant: str = "0") -> str:
+    """A layer initializer closed with the buffers it reads and writes (+ 1; 0, 0, 0: the chain's)
+    and its requantization table (``requant_table``)."""
     src, src2, dst = (b + 1 for b in route) if route is not None else (0, 0, 0)
     for name, value in (("input buffer", src), ("second input buffer", src2), ("output buffer", dst)):
         if not 0 <= value <= 0xFF:
             raise IntModelError(f"a layer with {name} {value - 1}: the firmware's descriptor holds 0 to 254")
-    return f"{init}, {src}, {src2}, {dst}}}"
+    return f"{init}, {src}, {src2}, {dst}, {requant}}}"
+
+
+def requant_table(prefix: str, layer: Layer) -> tuple[str, str]:
+    """(array, its name) of a conv, depthwise or fully connected layer's per-channel requantization
+    as the firmware's fast path reads it, {multiplier, 2^(shift - 2) + zero point 2^(shift - 1),
+    shift - 1} per channel (firmware/src/kernel.h's mbqm_row); ("", "0") where a shift is below 2 or
+    the zero point's share could overflow the high word (the kernels then take multiplier, shift
+    and offset)."""
+    if not isinstance(layer, (ConvLayer, DepthwiseLayer, FCLayer)):
+        return "", "0"
+    shift = np.asarray(layer.shift, np.int64)
+    if shift.min() < 2 or shift.max() > 31 or np.any(abs(layer.output_offset) << (shift - 1) >= 1 << 30):
+        return "", "0"
+    rows = np.stack([np.asarray(layer.multiplier, np.int64),
+                     (1 << (shift - 2)) + (layer.output_offset << (shift - 1)), shift - 1], axis=1)
+    return _array("int32_t", f"{prefix}_rq", rows), f"{prefix}_rq"
 
 
 def _geometry(layer: ConvLayer | DepthwiseLayer | WindowPoolLayer) -> tuple[int, int, int]:
@@ -301,8 +318,9 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
         inits = []
         for li, layer in enumerate(m.layers):
             arrays, init = _layer(f"v{vi}_l{li}", layer)
-            parts.append(arrays)
-            inits.append(routed(init, m.routes[li] if m.routes is not None else None))
+            table, ref = requant_table(f"v{vi}_l{li}", layer)
+            parts.append(arrays + table)
+            inits.append(routed(init, m.routes[li] if m.routes is not None else None, ref))
         parts.append(f"static const tn_layer v{vi}_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
         energy_nj = round(v.energy_j.get(mcu, 0.0) * 1e9)
         accuracy = round(next((v.accuracy[f] for f in INT8_FORMATS if f in v.accuracy), 0.0) * 1000)  # 0: unmeasured
@@ -379,8 +397,9 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
     inits = []
     for li, layer in enumerate(layers):
         arrays, init = _layer(f"v0_l{li}", layer)
-        parts.append(arrays)
-        inits.append(routed(init, None))
+        table, ref = requant_table(f"v0_l{li}", layer)
+        parts.append(arrays + table)
+        inits.append(routed(init, None, ref))
     parts.append(f"static const tn_layer v0_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
     parts.append(f'const tn_model tn_variant_0 = {{"frame", {len(inits)}, v0_layers, {frames.shape[1]}, {n_classes}, '
                  f"{model.macs}, 0, 0}};\n\nconst tn_model *const tn_variants[TN_N_VARIANTS] = {{&tn_variant_0}};\n")

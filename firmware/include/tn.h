@@ -70,6 +70,11 @@ typedef struct {
                                    * of dst written */
     uint8_t src, src2, dst;       /* activation buffers read and written, + 1; 0: the chain's (the previous
                                    * layer's output buffer, and the other one of the first two) */
+    const int32_t *requant;       /* conv, dwconv, fc: [cout][3] = multiplier, 2^(shift - 2) + out_offset
+                                   * 2^(shift - 1), shift - 1, when every shift is a right shift of 2 or more
+                                   * and |out_offset| 2^(shift - 1) < 2^30 (export.cgen writes it): the same
+                                   * requantization and zero point in one multiply-accumulate and fewer
+                                   * instructions; 0: multiplier, shift and out_offset */
 } tn_layer;
 
 typedef struct {

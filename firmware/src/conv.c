@@ -153,6 +153,16 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
             b1 = smlad(xb01, lo1, b1);
             b1 = smlad(xb23, hi1, b1);
         }
+        if (s.table != 0) { /* the table's rows and the clamp read once for the four */
+            const int32_t *r = s.table + 3u * oc, lo = s.act_min, hi = s.act_max;
+            oa[oc] = row_out(a0, r, lo, hi);
+            oa[oc + 1u] = row_out(a1, r + 3, lo, hi);
+            if (two) {
+                ob[oc] = row_out(b0, r, lo, hi);
+                ob[oc + 1u] = row_out(b1, r + 3, lo, hi);
+            }
+            continue;
+        }
         oa[oc] = requantize_out(&s, a0, oc);
         oa[oc + 1u] = requantize_out(&s, a1, oc + 1u);
         if (two) {

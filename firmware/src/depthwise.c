@@ -71,8 +71,21 @@ static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t 
     a[3] = a3;
 }
 
-/* Four channels' sums to int8 outputs. */
+/* Four channels' sums to int8 outputs: from the layer's requantization table when it has one (its
+ * rows and the clamp read once for the four), else from multiplier and shift. */
 static void quad_out(const out_stage *s, const int32_t *a, int8_t *o, uint32_t c) {
+    if (s->table != 0) {
+        const int32_t *r = s->table + 3u * c, lo = s->act_min, hi = s->act_max;
+        int32_t v0 = mbqm_row(a[0], r), v1 = mbqm_row(a[1], r + 3), v2 = mbqm_row(a[2], r + 6);
+        int32_t v3 = mbqm_row(a[3], r + 9);
+        v0 = v0 < lo ? lo : v0 > hi ? hi : v0;
+        v1 = v1 < lo ? lo : v1 > hi ? hi : v1;
+        v2 = v2 < lo ? lo : v2 > hi ? hi : v2;
+        v3 = v3 < lo ? lo : v3 > hi ? hi : v3;
+        write_u32(o, (uint32_t)(uint8_t)v0 | (uint32_t)(uint8_t)v1 << 8 | (uint32_t)(uint8_t)v2 << 16 |
+                         (uint32_t)(uint8_t)v3 << 24);
+        return;
+    }
     o[0] = requantize_out(s, a[0], c);
     o[1] = requantize_out(s, a[1], c + 1u);
     o[2] = requantize_out(s, a[2], c + 2u);

@@ -49,23 +49,42 @@ static inline int32_t mbqm(int32_t acc, int32_t multiplier, int32_t shift) {
     return x;
 }
 
+/* mbqm for a right shift s >= 2, plus the output zero point zp, from a layer's table row
+ * r = {multiplier, 2^(s-2) + zp 2^(s-1), s - 1}: the fold above with its constants computed at
+ * export and no test of the shift. Adding zp 2^(s-1) to the high word before the shift by s - 1
+ * adds zp after it, exactly; export.cgen writes the row only where that sum cannot overflow
+ * (|zp| 2^(s-1) < 2^30; the high word of acc m is below 2^30 in magnitude). */
+static inline int32_t mbqm_row(int32_t acc, const int32_t *r) {
+    const uint32_t lo = 0x40000000u | ((uint32_t)acc & 0x80000000u);
+    const uint32_t hi = (uint32_t)r[1] + (uint32_t)(acc >> 31);
+    const int64_t q = (int64_t)(((uint64_t)hi << 32) | lo) + (int64_t)acc * (int64_t)r[0];
+    return (int32_t)(q >> 32) >> r[2];
+}
+
 /* A conv layer's output stage, read once per tile: the stores to int8 outputs may alias
  * anything, so fields read per output would be reloaded each time. */
 typedef struct {
-    const int32_t *multiplier, *shift;
+    const int32_t *multiplier, *shift, *table;
     int32_t out_offset, act_min, act_max;
 } out_stage;
 
 static inline out_stage stage_of(const tn_layer *l) {
-    out_stage s = {l->multiplier, l->shift, l->out_offset, l->act_min, l->act_max};
+    out_stage s = {l->multiplier, l->shift, l->requant, l->out_offset, l->act_min, l->act_max};
     return s;
 }
 
 static inline int8_t requantize_out(const out_stage *s, int32_t acc, uint32_t oc) {
-    int32_t v = mbqm(acc, s->multiplier[oc], s->shift[oc]) + s->out_offset;
+    int32_t v = s->table != 0 ? mbqm_row(acc, s->table + 3u * oc)
+                              : mbqm(acc, s->multiplier[oc], s->shift[oc]) + s->out_offset;
     v = v < s->act_min ? s->act_min : v;
     v = v > s->act_max ? s->act_max : v;
     return (int8_t)v;
+}
+
+/* One output from its channel's table row, clamped to [lo, hi]. */
+static inline int8_t row_out(int32_t acc, const int32_t *r, int32_t lo, int32_t hi) {
+    const int32_t v = mbqm_row(acc, r);
+    return (int8_t)(v < lo ? lo : v > hi ? hi : v);
 }
 
 static inline uint32_t read_u32(const void *p) {

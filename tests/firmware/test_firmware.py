@@ -277,8 +277,8 @@ def test_flash_record_writes_measured_counts_the_simulator_uses(generated: tuple
     for counts in measured.values():
         names = [layer.name for layer in counts.layers]
         assert names[-2:] == ["pool", "classifier"] and all(n.startswith("conv") for n in names[:-2])
-        split = sum(layer.instructions for layer in counts.layers)
-        assert counts.cpu == "cortex-m4" and 0.97 * counts.instructions < split <= counts.instructions
+        split = sum(layer.instructions for layer in counts.layers)  # of the first vector; the total: the median
+        assert counts.cpu == "cortex-m4" and 0.97 * counts.instructions < split <= 1.005 * counts.instructions
     widest = measured[info["variants"][0]["name"]]
     work = WorkloadConfig(mcu="cortex-m4", bundle=str(out), policy="per_layer")
     plan = build_plan(work, tx_time_s=0.0, tx_power_w=0.0)
