@@ -142,7 +142,9 @@ def requant_table(prefix: str, layer: Layer) -> tuple[str, str]:
     if not isinstance(layer, (ConvLayer, DepthwiseLayer, FCLayer)):
         return "", "0"
     shift = np.asarray(layer.shift, np.int64)
-    if shift.min() < 2 or shift.max() > 31 or np.any(abs(layer.output_offset) << (shift - 1) >= 1 << 30):
+    # |base| = 2^(30+s) + |zp| 2^(31+s) + 2^31 stays below 2^62, so base + acc m (below 2^62) fits an int64
+    if shift.min() < 2 or shift.max() > 31 or np.any((abs(layer.output_offset) << (shift - 1)) + (1 << (shift - 2))
+                                                      >= 1 << 29):
         return "", "0"
     rows = np.stack([np.asarray(layer.multiplier, np.int64),
                      (1 << (shift - 2)) + (layer.output_offset << (shift - 1)), shift - 1], axis=1)

@@ -72,7 +72,8 @@ typedef struct {
                                    * layer's output buffer, and the other one of the first two) */
     const int32_t *requant;       /* conv, dwconv, fc: [cout][3] = multiplier, 2^(shift - 2) + out_offset
                                    * 2^(shift - 1), shift - 1, when every shift is a right shift of 2 or more
-                                   * and |out_offset| 2^(shift - 1) < 2^30 (export.cgen writes it): the same
+                                   * and |out_offset| 2^(shift - 1) + 2^(shift - 2) < 2^29 (export.cgen writes
+                                   * it, so the 64-bit sum cannot overflow): the same
                                    * requantization and zero point in one multiply-accumulate and fewer
                                    * instructions; 0: multiplier, shift and out_offset */
 } tn_layer;

@@ -52,8 +52,8 @@ static inline int32_t mbqm(int32_t acc, int32_t multiplier, int32_t shift) {
 /* mbqm for a right shift s >= 2, plus the output zero point zp, from a layer's table row
  * r = {multiplier, 2^(s-2) + zp 2^(s-1), s - 1}: the fold above with its constants computed at
  * export and no test of the shift. Adding zp 2^(s-1) to the high word before the shift by s - 1
- * adds zp after it, exactly; export.cgen writes the row only where that sum cannot overflow
- * (|zp| 2^(s-1) < 2^30; the high word of acc m is below 2^30 in magnitude). */
+ * adds zp after it, exactly; export.cgen writes the row only where |zp| 2^(s-1) + 2^(s-2) < 2^29,
+ * so the 64-bit base stays below 2^61 + 2^31 and base + acc m (below 2^62) cannot overflow. */
 static inline int32_t mbqm_row(int32_t acc, const int32_t *r) {
     const uint32_t lo = 0x40000000u | ((uint32_t)acc & 0x80000000u);
     const uint32_t hi = (uint32_t)r[1] + (uint32_t)(acc >> 31);
