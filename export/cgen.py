@@ -92,14 +92,19 @@ def _array(ctype: str, name: str, values: np.ndarray, per_line: int = 24) -> str
 
 
 def conv_rows(weight: np.ndarray) -> np.ndarray:
-    """A conv's int8 weights as the firmware stores them: one row per output channel, taps in
-    (kh, kw, cin) order (activations are HWC), zero-padded to a multiple of four, each group of four as w0, w2, w1, w3
-    (what SXTB16 and SXTB16 ROR #8 unpack into the pairs (w0, w1) and (w2, w3))."""
+    """A conv's int8 weights as the firmware stores them: a row per output channel, taps in (kh, kw,
+    cin) order (activations are HWC), zero-padded to a multiple of four, each group of four as w0,
+    w2, w1, w3 (what SXTB16 and SXTB16 ROR #8 unpack into the pairs (w0, w1) and (w2, w3)); the rows
+    of channels 2p and 2p + 1 interleaved group by group (the kernel reads both channels' group
+    with one pointer), an odd last channel's row after them as it is."""
     rows = np.moveaxis(weight, 1, -1).reshape(weight.shape[0], -1)  # OIHW -> OHWI: HWC windows
-    depth = -(-rows.shape[1] // 4) * 4
-    padded = np.zeros((rows.shape[0], depth), dtype=np.int8)
+    cout, depth = rows.shape[0], -(-rows.shape[1] // 4) * 4
+    padded = np.zeros((cout, depth), dtype=np.int8)
     padded[:, : rows.shape[1]] = rows
-    return padded.reshape(rows.shape[0], depth // 4, 4)[:, :, [0, 2, 1, 3]].reshape(rows.shape[0], depth)
+    groups = padded.reshape(cout, depth // 4, 4)[:, :, [0, 2, 1, 3]]
+    even = cout - cout % 2
+    paired = groups[:even].reshape(even // 2, 2, depth // 4, 4).transpose(0, 2, 1, 3).reshape(even, depth)
+    return np.concatenate([paired, groups[even:].reshape(cout - even, depth)])
 
 
 def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,

@@ -60,7 +60,9 @@ typedef struct {
     int32_t act_min, act_max;     /* output clamp (the fused ReLU) */
     const int8_t *weight;         /* conv: [cout][depth], a row's taps in (kh, kw, cin) order, zero-padded
                                    * to depth = a multiple of 4, each group of four stored as w0, w2, w1, w3
-                                   * (the order SXTB16 unpacks); dense: [cout][cin] */
+                                   * (the order SXTB16 unpacks), the rows of channels 2p and 2p + 1
+                                   * alternating group by group (an odd last row whole at the end);
+                                   * dense: [cout][cin] */
     const int32_t *bias;          /* [cout] */
     const int32_t *multiplier;    /* conv, dwconv, fc: [cout], Q31; mean: [1], 1/positions folded in */
     const int32_t *shift;         /* as multiplier: a right shift (< 0: a left shift) */

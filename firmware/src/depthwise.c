@@ -21,6 +21,50 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
     }
 }
 
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+/* A row of three taps for four channels on a Cortex-M4, written out (what gcc makes of the macro
+ * below spills its pointers around every tap): per tap one word of input (or, with ``shared``, one
+ * input value all four channels read) and one word of weights, widened (SXTAB16 adds the input
+ * offset; shared: LDRSB and an add), four 16 x 16 MACs. The same arithmetic as TN_DW_TAP. */
+/* a tap's weights: channels (0, 2) in t3, (1, 3) in t1 */
+#define TN_DW_ASM_WEIGHTS(waddr) "ldr %[t1], " waddr "\n\tsxtb16 %[t3], %[t1]\n\tsxtb16 %[t1], %[t1], ror #8\n\t"
+#define TN_DW_ASM_TAP(xaddr, waddr)                                                                                   \
+    TN_DW_ASM_WEIGHTS(waddr)                                                                                         \
+    "ldr %[t0], " xaddr "\n\tsxtab16 %[t2], %[off], %[t0]\n\tsxtab16 %[t0], %[off], %[t0], ror #8\n\t"             \
+    "smlabb %[a0], %[t2], %[t3], %[a0]\n\tsmlatt %[a2], %[t2], %[t3], %[a2]\n\t"                                     \
+    "smlabb %[a1], %[t0], %[t1], %[a1]\n\tsmlatt %[a3], %[t0], %[t1], %[a3]\n\t"
+#define TN_DW_ASM_SHARED_TAP(xaddr, waddr) /* one input value for the four: its low half is what SMLABx read */     \
+    TN_DW_ASM_WEIGHTS(waddr)                                                                                         \
+    "ldrsb %[t0], " xaddr "\n\tadd %[t0], %[t0], %[off]\n\t"                                                          \
+    "smlabb %[a0], %[t0], %[t3], %[a0]\n\tsmlabt %[a2], %[t0], %[t3], %[a2]\n\t"                                     \
+    "smlabb %[a1], %[t0], %[t1], %[a1]\n\tsmlabt %[a3], %[t0], %[t1], %[a3]\n\t"
+static inline __attribute__((always_inline)) void row3(int32_t *a0, int32_t *a1, int32_t *a2, int32_t *a3,
+                                                       const int8_t *x, const int8_t *w, uint32_t x_tap, uint32_t cout,
+                                                       uint32_t off, int shared) {
+    int32_t s0 = *a0, s1 = *a1, s2 = *a2, s3 = *a3;
+    uint32_t t0, t1, t2, t3;
+#define TN_DW_ASM_ROW(TAP)                                                                                            \
+    TAP("[%[x]]", "[%[w]]") TAP("[%[x], %[xt]]", "[%[w], %[ct]]") "add %[x], %[x], %[xt]\n\tadd %[w], %[w], %[ct]\n\t" \
+    TAP("[%[x], %[xt]]", "[%[w], %[ct]]")
+#define TN_DW_ASM_OPERANDS                                                                                            \
+    : [a0] "+r"(s0), [a1] "+r"(s1), [a2] "+r"(s2), [a3] "+r"(s3), [x] "+r"(x), [w] "+r"(w), [t0] "=&r"(t0),          \
+      [t1] "=&r"(t1), [t2] "=&r"(t2), [t3] "=&r"(t3)                                                                 \
+    : [xt] "r"(x_tap), [ct] "r"(cout), [off] "r"(off)                                                                \
+    : "memory"
+    if (shared) {
+        __asm__(TN_DW_ASM_ROW(TN_DW_ASM_SHARED_TAP) TN_DW_ASM_OPERANDS);
+    } else {
+        __asm__(TN_DW_ASM_ROW(TN_DW_ASM_TAP) TN_DW_ASM_OPERANDS);
+    }
+#undef TN_DW_ASM_ROW
+#undef TN_DW_ASM_OPERANDS
+    *a0 = s0;
+    *a1 = s1;
+    *a2 = s2;
+    *a3 = s3;
+}
+#endif
+
 /* One output position's channels c..c+3 over a window of `rows` x `cols` taps inside the input:
  * x at the first tap's channel c (the input word of channels c..c+3, or with ``shared`` the one
  * value all four read), x_tap and x_row bytes to the next tap and row; w at the first tap's
@@ -54,9 +98,13 @@ static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t 
     } while (0)
     for (; rows > 0u; rows--, x += x_row, w += w_row) {
         if (cols == 3u) {
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+            row3(&a0, &a1, &a2, &a3, x, w, x_tap, cout, shared ? (uint32_t)offset : offsets, shared);
+#else
             TN_DW_TAP(x, w);
             TN_DW_TAP(x + x_tap, w + cout);
             TN_DW_TAP(x + 2u * x_tap, w + 2u * cout);
+#endif
             continue;
         }
         const int8_t *xp = x, *wp = w;

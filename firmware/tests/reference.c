@@ -14,6 +14,16 @@ static uint32_t depth_of(const tn_layer *l) {
     return (taps_of(l) + 3u) / 4u * 4u;
 }
 
+/* The byte of channel oc's tap k: its group of four at k / 4 in its row, the rows of an even and
+ * an odd channel taking turns group by group, an odd last channel's row on its own at the end. */
+static uint32_t slot_of(const tn_layer *l, uint32_t oc, uint32_t k) {
+    const uint32_t depth = depth_of(l), group = k / 4u, within = group_order[k % 4u];
+    if (oc + 1u == l->cout && l->cout % 2u == 1u) {
+        return oc * depth + group * 4u + within;
+    }
+    return (oc / 2u) * 2u * depth + group * 8u + (oc % 2u) * 4u + within;
+}
+
 tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed) {
     if (l->kind != TN_CONV) {
         return TN_ERR_MODEL;
@@ -21,15 +31,14 @@ tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed) {
     const uint32_t n = taps_of(l), depth = depth_of(l);
     for (uint32_t oc = 0; oc < l->cout; oc++) {
         for (uint32_t k = 0; k < depth; k++) {
-            const uint32_t slot = k / 4u * 4u + group_order[k % 4u];
-            packed[oc * depth + slot] = k < n ? taps[oc * n + k] : 0;
+            packed[slot_of(l, oc, k)] = k < n ? taps[oc * n + k] : 0;
         }
     }
     return TN_OK;
 }
 
 static int8_t weight_at(const tn_layer *l, uint32_t oc, uint32_t k) {
-    return l->weight[oc * depth_of(l) + k / 4u * 4u + group_order[k % 4u]];
+    return l->weight[slot_of(l, oc, k)];
 }
 
 tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {

@@ -7,8 +7,9 @@
 #include "tn.h"
 
 /* conv: taps in (ky, kx, ic) order, [cout][kh * kw * cin] -> the firmware's rows: depth padded
- * to a multiple of four with zeros, each group of four stored as w0, w2, w1, w3. `packed` holds
- * cout * tn_depth(l). TN_ERR_MODEL for a layer that is not a conv. */
+ * to a multiple of four with zeros, each group of four stored as w0, w2, w1, w3, the rows of
+ * channels 2p and 2p + 1 alternating group by group (an odd last channel's row whole at the end).
+ * `packed` holds cout * tn_depth(l). TN_ERR_MODEL for a layer that is not a conv. */
 tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed);
 /* The whole conv output [hout][wout][cout]; TN_ERR_MODEL when hout x wout is not what the
  * geometry (pad on rows only when kh > 1) gives. */
