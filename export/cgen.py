@@ -107,6 +107,18 @@ def conv_rows(weight: np.ndarray) -> np.ndarray:
     return np.concatenate([paired, groups[even:].reshape(cout - even, depth)])
 
 
+def depthwise_weights(layer: DepthwiseLayer) -> np.ndarray:
+    """A depthwise conv's int8 weights as the firmware stores them: where four channels are computed
+    together (a depth multiplier of 1 or a multiple of 4), each quad's taps in turn, [cout / 4][kh][kw][4],
+    so the kernel walks a quad's window with one post-incremented load; then the other channels in
+    TFLite's order, [kh][kw][rest]."""
+    kh, kw, cout = layer.weight.shape
+    mult = cout // layer.in_shape[0]
+    quads = cout // 4 * 4 if mult == 1 or mult % 4 == 0 else 0
+    grouped = layer.weight[:, :, :quads].reshape(kh * kw, quads // 4, 4).transpose(1, 0, 2)
+    return np.concatenate([grouped.reshape(-1), layer.weight[:, :, quads:].reshape(-1)])
+
+
 def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,
           stride: int = 0, pad: int = 0, pad_h: int = 0, in_offset: int = 0, out_offset: int = 0, act_min: int = 0,
           act_max: int = 0, arrays: str = "", refs: tuple[str, ...] = ("0", "0", "0", "0"),
@@ -185,7 +197,7 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         return _init("TN_DWCONV", layer.in_shape[0], *_hw(layer.in_shape), c_out, *_hw(layer.out_shape), kh, kw,
                      layer.stride, layer.padding, layer.padding_h, layer.input_offset, layer.output_offset,
                      layer.act_min, layer.act_max,
-                     _array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs,
+                     _array("int8_t", f"{prefix}_w", depthwise_weights(layer)) + _requant_arrays(prefix, layer), refs,
                      _geometry(layer))
     if isinstance(layer, WindowPoolLayer):
         return _init("TN_AVGPOOL" if layer.kind == "avg" else "TN_MAXPOOL", layer.in_shape[0], *_hw(layer.in_shape),

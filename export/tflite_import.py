@@ -9,7 +9,8 @@ compute, and checks every test vector bit for bit against TFLite Micro's own int
 (``tflm_outputs``, PyPI ``tflite-micro``).
 
 What the reader takes: CONV_2D and DEPTHWISE_CONV_2D (per-tensor or per-channel weights; SAME,
-VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D, MAX_POOL_2D, MEAN over
+VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D, MAX_POOL_2D (a PAD of
+-128 before it folds into its padding), MEAN over
 all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused; ADD of two computed
 tensors of one shape (a residual connection) and CONCATENATION along channels, in graphs that
 branch (each tensor read later keeps an activation buffer of its own); LOGISTIC, TANH,
@@ -235,7 +236,7 @@ class _Lowering:
         self.where = np.arange(math.prod(in_shape)).reshape(in_shape)
         self.computed = False
         self.phys: tuple[int, ...] = in_shape[1:]
-        self.pad = (0, 0, 0, 0)
+        self.pad, self.pad_value = (0, 0, 0, 0), 0  # a pending PAD, and the int8 value it pads with
         self.outputs = {int(g.outputs[0])}
         self.buffer, self.k = 0, 0  # the current tensor's buffer (the input's: 0); the operator lowered
         self.values: dict[int, tuple[int, np.ndarray, tuple[int, ...], bool]] = {}
@@ -266,8 +267,9 @@ class _Lowering:
                     raise IntModelError(f"{here}: a PAD must be followed by the convolution it pads")
                 self.cur = main
                 self.buffer, self.where, self.phys, self.computed = self.values[main]
-            if self.pad != (0, 0, 0, 0) and kind not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-                raise IntModelError(f"{here}: a PAD must be followed by a convolution (it is folded into it)")
+            if self.pad != (0, 0, 0, 0) and kind not in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D"):
+                raise IntModelError(f"{here}: a PAD must be followed by a convolution or a max pool (it is folded "
+                                    "into it)")
             if kind == "SOFTMAX" and outs[0] in self.outputs:
                 break  # monotone: the firmware stops at the logits before it
             if kind == "DEQUANTIZE":
@@ -356,12 +358,15 @@ class _Lowering:
         paddings = graph.const(ins[1]).astype(int)
         s_in, zp_in = graph.act(ins[0])
         s_out, zp_out = graph.act(outs[0])
-        if op.kind == "PADV2" and int(graph.const(ins[2]).reshape(-1)[0]) != zp_in:
-            raise IntModelError(f"{op.here}: pads with a value other than the zero point; only zero padding folds")
+        value = int(graph.const(ins[2]).reshape(-1)[0]) if op.kind == "PADV2" else zp_in
+        if value not in (zp_in, -128):
+            raise IntModelError(f"{op.here}: pads with {value}; only the zero point (zero padding, before a convolution) "
+                                "or -128 (before a max pool) folds")
         if paddings.shape != (4, 2) or paddings[0].any() or paddings[3].any() or (s_in, zp_in) != (s_out, zp_out):
             raise IntModelError(f"{op.here}: only spatial zero padding of an NHWC tensor folds into the next conv")
         self.place(op, graph.shape(ins[0]))
         self.pad = (int(paddings[1][0]), int(paddings[1][1]), int(paddings[2][0]), int(paddings[2][1]))
+        self.pad_value = value
         self.cur = outs[0]  # the buffer stays the unpadded tensor; the next conv pads
 
     # ---- layers ----
@@ -372,6 +377,9 @@ class _Lowering:
         x_shape: tuple[int, ...] = (padded[0], padded[1] - pad[0] - pad[1], padded[2] - pad[2] - pad[3], padded[3])
         if pad == (0, 0, 0, 0):  # (a PAD placed its input already)
             self.place(op, x_shape)
+        elif self.pad_value != graph.act(ins[0])[1]:
+            raise IntModelError(f"{here}: follows a PAD with {self.pad_value}; a convolution folds only zero padding "
+                                "(the zero point)")
         y_shape = graph.shape(outs[0])
         sh, sw, dh, dw = int(opts.strideH), int(opts.strideW), int(opts.dilationHFactor), int(opts.dilationWFactor)
         if min(sh, sw, dh, dw) < 1:
@@ -412,21 +420,31 @@ class _Lowering:
         self.produced(outs[0], layer)
 
     def _pool(self, op: _Op) -> None:
-        graph, ins, outs, opts, here = self.graph, op.ins, op.outs, op.opts, op.here
-        x_shape, y_shape = graph.shape(ins[0]), graph.shape(outs[0])
-        self.place(op, x_shape)
+        """AVERAGE_POOL_2D, MAX_POOL_2D; a max pool after a PAD of -128 (what litert-torch writes for
+        ``MaxPool2d(padding=p)``) takes the padding itself: -128 never wins a maximum, and every window
+        keeps a value of the input, so ignoring the padded taps gives TFLite's result."""
+        graph, ins, outs, opts, here, pad = self.graph, op.ins, op.outs, op.opts, op.here, self.pad
+        padded, y_shape = graph.shape(ins[0]), graph.shape(outs[0])
+        x_shape = (padded[0], padded[1] - pad[0] - pad[1], padded[2] - pad[2] - pad[3], padded[3])
+        if pad == (0, 0, 0, 0):
+            self.place(op, x_shape)
+        elif self.pad_value != -128:
+            raise IntModelError(f"{here}: follows a PAD with {self.pad_value}; a max pool folds only -128")
         if graph.act(ins[0]) != graph.act(outs[0]):
             raise IntModelError(f"{here}: input and output quantized differently; TFLite pools keep the scale")
         same = opts.padding == graph.schema.Padding.SAME
+        fh, fw, sh, sw = int(opts.filterHeight), int(opts.filterWidth), int(opts.strideH), int(opts.strideW)
+        top = pad[0] + (_same_pad(padded[1], fh, sh, y_shape[1]) if same else 0)
+        left = pad[2] + (_same_pad(padded[2], fw, sw, y_shape[2]) if same else 0)
+        if top >= fh or left >= fw or (y_shape[1] - 1) * sh - top >= x_shape[1] or (y_shape[2] - 1) * sw - left >= x_shape[2]:
+            raise IntModelError(f"{here}: padding as wide as the window (some windows see only padding)")
         s_y, zp_y = graph.act(outs[0])
         act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
+        self.pad = (0, 0, 0, 0)
         self.produced(outs[0], WindowPoolLayer(
-            kind="avg" if op.kind == "AVERAGE_POOL_2D" else "max", kernel=(opts.filterHeight, opts.filterWidth),
-            stride=int(opts.strideW), stride_h=int(opts.strideH),
-            padding_h=_same_pad(x_shape[1], opts.filterHeight, opts.strideH, y_shape[1]) if same else 0,
-            padding=_same_pad(x_shape[2], opts.filterWidth, opts.strideW, y_shape[2]) if same else 0,
-            act_min=act_min, act_max=act_max, in_shape=(x_shape[3], x_shape[1], x_shape[2]),
-            out_shape=(y_shape[3], y_shape[1], y_shape[2])))
+            kind="avg" if op.kind == "AVERAGE_POOL_2D" else "max", kernel=(fh, fw), stride=sw, stride_h=sh,
+            padding_h=top, padding=left, act_min=act_min, act_max=act_max,
+            in_shape=(x_shape[3], x_shape[1], x_shape[2]), out_shape=(y_shape[3], y_shape[1], y_shape[2])))
 
     def _mean(self, op: _Op) -> None:
         graph, ins, outs, opts, here, where = self.graph, op.ins, op.outs, op.opts, op.here, self.where

@@ -1,7 +1,7 @@
 /* Depthwise convolution (TFLite's DEPTHWISE_CONV_2D: cout = cin x depth multiplier), bit for bit
  * TFLite Micro's reference kernel. Per output position the window's rows and columns inside the
  * input are found once (no test per tap); four output channels are accumulated in registers, each
- * tap one word of channels-last input and one word of the [kh][kw][cout] weights, widened two
+ * tap one word of channels-last input and one word of the quad's [kh][kw][4] weights, widened two
  * lanes at a time (SXTAB16 adds the input offset) and multiplied lane by lane (SMLABB, SMLATT),
  * CMSIS-NN's manner. Other depth multipliers than 1 and multiples of 4 take a channel at a time. */
 #include "kernel.h"
@@ -22,59 +22,70 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
 }
 
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
-/* A row of three taps for four channels on a Cortex-M4, written out (what gcc makes of the macro
- * below spills its pointers around every tap): per tap one word of input (or, with ``shared``, one
- * input value all four channels read) and one word of weights, widened (SXTAB16 adds the input
- * offset; shared: LDRSB and an add), four 16 x 16 MACs. The same arithmetic as TN_DW_TAP. */
-/* a tap's weights: channels (0, 2) in t3, (1, 3) in t1 */
-#define TN_DW_ASM_WEIGHTS(waddr) "ldr %[t1], " waddr "\n\tsxtb16 %[t3], %[t1]\n\tsxtb16 %[t1], %[t1], ror #8\n\t"
-#define TN_DW_ASM_TAP(xaddr, waddr)                                                                                   \
-    TN_DW_ASM_WEIGHTS(waddr)                                                                                         \
-    "ldr %[t0], " xaddr "\n\tsxtab16 %[t2], %[off], %[t0]\n\tsxtab16 %[t0], %[off], %[t0], ror #8\n\t"             \
-    "smlabb %[a0], %[t2], %[t3], %[a0]\n\tsmlatt %[a2], %[t2], %[t3], %[a2]\n\t"                                     \
+/* A whole 3 x 3 window for four channels on a Cortex-M4, written out (what gcc makes of the C
+ * below spills its pointers around every tap): per tap one word of the quad's weights (stored tap
+ * after tap, so a post-incremented load walks them), one word of input (or, with ``shared``, one
+ * input value all four channels read) at x, x + x_tap or x + 2 x_tap, widened (SXTAB16 adds the
+ * input offset; shared: LDRSB and an add), four 16 x 16 MACs; x_row bytes between rows. The same
+ * arithmetic as TN_DW_TAP: 92 instructions for 36 MACs. */
+#define TN_DW_ASM_WEIGHTS "ldr %[t1], [%[w]], #4\n\tsxtb16 %[t3], %[t1]\n\tsxtb16 %[t1], %[t1], ror #8\n\t"
+#define TN_DW_ASM_TAP(xaddr)                                                                                          \
+    TN_DW_ASM_WEIGHTS                                                                                                \
+    "ldr %[t0], " xaddr "\n\tsxtab16 %[t2], %[off], %[t0]\n\tsxtab16 %[t0], %[off], %[t0], ror #8\n\t"               \
+    "smlabb %[a0], %[t2], %[t3], %[a0]\n\tsmlatt %[a2], %[t2], %[t3], %[a2]\n\t"                                       \
     "smlabb %[a1], %[t0], %[t1], %[a1]\n\tsmlatt %[a3], %[t0], %[t1], %[a3]\n\t"
-#define TN_DW_ASM_SHARED_TAP(xaddr, waddr) /* one input value for the four: its low half is what SMLABx read */     \
-    TN_DW_ASM_WEIGHTS(waddr)                                                                                         \
-    "ldrsb %[t0], " xaddr "\n\tadd %[t0], %[t0], %[off]\n\t"                                                          \
-    "smlabb %[a0], %[t0], %[t3], %[a0]\n\tsmlabt %[a2], %[t0], %[t3], %[a2]\n\t"                                     \
+#define TN_DW_ASM_SHARED_TAP(xaddr) /* one input value for the four: its low half is what SMLABx read */              \
+    TN_DW_ASM_WEIGHTS                                                                                                \
+    "ldrsb %[t0], " xaddr "\n\tadd %[t0], %[t0], %[off]\n\t"                                                           \
+    "smlabb %[a0], %[t0], %[t3], %[a0]\n\tsmlabt %[a2], %[t0], %[t3], %[a2]\n\t"                                       \
     "smlabb %[a1], %[t0], %[t1], %[a1]\n\tsmlabt %[a3], %[t0], %[t1], %[a3]\n\t"
-static inline __attribute__((always_inline)) void row3(int32_t *a0, int32_t *a1, int32_t *a2, int32_t *a3,
-                                                       const int8_t *x, const int8_t *w, uint32_t x_tap, uint32_t cout,
-                                                       uint32_t off, int shared) {
-    int32_t s0 = *a0, s1 = *a1, s2 = *a2, s3 = *a3;
-    uint32_t t0, t1, t2, t3;
-#define TN_DW_ASM_ROW(TAP)                                                                                            \
-    TAP("[%[x]]", "[%[w]]") TAP("[%[x], %[xt]]", "[%[w], %[ct]]") "add %[x], %[x], %[xt]\n\tadd %[w], %[w], %[ct]\n\t" \
-    TAP("[%[x], %[xt]]", "[%[w], %[ct]]")
+#define TN_DW_ASM_ROW(TAP) TAP("[%[x]]") TAP("[%[x], %[xt]]") TAP("[%[x], %[xt], lsl #1]")
+#define TN_DW_ASM_WINDOW(TAP)                                                                                         \
+    TN_DW_ASM_ROW(TAP) "add %[x], %[x], %[xr]\n\t" TN_DW_ASM_ROW(TAP) "add %[x], %[x], %[xr]\n\t" TN_DW_ASM_ROW(TAP)
 #define TN_DW_ASM_OPERANDS                                                                                            \
     : [a0] "+r"(s0), [a1] "+r"(s1), [a2] "+r"(s2), [a3] "+r"(s3), [x] "+r"(x), [w] "+r"(w), [t0] "=&r"(t0),          \
       [t1] "=&r"(t1), [t2] "=&r"(t2), [t3] "=&r"(t3)                                                                 \
-    : [xt] "r"(x_tap), [ct] "r"(cout), [off] "r"(off)                                                                \
+    : [xt] "r"(x_tap), [xr] "r"(x_row), [off] "r"(off)                                                               \
     : "memory"
+static inline __attribute__((always_inline)) void window3(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_tap,
+                                                          uint32_t x_row, uint32_t off, int shared) {
+    int32_t s0 = a[0], s1 = a[1], s2 = a[2], s3 = a[3];
+    uint32_t t0, t1, t2, t3;
     if (shared) {
-        __asm__(TN_DW_ASM_ROW(TN_DW_ASM_SHARED_TAP) TN_DW_ASM_OPERANDS);
+        __asm__(TN_DW_ASM_WINDOW(TN_DW_ASM_SHARED_TAP) TN_DW_ASM_OPERANDS);
     } else {
-        __asm__(TN_DW_ASM_ROW(TN_DW_ASM_TAP) TN_DW_ASM_OPERANDS);
+        __asm__(TN_DW_ASM_WINDOW(TN_DW_ASM_TAP) TN_DW_ASM_OPERANDS);
     }
-#undef TN_DW_ASM_ROW
-#undef TN_DW_ASM_OPERANDS
-    *a0 = s0;
-    *a1 = s1;
-    *a2 = s2;
-    *a3 = s3;
+    a[0] = s0;
+    a[1] = s1;
+    a[2] = s2;
+    a[3] = s3;
 }
+#undef TN_DW_ASM_WEIGHTS
+#undef TN_DW_ASM_TAP
+#undef TN_DW_ASM_SHARED_TAP
+#undef TN_DW_ASM_ROW
+#undef TN_DW_ASM_WINDOW
+#undef TN_DW_ASM_OPERANDS
 #endif
 
 /* One output position's channels c..c+3 over a window of `rows` x `cols` taps inside the input:
  * x at the first tap's channel c (the input word of channels c..c+3, or with ``shared`` the one
  * value all four read), x_tap and x_row bytes to the next tap and row; w at the first tap's
- * weights of channels c..c+3, w_row bytes to the next row (cout to the next tap). The sums start
- * at *a and stay in registers; a row of three taps is unrolled. Inlined with ``shared`` constant,
- * so each caller gets its own loop. */
+ * weights of channels c..c+3 (the quad's taps stored in turn, 4 bytes apart), w_row bytes to the
+ * next row. The sums start at *a and stay in registers; a whole 3 x 3 window is written out on a
+ * Cortex-M4 (window3), a row of three taps unrolled elsewhere. Inlined with ``shared`` constant, so
+ * each caller gets its own loop. */
 static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t *x, const int8_t *w, uint32_t rows,
                                                        uint32_t cols, uint32_t x_tap, uint32_t x_row, uint32_t w_row,
-                                                       uint32_t cout, int32_t offset, int shared) {
+                                                       int32_t offset, int shared) {
     const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    if (rows == 3u && cols == 3u && w_row == 12u) { /* a whole 3 x 3 window */
+        window3(a, x, w, x_tap, x_row, shared ? (uint32_t)offset : offsets, shared);
+        return;
+    }
+#endif
     int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
 #define TN_DW_TAP(xp, wp)                                                                                            \
     do {                                                                                                             \
@@ -98,17 +109,13 @@ static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t 
     } while (0)
     for (; rows > 0u; rows--, x += x_row, w += w_row) {
         if (cols == 3u) {
-#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
-            row3(&a0, &a1, &a2, &a3, x, w, x_tap, cout, shared ? (uint32_t)offset : offsets, shared);
-#else
             TN_DW_TAP(x, w);
-            TN_DW_TAP(x + x_tap, w + cout);
-            TN_DW_TAP(x + 2u * x_tap, w + 2u * cout);
-#endif
+            TN_DW_TAP(x + x_tap, w + 4);
+            TN_DW_TAP(x + 2u * x_tap, w + 8);
             continue;
         }
         const int8_t *xp = x, *wp = w;
-        for (uint32_t k = cols; k > 0u; k--, xp += x_tap, wp += cout) {
+        for (uint32_t k = cols; k > 0u; k--, xp += x_tap, wp += 4) {
             TN_DW_TAP(xp, wp);
         }
     }
@@ -146,6 +153,10 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
     const int32_t offset = l->in_offset;
     const out_stage s = stage_of(l);
     const int quads = mult == 1u || mult % 4u == 0u; /* four channels read one input word, or one input value */
+    /* the weights: each quad's taps in turn ([cout / 4][kh][kw][4], export.cgen's depthwise_weights),
+     * then the other channels' in TFLite's order ([kh][kw][rest]) */
+    const uint32_t taps = (uint32_t)l->kh * l->kw, c_rest = quads ? cout / 4u * 4u : 0u, rest = cout - c_rest;
+    const int8_t *const rest_w = l->weight + c_rest * taps;
     int32_t acc[BLOCK];
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
         const int32_t iy0 = (int32_t)(pos / l->wout * stride_rows(l)) - (int32_t)l->pad_h;
@@ -154,21 +165,21 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
         inside(iy0, l->kh, dh, l->hin, &ky0, &ky1);
         inside(ix0, l->kw, dw, l->win, &kx0, &kx1);
         const uint32_t rows = ky1 - ky0, cols = kx1 - kx0;
-        const uint32_t x_tap = dw * cin, x_row = dh * l->win * cin, w_row = l->kw * cout;
+        const uint32_t x_tap = dw * cin, x_row = dh * l->win * cin, w_row = l->kw * 4u;
         const uint32_t first = ((uint32_t)(iy0 + (int32_t)(ky0 * dh)) * l->win + (uint32_t)(ix0 + (int32_t)(kx0 * dw))) * cin;
-        const int8_t *w0 = l->weight + (ky0 * l->kw + kx0) * cout;
+        const int8_t *w0 = l->weight + (ky0 * l->kw + kx0) * 4u; /* quad 0's first tap inside the input */
         int8_t *o = out + pos * cout;
         uint32_t c = 0;
         if (quads && mult == 1u) {
             for (; c + 4u <= cout; c += 4u) {
                 int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
-                quad(a, in + first + c, w0 + c, rows, cols, x_tap, x_row, w_row, cout, offset, 0);
+                quad(a, in + first + c, w0 + c * taps, rows, cols, x_tap, x_row, w_row, offset, 0);
                 quad_out(&s, a, o + c, c);
             }
         } else if (quads) {
             for (; c + 4u <= cout; c += 4u) {
                 int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
-                quad(a, in + first + c / mult, w0 + c, rows, cols, x_tap, x_row, w_row, cout, offset, 1);
+                quad(a, in + first + c / mult, w0 + c * taps, rows, cols, x_tap, x_row, w_row, offset, 1);
                 quad_out(&s, a, o + c, c);
             }
         }
@@ -182,7 +193,7 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
                 for (uint32_t kx = kx0; kx < kx1; kx++) {
                     const uint32_t ix = (uint32_t)(ix0 + (int32_t)(kx * dw));
                     const int8_t *x = in + (iy * l->win + ix) * cin;
-                    const int8_t *w = l->weight + (ky * l->kw + kx) * cout + cb;
+                    const int8_t *w = rest_w + (ky * l->kw + kx) * rest + (cb - c_rest);
                     if (mult == 1u) {
                         x += cb;
                         for (uint32_t i = 0; i < n; i++) {

@@ -301,6 +301,39 @@ def test_tabled_operators_are_bit_exact_with_tflm(tmp_path: Path) -> None:
     assert flash(bundle, "host", tmp_path / "host-r")["mismatches"] == 0
 
 
+class PaddedMaxPool(nn.Module):
+    """ResNet's stem pool, MaxPool2d(3, stride 2, padding 1): litert-torch writes a PADV2 of -128, then a
+    VALID MAX_POOL_2D."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(torch.relu(self.c1(x))).mean((2, 3)))
+
+
+def test_a_max_pool_with_padding_is_bit_exact_with_tflm(tmp_path: Path) -> None:
+    """aacb8cc refused it: "a PAD must be followed by a convolution"."""
+    from export.flash import flash
+    from export.intmodel import WindowPoolLayer
+    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
+
+    torch.manual_seed(0)
+    model = tmp_path / "p.tflite"
+    np.savez(tmp_path / "x.npz", x=int8_tflite(PaddedMaxPool(), (2, 8, 8), model))
+    assert "PADV2" in op_names(read_model(model.read_bytes()))
+    (pool,) = [layer for layer in from_tflite(model.read_bytes()).layers if isinstance(layer, WindowPoolLayer)]
+    assert (pool.kind, pool.padding_h, pool.padding, pool.out_shape[1:]) == ("max", 1, 1, (4, 4))
+    bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
+    host = flash(bundle, "host", tmp_path / "host")
+    assert host["mismatches"] == 0 and len({tuple(v) for v in host["outputs"].values()}) > 8
+    if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc"):
+        assert flash(bundle, "mps2-an386", tmp_path / "m4", vectors=4)["mismatches"] == 0
+
+
 def test_a_residual_add_and_a_concatenation_are_bit_exact_and_survive_power_cuts(tmp_path: Path) -> None:
     """aacb8cc refused both ("only chains are supported"; CONCATENATION "has no firmware kernel")."""
     import random
