@@ -150,21 +150,37 @@ def routed(init: str, route: tuple[int, int, int] | None, requant: str = "0") ->
     return f"{init}, {src}, {src2}, {dst}, {requant}}}"
 
 
+def add_tables(layer: AddLayer) -> np.ndarray:
+    """An ADD's two inputs rescaled, for each int8 value: int32 (2, 256), [i][v + 128] =
+    RoundingDivideByPOT(SaturatingRoundingDoublingHighMul((v + offset_i) * 2^20, m_i), s_i), what
+    TFLite's ADD computes of each input before the sum (a function of the one int8 value)."""
+    v = np.arange(-128, 128, dtype=np.int64)
+    rows = []
+    for offset, m, shift in ((layer.input_offset, layer.multiplier[0], layer.shift[0]),
+                             (layer.input2_offset, layer.multiplier[1], layer.shift[1])):
+        high = (((v + offset) << 20) * m + (1 << 30)) >> 31  # |x m| < 2^59: never saturates
+        mask = (1 << shift) - 1
+        rows.append((high >> shift) + ((high & mask) > (mask >> 1) + (high < 0)))
+    return np.stack(rows).astype(np.int32)
+
+
 def requant_table(prefix: str, layer: Layer) -> tuple[str, str]:
     """(array, its name) of a conv, depthwise or fully connected layer's per-channel requantization
-    as the firmware's fast path reads it, {multiplier, 2^(shift - 2) + zero point 2^(shift - 1),
-    shift - 1} per channel (firmware/src/kernel.h's mbqm_row); ("", "0") where a shift is below 2 or
-    the zero point's share could overflow the high word (the kernels then take multiplier, shift
-    and offset)."""
-    if not isinstance(layer, (ConvLayer, DepthwiseLayer, FCLayer)):
+    (an ADD's output stage: one row) as the firmware's fast path reads it, {multiplier, 2^(shift - 2)
+    + zero point 2^(shift - 1), shift - 1} per channel (firmware/src/kernel.h's mbqm_row); ("", "0")
+    where a shift is below 2 or the zero point's share could overflow the high word (the kernels then
+    take multiplier, shift and offset)."""
+    if isinstance(layer, AddLayer):
+        multiplier, shift = np.array(layer.multiplier[2:], np.int64), np.array(layer.shift[2:], np.int64)
+    elif isinstance(layer, (ConvLayer, DepthwiseLayer, FCLayer)):
+        multiplier, shift = np.asarray(layer.multiplier, np.int64), np.asarray(layer.shift, np.int64)
+    else:
         return "", "0"
-    shift = np.asarray(layer.shift, np.int64)
+    zp = layer.output_offset
     # |base| = 2^(30+s) + |zp| 2^(31+s) + 2^31 stays below 2^62, so base + acc m (below 2^62) fits an int64
-    if shift.min() < 2 or shift.max() > 31 or np.any((abs(layer.output_offset) << (shift - 1)) + (1 << (shift - 2))
-                                                      >= 1 << 29):
+    if shift.min() < 2 or shift.max() > 31 or np.any((abs(zp) << (shift - 1)) + (1 << (shift - 2)) >= 1 << 29):
         return "", "0"
-    rows = np.stack([np.asarray(layer.multiplier, np.int64),
-                     (1 << (shift - 2)) + (layer.output_offset << (shift - 1)), shift - 1], axis=1)
+    rows = np.stack([multiplier, (1 << (shift - 2)) + (zp << (shift - 1)), shift - 1], axis=1)
     return _array("int32_t", f"{prefix}_rq", rows), f"{prefix}_rq"
 
 
@@ -238,10 +254,11 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         if not all(0 < m < 2**31 for m in layer.multiplier) or not all(0 <= sh < 32 for sh in layer.shift):
             raise IntModelError(f"{prefix}: an ADD's multipliers must be positive Q31 values, its shifts right ones")
         arrays = (_array("int32_t", f"{prefix}_m", np.array(layer.multiplier))
-                  + _array("int32_t", f"{prefix}_s", np.array(layer.shift)))
+                  + _array("int32_t", f"{prefix}_s", np.array(layer.shift))
+                  + _array("int32_t", f"{prefix}_b", add_tables(layer)))
         return _init("TN_ADD", c, h, w, c, h, w, in_offset=layer.input_offset, out_offset=layer.output_offset,
                      act_min=layer.act_min, act_max=layer.act_max, arrays=arrays,
-                     refs=("0", "0", f"{prefix}_m", f"{prefix}_s"), in2_offset=layer.input2_offset)
+                     refs=("0", f"{prefix}_b", f"{prefix}_m", f"{prefix}_s"), in2_offset=layer.input2_offset)
     if isinstance(layer, ConcatLayer):
         h, w = layer.positions
         return _init("TN_CONCAT", layer.channels, h, w, layer.out_channels, h, w, in2_offset=layer.offset)

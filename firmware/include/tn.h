@@ -63,7 +63,7 @@ typedef struct {
                                    * (the order SXTB16 unpacks), the rows of channels 2p and 2p + 1
                                    * alternating group by group (an odd last row whole at the end);
                                    * dense: [cout][cin] */
-    const int32_t *bias;          /* [cout] */
+    const int32_t *bias;          /* [cout]; add: 0, or [2][256] each input's rescaled value by int8 value */
     const int32_t *multiplier;    /* conv, dwconv, fc: [cout], Q31; mean: [1], 1/positions folded in */
     const int32_t *shift;         /* as multiplier: a right shift (< 0: a left shift) */
     uint8_t stride_h;             /* rows between windows; 0: stride, the columns' (older descriptors) */

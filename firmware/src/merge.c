@@ -6,13 +6,23 @@
 #define TN_ADD_LEFT_SHIFT 20 /* TFLite's int8 ADD: inputs scaled up before their rescaling */
 
 /* out = clamp(mbqm(mbqm((a + off_a) << 20, m0, s0) + mbqm((b + off_b) << 20, m1, s1), m2, s2) + zp):
- * reference_integer_ops::AddElementwise, with Prepare's multipliers (export.tflite_import). */
+ * reference_integer_ops::AddElementwise, with Prepare's multipliers (export.tflite_import). With
+ * bias = the two inputs' rescaled values for each int8 value ([2][256], export.cgen) and requant =
+ * the output's table row, two lookups and one multiply-accumulate a value. */
 void tn_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out) {
     const uint32_t n = (uint32_t)l->cin * l->hin * l->win;
     const int32_t m0 = l->multiplier[0], m1 = l->multiplier[1], m2 = l->multiplier[2];
     const int32_t s0 = l->shift[0], s1 = l->shift[1], s2 = l->shift[2];
     const int32_t off_a = l->in_offset, off_b = l->in2_offset, zp = l->out_offset;
     const int32_t lo = l->act_min, hi = l->act_max;
+    if (l->bias != 0 && l->requant != 0) { /* each input's rescaling looked up (export.cgen's add_tables) */
+        const int32_t *ta = l->bias + 128, *tb = l->bias + 256 + 128, *r = l->requant;
+        for (uint32_t i = 0; i < n; i++) {
+            const int32_t v = mbqm_row(ta[a[i]] + tb[b[i]], r);
+            out[i] = (int8_t)(v < lo ? lo : v > hi ? hi : v);
+        }
+        return;
+    }
     for (uint32_t i = 0; i < n; i++) {
         const int32_t x = (int32_t)((uint32_t)(a[i] + off_a) << TN_ADD_LEFT_SHIFT);
         const int32_t y = (int32_t)((uint32_t)(b[i] + off_b) << TN_ADD_LEFT_SHIFT);
