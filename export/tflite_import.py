@@ -466,7 +466,7 @@ class _Lowering:
         n = h * w_
         fold = min(n.bit_length() - 1, 32, 31 - right)
         self.emit(MeanLayer(multiplier=(mult << fold) // n, shift=right + fold, input_offset=-zp_x,
-                                         output_offset=zp_y, in_shape=(c, h, w_)))
+                            output_offset=zp_y, in_shape=(c, h, w_)))
         self.cur, self.phys = outs[0], (c,)
         self.where = channels.reshape(graph.shape(outs[0]))
 
@@ -669,7 +669,7 @@ class _Lowering:
         graph.act(self.cur)
         graph.act(op.outs[0])
         self.emit(WindowPoolLayer(kind="max", kernel=(h, w_), stride=1, padding_h=0, padding=0,
-                                               act_min=-128, act_max=127, in_shape=(c, h, w_), out_shape=(c, 1, 1)))
+                                  act_min=-128, act_max=127, in_shape=(c, h, w_), out_shape=(c, 1, 1)))
         table = lut_tables(self.graph.data, [k, k + 1, j], per_channel=False)
         self.emit(LutLayer(op="DEQUANTIZE+REDUCE_MAX+QUANTIZE", table=table, shape=(c, 1, 1)))
         self.cur, self.phys = op.outs[0], (c,)
