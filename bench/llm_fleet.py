@@ -48,7 +48,9 @@ Policy = Literal["sd", "api"]
 @dataclass
 class ForwardCosts:
     """Seconds of one batched target forward of B sessions fed N tokens each, measured on a grid
-    and interpolated linearly in between (beyond the grid: linearly extrapolated in B)."""
+    and interpolated linearly in between (beyond the grid: linearly extrapolated in B, never
+    downward: a forward of more sessions costs no less, whatever noise the last two rows' timings
+    carry)."""
 
     rows: tuple[int, ...]
     tokens: tuple[int, ...]
@@ -59,7 +61,7 @@ class ForwardCosts:
         by_row = [float(np.interp(n, self.tokens, self.seconds[i])) for i in range(len(self.rows))]
         if b <= self.rows[-1]:
             return float(np.interp(b, self.rows, by_row))
-        slope = (by_row[-1] - by_row[-2]) / (self.rows[-1] - self.rows[-2])
+        slope = max(0.0, (by_row[-1] - by_row[-2]) / (self.rows[-1] - self.rows[-2]))
         return by_row[-1] + slope * (b - self.rows[-1])
 
     def as_dict(self) -> dict[str, Any]:

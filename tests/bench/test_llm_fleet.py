@@ -51,6 +51,15 @@ def test_traces_of_a_perfect_and_a_useless_draft() -> None:
     assert record_traces(target, AlwaysWrong(target), [[1, 2, 3]], new=12, k_max=5) == [[0] * 12]
 
 
+def test_costs_beyond_the_grid_never_fall() -> None:
+    """Stop 40's run: timings of a 2 x 2 grid taken while both cores were busy fell from B = 1 to B = 2,
+    and the extrapolated cost of B = 4 came out at -0.98 ms."""
+    noisy = ForwardCosts(rows=(1, 2), tokens=(1, 3), seconds=np.array([[2e-3, 3e-3], [1e-3, 1.5e-3]]), prefill_s=1e-3)
+    assert noisy(4, 1) == pytest.approx(1e-3) and noisy(4, 3) == pytest.approx(1.5e-3)
+    rising = ForwardCosts(rows=(1, 2), tokens=(1, 3), seconds=np.array([[1e-3, 2e-3], [2e-3, 3e-3]]), prefill_s=1e-3)
+    assert rising(4, 1) == pytest.approx(4e-3)
+
+
 def test_measured_costs_cover_the_grid() -> None:
     target = _llama(0)
     for measure in (measure_forward_costs, measure_forward_only):
