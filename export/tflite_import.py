@@ -183,6 +183,12 @@ def _activation_range(code: int, scale: float, zp: int, where: str) -> tuple[int
     raise IntModelError(f"{where}: fused activation {code} has no firmware kernel (NONE, RELU, RELU6, RELU_N1_TO_1)")
 
 
+def _device_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape as the firmware's elementwise layers take it: (C, H, W) of an NHWC tensor,
+    else (N,), its values in order."""
+    return (shape[3], shape[1], shape[2]) if len(shape) == 4 else (math.prod(shape),)
+
+
 def _same_pad(n: int, k: int, stride: int, out: int) -> int:
     return max((out - 1) * stride + k - n, 0) // 2
 
@@ -530,13 +536,10 @@ class _Lowering:
             raise IntModelError(f"{here}: output scale {s_y} is too small for TFLite's ADD (its multiplier must be "
                                 "below one)")
         act_min, act_max = _activation_range(op.opts.fusedActivationFunction, s_y, z_y, here)
-        shape = graph.shape(a)
-        phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
         self.buffer = src
         self.produced(op.outs[0], AddLayer(multiplier=(m1, m2, m_y), shift=(sh1, sh2, sh_y), input_offset=-z1,
                                            input2_offset=-z2, output_offset=z_y, act_min=act_min, act_max=act_max,
-                                           shape=(phys[2], phys[0], phys[1]) if len(phys) == 3 else phys),
-                      src2=src2)
+                                           shape=_device_shape(graph.shape(a))), src2=src2)
 
     def _concat(self, op: _Op) -> None:
         """CONCATENATION along channels of layers' outputs, one scale for all (TFLite's int8 rule): one
@@ -557,16 +560,14 @@ class _Lowering:
         srcs = [self._stored(op, t) for t in op.ins]
         dst = self._free(set(srcs))
         h, w_ = (shape[1], shape[2]) if len(shape) == 4 else (1, 1)
-        offset = 0
-        for t, src in zip(op.ins, srcs):
+        channels = [graph.shape(t)[-1] for t in op.ins]
+        layers = [ConcatLayer(channels=c, offset=sum(channels[:i]), out_channels=shape[-1], positions=(h, w_))
+                  for i, c in enumerate(channels)]
+        for src, layer in zip(srcs[:-1], layers[:-1]):
             self.buffer = src
-            channels = graph.shape(t)[-1]
-            self.emit(ConcatLayer(channels=channels, offset=offset, out_channels=shape[-1], positions=(h, w_)),
-                      dst=dst)
-            offset += channels
-        self.cur, self.computed = op.outs[0], True
-        self.phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
-        self.where = np.arange(math.prod(shape)).reshape(shape)
+            self.emit(layer, dst=dst)
+        self.buffer = srcs[-1]
+        self.produced(op.outs[0], layers[-1], dst=dst)
 
     def _lut(self, op: _Op) -> None:
         """An elementwise int8 operator of the current tensor and constants: its 256 outputs per
@@ -614,9 +615,7 @@ class _Lowering:
             raise IntModelError(f"{here}: an elementwise operator on the model's input; put it after a layer")
         self.place(op, x_shape)
         table = lut_tables(self.graph.data, ops, per_channel)
-        phys = x_shape[1:] if len(x_shape) == 4 else (math.prod(x_shape),)
-        shape = (phys[2], phys[0], phys[1]) if len(phys) == 3 else phys
-        self.produced(running, LutLayer(op=name, table=table, shape=shape))
+        self.produced(running, LutLayer(op=name, table=table, shape=_device_shape(x_shape)))
 
     def _float_island(self, k: int, here: str) -> int:
         """DEQUANTIZE, float operators value by value, QUANTIZE (what a quantizer leaves of an operator it

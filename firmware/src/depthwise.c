@@ -131,12 +131,8 @@ static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t 
 static void quad_out(const out_stage *s, const int32_t *a, int8_t *o, uint32_t c) {
     if (s->table != 0) {
         const int32_t *r = s->table + 3u * c, lo = s->act_min, hi = s->act_max;
-        int32_t v0 = mbqm_row(a[0], r), v1 = mbqm_row(a[1], r + 3), v2 = mbqm_row(a[2], r + 6);
-        int32_t v3 = mbqm_row(a[3], r + 9);
-        v0 = v0 < lo ? lo : v0 > hi ? hi : v0;
-        v1 = v1 < lo ? lo : v1 > hi ? hi : v1;
-        v2 = v2 < lo ? lo : v2 > hi ? hi : v2;
-        v3 = v3 < lo ? lo : v3 > hi ? hi : v3;
+        const int32_t v0 = row_clamped(a[0], r, lo, hi), v1 = row_clamped(a[1], r + 3, lo, hi);
+        const int32_t v2 = row_clamped(a[2], r + 6, lo, hi), v3 = row_clamped(a[3], r + 9, lo, hi);
         write_u32(o, (uint32_t)(uint8_t)v0 | (uint32_t)(uint8_t)v1 << 8 | (uint32_t)(uint8_t)v2 << 16 |
                          (uint32_t)(uint8_t)v3 << 24);
         return;

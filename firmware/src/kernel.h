@@ -81,10 +81,15 @@ static inline int8_t requantize_out(const out_stage *s, int32_t acc, uint32_t oc
     return (int8_t)v;
 }
 
-/* One output from its channel's table row, clamped to [lo, hi]. */
-static inline int8_t row_out(int32_t acc, const int32_t *r, int32_t lo, int32_t hi) {
+/* One output from its channel's table row, clamped to [lo, hi]: as an int32 (to pack into a word)
+ * and as the int8 stored. */
+static inline int32_t row_clamped(int32_t acc, const int32_t *r, int32_t lo, int32_t hi) {
     const int32_t v = mbqm_row(acc, r);
-    return (int8_t)(v < lo ? lo : v > hi ? hi : v);
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+static inline int8_t row_out(int32_t acc, const int32_t *r, int32_t lo, int32_t hi) {
+    return (int8_t)row_clamped(acc, r, lo, hi);
 }
 
 static inline uint32_t read_u32(const void *p) {

@@ -18,8 +18,7 @@ void tn_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out) {
     if (l->bias != 0 && l->requant != 0) { /* each input's rescaling looked up (export.cgen's add_tables) */
         const int32_t *ta = l->bias + 128, *tb = l->bias + 256 + 128, *r = l->requant;
         for (uint32_t i = 0; i < n; i++) {
-            const int32_t v = mbqm_row(ta[a[i]] + tb[b[i]], r);
-            out[i] = (int8_t)(v < lo ? lo : v > hi ? hi : v);
+            out[i] = row_out(ta[a[i]] + tb[b[i]], r, lo, hi);
         }
         return;
     }
