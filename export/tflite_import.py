@@ -9,7 +9,8 @@ compute, and checks every test vector bit for bit against TFLite Micro's own int
 (``tflm_outputs``, PyPI ``tflite-micro``).
 
 What the reader takes: CONV_2D and DEPTHWISE_CONV_2D (per-tensor or per-channel weights; SAME,
-VALID or a PAD before them; any strides and dilation), AVERAGE_POOL_2D, MAX_POOL_2D (a PAD of
+VALID or a PAD before them; any strides and dilation; a depthwise conv of one input channel, what
+a converter writes for a first Conv2d on a one-channel image, runs as the conv it is), AVERAGE_POOL_2D, MAX_POOL_2D (a PAD of
 -128 before it folds into its padding), MEAN over
 all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused; ADD of two computed
 tensors of one shape (a residual connection) and CONCATENATION along channels, in graphs that
@@ -414,8 +415,9 @@ class _Lowering:
                       input_offset=-zp_x, output_offset=zp_y, act_min=act_min, act_max=act_max,
                       stride=sw, stride_h=sh, dilation=dw, dilation_h=dh, in_shape=(x_shape[3], x_shape[1], x_shape[2]),
                       out_shape=(n_out, y_shape[1], y_shape[2]))
-        if op.kind == "CONV_2D":
-            layer: Layer = ConvLayer(weight=np.ascontiguousarray(np.transpose(w, (0, 3, 1, 2))), padding=left,
+        if op.kind == "CONV_2D" or x_shape[3] == 1:  # a depthwise conv of one input channel is a conv
+            oihw = (0, 3, 1, 2) if op.kind == "CONV_2D" else (3, 0, 1, 2)  # OHWI, or (1, kh, kw, cout)
+            layer: Layer = ConvLayer(weight=np.ascontiguousarray(np.transpose(w, oihw)), padding=left,
                                      padding_h=top, **common)  # type: ignore[arg-type]
         else:
             if n_out % x_shape[3]:

@@ -132,7 +132,7 @@ typedef struct {
 
 /* Scratch in volatile RAM (contents need not survive a power failure): a tile's im2col columns. */
 typedef struct {
-    int16_t column[TN_MAX_COLUMN];
+    int16_t column[TN_MAX_COLUMN] __attribute__((aligned(8))); /* or a depthwise window's bytes */
 } tn_scratch;
 
 /* Called after every commit with the new progress value; a board or test harness may cut power
@@ -216,7 +216,8 @@ void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, ui
 uint32_t tn_depth(const tn_layer *l); /* conv: taps per output, rounded up to 4 */
 void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out);
 void tn_dense(const tn_layer *l, const int32_t *in, int32_t *out);
-void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile);
+/* window: scratch for a 3 x 3 window at the padding (9 x cin bytes, TN_MAX_COLUMN x 2 at most). */
+void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window);
 void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out);
 void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out);
 /* Writes int8 outputs to out8, or (out8 = 0) their values as int32 to out32. */

@@ -114,6 +114,19 @@ static void fill_column(const tn_layer *l, const int8_t *in, int16_t *column, ui
     const uint32_t row = kw * cin, left = kx0 * cin, run = (kx1 - kx0) * cin, right = (kw - kx1) * cin;
     const int8_t *src = in + ((uint32_t)(iy0 + (int32_t)ky0) * win + (uint32_t)(ix0 + (int32_t)kx0)) * cin;
     int16_t *c = column;
+    if (ky0 == 0u && ky1 == kh && run == row) { /* the window inside the input: kh runs, no padding */
+        if (kh == 1u) {
+            widen(c, src, row, l->in_offset);
+        } else {
+            for (uint32_t ky = 0; ky < kh; ky++, src += win * cin, c += row) {
+                widen(c, src, row, l->in_offset);
+            }
+        }
+        for (uint32_t k = kh * row; k < tn_depth(l); k++) { /* the tail to a multiple of four */
+            column[k] = 0;
+        }
+        return;
+    }
     zero(c, ky0 * row);
     c += ky0 * row;
     for (uint32_t ky = ky0; ky < ky1; ky++, src += win * cin) {
@@ -167,6 +180,90 @@ static inline __attribute__((always_inline)) void pair_dot(const int8_t *w, cons
 }
 #endif
 
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+/* What conv_pairs reads: byte offsets fixed by the assembly below. */
+typedef struct {
+    const int8_t *w;                /*  0: the first pair's weights (pairs follow one another) */
+    const int16_t *ca, *cb, *ca_end; /*  4,  8, 12: the two columns, the first one's end */
+    const int32_t *bias, *rows;     /* 16, 20: the first pair's biases and requantization rows */
+    int8_t *oa, *ob;                /* 24, 28: where the first pair's outputs go at the two positions */
+    const int8_t *w_end;            /* 32: past the last pair's weights */
+    uint32_t lo4, hi4;              /* 36, 40: the clamp's bounds, one per byte */
+} pair_job;
+
+/* Every channel pair of a tile on a Cortex-M4, written out as one function (in C the compiler
+ * spills the loop's pointers around each pair: 32 instructions of setup and a reloaded clamp per
+ * output). Per pair: the biases (LDRD), pair_dot's loop (19 instructions for 16 MACs), then the
+ * output stage of mbqm_row for the four sums (the table row read once for both positions;
+ * AND, ORR, ADD, SMLAL, ASR and SSAT per output), the four bytes packed into one word, clamped
+ * per byte (SSUB8 sets a lane's GE flag, SEL picks: the clamp of four outputs in four
+ * instructions) and stored as a halfword at each position. Registers: r0-r3 the sums a0, a1, b0,
+ * b1; r4-r7 the weights; r8 a column word; r9 the weights' pointer; r10, r11 the columns' pointers;
+ * r12 the first column's end; lr the job. With a lone last position cb = ca and ob = oa, so the
+ * second store rewrites the first's bytes with the same values. */
+__attribute__((naked, noinline)) static void conv_pairs(pair_job *job) {
+    (void)job;
+    __asm__("push {r4-r11, lr}\n\t"
+            "mov lr, r0\n\t"
+            "ldr r9, [lr, #0]\n"
+            "1:\n\t"
+            "ldrd r10, r11, [lr, #4]\n\t"
+            "ldrd r12, r8, [lr, #12]\n\t"
+            "ldrd r0, r1, [r8], #8\n\t"
+            "str r8, [lr, #16]\n\t"
+            "mov r2, r0\n\t"
+            "mov r3, r1\n"
+            "2:\n\t"
+            "ldrd r4, r5, [r9], #8\n\t"
+            "sxtb16 r6, r4, ror #8\n\t"
+            "sxtb16 r4, r4\n\t"
+            "sxtb16 r7, r5, ror #8\n\t"
+            "sxtb16 r5, r5\n\t"
+            "ldr r8, [r10], #4\n\t"
+            "smlad r0, r8, r4, r0\n\t"
+            "smlad r1, r8, r5, r1\n\t"
+            "ldr r8, [r10], #4\n\t"
+            "smlad r0, r8, r6, r0\n\t"
+            "smlad r1, r8, r7, r1\n\t"
+            "ldr r8, [r11], #4\n\t"
+            "smlad r2, r8, r4, r2\n\t"
+            "smlad r3, r8, r5, r3\n\t"
+            "ldr r8, [r11], #4\n\t"
+            "smlad r2, r8, r6, r2\n\t"
+            "smlad r3, r8, r7, r3\n\t"
+            "cmp r10, r12\n\t"
+            "bne 2b\n\t"
+            /* the output stage: r4 multiplier, r5 base, r6 shift; r7, r8 the 64-bit sum */
+            "ldr r12, [lr, #20]\n\t"
+#define TN_CONV_ASM_ROW "ldm r12!, {r4, r5, r6}\n\t"
+#define TN_CONV_ASM_OUT(acc, hi)                                                                                    \
+    "and r7, " acc ", #0x80000000\n\torr r7, r7, #0x40000000\n\tadd " hi ", r5, " acc ", asr #31\n\t"               \
+    "smlal r7, " hi ", " acc ", r4\n\tasr " acc ", " hi ", r6\n\tssat " acc ", #8, " acc "\n\t"
+            TN_CONV_ASM_ROW TN_CONV_ASM_OUT("r0", "r8") TN_CONV_ASM_OUT("r2", "r5")
+            TN_CONV_ASM_ROW TN_CONV_ASM_OUT("r1", "r8") TN_CONV_ASM_OUT("r3", "r5")
+#undef TN_CONV_ASM_ROW
+#undef TN_CONV_ASM_OUT
+            "str r12, [lr, #20]\n\t"
+            "bfi r0, r1, #8, #8\n\t"
+            "bfi r2, r3, #8, #8\n\t"
+            "pkhbt r0, r0, r2, lsl #16\n\t"
+            "ldrd r4, r5, [lr, #36]\n\t"
+            "ssub8 r6, r0, r4\n\t"
+            "sel r0, r0, r4\n\t"
+            "ssub8 r6, r5, r0\n\t"
+            "sel r0, r0, r5\n\t"
+            "ldrd r4, r5, [lr, #24]\n\t"
+            "strh r0, [r4], #2\n\t"
+            "lsr r0, r0, #16\n\t"
+            "strh r0, [r5], #2\n\t"
+            "strd r4, r5, [lr, #24]\n\t"
+            "ldr r4, [lr, #32]\n\t"
+            "cmp r9, r4\n\t"
+            "bne 1b\n\t"
+            "pop {r4-r11, pc}");
+}
+#endif
+
 /* The fast kernel (CMSIS-NN's scheme): an im2col column per output position, two positions and
  * two output channels at a time, so each weight word and each column word loaded feeds two
  * SMLADs (two MACs each). A tile is TN_TILE_POSITIONS output positions of every channel. */
@@ -177,12 +274,32 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
     const int16_t *ca = column, *cb = two ? column + depth : column; /* a lone last position is computed twice */
     const out_stage s = stage_of(l);
     int8_t *oa = out + p * cout, *ob = oa + cout;
-    fill_column(l, in, column, p);
-    if (two) {
-        fill_column(l, in, column + depth, p + 1u);
+    if (l->kh == 1u && l->kw == 1u && l->pad == 0u && l->pad_h == 0u) { /* a pointwise conv: the inputs as they are */
+        const uint32_t sh = stride_rows(l), oy = p / l->wout, ox = p % l->wout, cin = l->cin;
+        widen(column, in + (oy * sh * l->win + ox * l->stride) * cin, cin, l->in_offset);
+        zero(column + cin, depth - cin);
+        if (two) {
+            const uint32_t oy1 = ox + 1u < l->wout ? oy : oy + 1u, ox1 = ox + 1u < l->wout ? ox + 1u : 0u;
+            widen(column + depth, in + (oy1 * sh * l->win + ox1 * l->stride) * cin, cin, l->in_offset);
+            zero(column + depth + cin, depth - cin);
+        }
+    } else {
+        fill_column(l, in, column, p);
+        if (two) {
+            fill_column(l, in, column + depth, p + 1u);
+        }
     }
     const int16_t *const ca_end = ca + depth;
     uint32_t oc = 0;
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    if (s.table != 0 && cout >= 2u) { /* every pair through the written-out loop */
+        const uint32_t pairs = cout / 2u, lo = (uint8_t)s.act_min, hi = (uint8_t)s.act_max;
+        pair_job job = {l->weight, ca, cb, ca_end, l->bias, s.table, oa, two ? ob : oa,
+                        l->weight + 2u * pairs * depth, lo * 0x01010101u, hi * 0x01010101u};
+        conv_pairs(&job);
+        oc = 2u * pairs;
+    }
+#endif
     for (; oc + 2u <= cout; oc += 2u) {
         const int8_t *w = l->weight + oc * depth; /* the pair's groups, alternating */
         int32_t a0 = l->bias[oc], a1 = l->bias[oc + 1u], b0 = a0, b1 = a1;

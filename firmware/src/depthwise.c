@@ -143,7 +143,96 @@ static void quad_out(const out_stage *s, const int32_t *a, int8_t *o, uint32_t c
     o[3] = requantize_out(s, a[3], c + 3u);
 }
 
-void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile) {
+#define WINDOW_BYTES (2u * TN_MAX_COLUMN) /* the scratch a padded window is gathered into */
+
+/* A 3 x 3 window that reaches into the padding, gathered tap after tap (each tap's cin channels,
+ * cin a multiple of 4) into `window`, the padded taps holding the input's zero point: zero point
+ * + offset = 0, so they add nothing and the position runs the whole-window loop like any other. */
+static void gather3(const tn_layer *l, const int8_t *in, int8_t *window, int32_t iy0, int32_t ix0) {
+    const uint32_t cin = l->cin, dh = dil_rows(l), dw = dil_cols(l);
+    const uint32_t zp4 = (uint32_t)(uint8_t)(int8_t)-l->in_offset * 0x01010101u;
+    int8_t *t = window;
+    for (uint32_t ky = 0; ky < 3u; ky++) {
+        const uint32_t iy = (uint32_t)(iy0 + (int32_t)(ky * dh));
+        for (uint32_t kx = 0; kx < 3u; kx++, t += cin) {
+            const uint32_t ix = (uint32_t)(ix0 + (int32_t)(kx * dw));
+            if (iy < l->hin && ix < l->win) { /* a negative coordinate wraps above the bound */
+                const int8_t *x = in + (iy * l->win + ix) * cin;
+                for (uint32_t c = 0; c < cin; c += 4u) {
+                    write_u32(t + c, read_u32(x + c));
+                }
+            } else {
+                for (uint32_t c = 0; c < cin; c += 4u) {
+                    write_u32(t + c, zp4);
+                }
+            }
+        }
+    }
+}
+
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+/* What dw_quads3 reads: byte offsets fixed by the assembly below. */
+typedef struct {
+    const int8_t *x, *w;           /*  0,  4: the first quad's first tap (input, weights) */
+    const int32_t *bias, *rows;    /*  8, 12: the first quad's biases and requantization rows */
+    int8_t *out, *out_end;         /* 16, 20: the position's outputs */
+    uint32_t x_tap, x_row;         /* 24, 28: bytes between taps and between rows */
+    uint32_t offsets, lo4, hi4;    /* 32, 36, 40: the input offset in both halves; the clamp per byte */
+} dw_job;
+
+/* Every channel quad of one output position's whole 3 x 3 window on a Cortex-M4, written out as one
+ * function (in C the compiler keeps the sums in memory between the window and the output stage).
+ * Per quad: its four biases (LDM), window3's 36 MACs (the same taps: r4-r7 the widened input and
+ * weights, r8 the input, r9 the weights, r10 and r11 the tap and row steps, r12 the offsets), the
+ * output stage of mbqm_row per sum (the row by LDM; AND, ORR, ADD, SMLAL, ASR, SSAT), the four
+ * bytes packed, clamped per byte (SSUB8, SEL) and stored as one word. lr holds the job. */
+#define TN_DW_M4_TAP(xaddr)                                                                                           \
+    "ldr r5, [r9], #4\n\tsxtb16 r7, r5\n\tsxtb16 r5, r5, ror #8\n\t"                                             \
+    "ldr r4, " xaddr "\n\tsxtab16 r6, r12, r4\n\tsxtab16 r4, r12, r4, ror #8\n\t"                                 \
+    "smlabb r0, r6, r7, r0\n\tsmlatt r2, r6, r7, r2\n\tsmlabb r1, r4, r5, r1\n\tsmlatt r3, r4, r5, r3\n\t"
+#define TN_DW_M4_ROW TN_DW_M4_TAP("[r8]") TN_DW_M4_TAP("[r8, r10]") TN_DW_M4_TAP("[r8, r10, lsl #1]")
+#define TN_DW_M4_OUT(acc)                                                                                              \
+    "ldm r9!, {r4, r5, r6}\n\tand r7, " acc ", #0x80000000\n\torr r7, r7, #0x40000000\n\t"                           \
+    "add r8, r5, " acc ", asr #31\n\tsmlal r7, r8, " acc ", r4\n\tasr " acc ", r8, r6\n\tssat " acc ", #8, " acc "\n\t"
+__attribute__((naked, noinline)) static void dw_quads3(dw_job *job) {
+    (void)job;
+    __asm__("push {r4-r11, lr}\n\t"
+            "mov lr, r0\n\t"
+            "ldrd r10, r11, [lr, #24]\n\t"
+            "ldr r12, [lr, #32]\n"
+            "1:\n\t"
+            "ldrd r8, r9, [lr, #0]\n\t"
+            "add r4, r8, #4\n\t"
+            "str r4, [lr, #0]\n\t"
+            "ldr r4, [lr, #8]\n\t"
+            "ldmia r4!, {r0-r3}\n\t"
+            "str r4, [lr, #8]\n\t"
+            TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW
+            "str r9, [lr, #4]\n\t"
+            "ldr r9, [lr, #12]\n\t"
+            TN_DW_M4_OUT("r0") TN_DW_M4_OUT("r1") TN_DW_M4_OUT("r2") TN_DW_M4_OUT("r3")
+            "str r9, [lr, #12]\n\t"
+            "bfi r0, r1, #8, #8\n\t"
+            "bfi r0, r2, #16, #8\n\t"
+            "bfi r0, r3, #24, #8\n\t"
+            "ldrd r4, r5, [lr, #36]\n\t"
+            "ssub8 r6, r0, r4\n\t"
+            "sel r0, r0, r4\n\t"
+            "ssub8 r6, r5, r0\n\t"
+            "sel r0, r0, r5\n\t"
+            "ldrd r4, r5, [lr, #16]\n\t"
+            "str r0, [r4], #4\n\t"
+            "str r4, [lr, #16]\n\t"
+            "cmp r4, r5\n\t"
+            "bne 1b\n\t"
+            "pop {r4-r11, pc}");
+}
+#undef TN_DW_M4_TAP
+#undef TN_DW_M4_ROW
+#undef TN_DW_M4_OUT
+#endif
+
+void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window) {
     const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, cin = l->cin, mult = cout / cin;
     const uint32_t dh = dil_rows(l), dw = dil_cols(l);
     const int32_t offset = l->in_offset;
@@ -153,10 +242,42 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
      * then the other channels' in TFLite's order ([kh][kw][rest]) */
     const uint32_t taps = (uint32_t)l->kh * l->kw, c_rest = quads ? cout / 4u * 4u : 0u, rest = cout - c_rest;
     const int8_t *const rest_w = l->weight + c_rest * taps;
+    /* a 3 x 3 window of whole quads with a requantization table: every position through the
+     * whole-window loop, a window at the padding gathered first */
+    const int whole = mult == 1u && cin % 4u == 0u && l->kh == 3u && l->kw == 3u && 9u * cin <= WINDOW_BYTES &&
+                      s.table != 0;
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
+    const uint32_t lo4 = (uint8_t)s.act_min * 0x01010101u, hi4 = (uint8_t)s.act_max * 0x01010101u;
+#endif
     int32_t acc[BLOCK];
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
         const int32_t iy0 = (int32_t)(pos / l->wout * stride_rows(l)) - (int32_t)l->pad_h;
         const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
+        if (whole) {
+            const int full = iy0 >= 0 && ix0 >= 0 && (uint32_t)iy0 + 2u * dh < l->hin && (uint32_t)ix0 + 2u * dw < l->win;
+            const int8_t *x = window;
+            uint32_t xt = cin, xr = 3u * cin;
+            if (full) {
+                x = in + ((uint32_t)iy0 * l->win + (uint32_t)ix0) * cin;
+                xt = dw * cin;
+                xr = dh * l->win * cin;
+            } else {
+                gather3(l, in, window, iy0, ix0);
+            }
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+            dw_job job = {x, l->weight, l->bias, s.table, out + pos * cout, out + pos * cout + cout, xt, xr, offsets,
+                          lo4, hi4};
+            dw_quads3(&job);
+#else
+            for (uint32_t c = 0; c < cout; c += 4u) {
+                int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
+                quad(a, x + c, l->weight + c * 9u, 3u, 3u, xt, xr, 12u, offset, 0);
+                quad_out(&s, a, out + pos * cout + c, c);
+            }
+#endif
+            continue;
+        }
         uint32_t ky0, ky1, kx0, kx1;
         inside(iy0, l->kh, dh, l->hin, &ky0, &ky1);
         inside(ix0, l->kw, dw, l->win, &kx0, &kx1);

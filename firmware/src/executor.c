@@ -32,7 +32,7 @@ static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_
         CONV_TILE(l, in, out, tile, scratch->column);
         return TN_OK;
     case TN_DWCONV:
-        tn_dwconv_tile(l, in, out, tile);
+        tn_dwconv_tile(l, in, out, tile, (int8_t *)scratch->column);
         return TN_OK;
     case TN_AVGPOOL:
     case TN_MAXPOOL:

@@ -21,9 +21,16 @@ void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
 
 /* Channels c..c+3 summed over a window of `rows` x `cols` cells (`row_step` bytes between rows,
  * `c_n` between cells) into sums[0..3]. */
-static void sum_quad(const int8_t *x, uint32_t rows, uint32_t cols, uint32_t row_step, uint32_t c_n, int32_t *sums) {
+static inline __attribute__((always_inline)) void sum_quad(const int8_t *x, uint32_t rows, uint32_t cols,
+                                                           uint32_t row_step, uint32_t c_n, int32_t *sums) {
     uint32_t even = 0, odd = 0; /* int16 lanes: (c, c + 2), (c + 1, c + 3) */
     for (uint32_t r = 0; r < rows; r++, x += row_step) {
+        if (cols == 2u) { /* the common 2 x 2 window's row, unrolled */
+            const uint32_t v0 = read_u32(x), v1 = read_u32(x + c_n);
+            even = sxtab16(sxtab16(even, v0), v1);
+            odd = sxtab16_ror8(sxtab16_ror8(odd, v0), v1);
+            continue;
+        }
         const int8_t *cell = x;
         for (uint32_t k = 0; k < cols; k++, cell += c_n) {
             const uint32_t v = read_u32(cell);
@@ -44,9 +51,11 @@ static int8_t clamp8(int32_t v, int32_t lo, int32_t hi) {
 }
 
 /* TFLite's AveragePool: the window's sum over its cells inside the input, divided by their count,
- * rounding half away from zero. */
-static int32_t average(int32_t sum, int32_t count) {
-    return sum > 0 ? (sum + count / 2) / count : (sum - count / 2) / count;
+ * rounding half away from zero: (sum + count / 2) / count above zero, (sum - count / 2) / count
+ * else (both 0 for a sum of 0). half = count / 2 takes the sum's sign without a branch. */
+static inline int32_t average(int32_t sum, int32_t count) {
+    const int32_t sign = sum >> 31, half = count / 2;
+    return (sum + ((half ^ sign) - sign)) / count;
 }
 
 /* TFLite's AveragePool and MaxPool, clamped to the fused activation's range. The window's cells
@@ -54,6 +63,7 @@ static int32_t average(int32_t sum, int32_t count) {
 void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
     const uint32_t c_n = l->cin, row_step = (uint32_t)l->win * c_n;
     const int avg = l->kind == TN_AVGPOOL;
+    const uint32_t lo4 = (uint8_t)l->act_min * 0x01010101u, hi4 = (uint8_t)l->act_max * 0x01010101u;
     for (uint32_t oy = 0; oy < l->hout; oy++) {
         for (uint32_t ox = 0; ox < l->wout; ox++) {
             const int32_t iy0 = (int32_t)(oy * stride_rows(l)) - (int32_t)l->pad_h;
@@ -72,12 +82,14 @@ void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
             const int32_t count = (int32_t)(rows * cols);
             const int8_t *x = in + ((uint32_t)(iy0 + fy0) * l->win + (uint32_t)(ix0 + fx0)) * c_n;
             uint32_t c = 0;
-            for (; avg && (uint32_t)count <= LANES_MAX && c + 4u <= c_n; c += 4u) {
+            for (; avg && (uint32_t)count <= LANES_MAX && c + 4u <= c_n; c += 4u) { /* four bytes at once */
                 int32_t sums[4];
                 sum_quad(x + c, rows, cols, row_step, c_n, sums);
-                for (uint32_t i = 0; i < 4u; i++) {
-                    o[c + i] = clamp8(average(sums[i], count), l->act_min, l->act_max);
-                }
+                const uint32_t v = (uint32_t)(uint8_t)average(sums[0], count) |
+                                   (uint32_t)(uint8_t)average(sums[1], count) << 8 |
+                                   (uint32_t)(uint8_t)average(sums[2], count) << 16 |
+                                   (uint32_t)(uint8_t)average(sums[3], count) << 24;
+                write_u32(o + c, clamp4(v, lo4, hi4));
             }
             for (; c < c_n; c++) {
                 int32_t acc = avg ? 0 : -128;

@@ -44,6 +44,17 @@ static inline uint32_t pkhtb16(uint32_t hi, uint32_t lo) { /* hi's top half, lo'
     return r;
 }
 
+/* Each signed byte of v clamped to [lo, hi] (lo4, hi4: the bounds in every byte): SSUB8 sets a
+ * byte's GE flag where the first operand's byte is at least the second's, SEL picks by it. */
+static inline uint32_t clamp4(uint32_t v, uint32_t lo4, uint32_t hi4) {
+    uint32_t t;
+    __asm__("ssub8 %[t], %[v], %[lo]\n\tsel %[v], %[v], %[lo]\n\tssub8 %[t], %[hi], %[v]\n\tsel %[v], %[v], %[hi]"
+            : [v] "+r"(v), [t] "=&r"(t)
+            : [lo] "r"(lo4), [hi] "r"(hi4)
+            : "cc");
+    return v;
+}
+
 static inline int32_t smlabb(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.lo * b.lo */
     return __smlabb((int32_t)a, (int32_t)b, acc);
 }
@@ -70,6 +81,14 @@ static inline uint32_t sxtab16(uint32_t a, uint32_t x) {
 }
 static inline uint32_t sxtab16_ror8(uint32_t a, uint32_t x) {
     return sxtab16(a, x >> 8);
+}
+static inline uint32_t clamp4(uint32_t v, uint32_t lo4, uint32_t hi4) {
+    uint32_t r = 0;
+    for (uint32_t i = 0; i < 32u; i += 8u) {
+        const int8_t x = (int8_t)(v >> i), lo = (int8_t)(lo4 >> i), hi = (int8_t)(hi4 >> i);
+        r |= (uint32_t)(uint8_t)(x < lo ? lo : x > hi ? hi : x) << i;
+    }
+    return r;
 }
 static inline int32_t smlabb(uint32_t a, uint32_t b, int32_t acc) {
     return acc + (int16_t)(a & 0xFFFFu) * (int16_t)(b & 0xFFFFu);
