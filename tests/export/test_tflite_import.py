@@ -213,6 +213,24 @@ class Quads2d(nn.Module):
         return self.fc2(torch.relu(self.fc1(self.max(self.avg(x)).mean((2, 3)))))
 
 
+class Windows3x3(nn.Module):
+    """The Cortex-M4's written-out loops: 3 x 3 depthwise convs of whole channel quads (strided, and dilated so
+    that all but one window reach into the padding and are gathered) under ReLU6, a pointwise conv with an odd
+    channel count, and odd position counts (a tile's lone last position)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 8, 3, padding=1)
+        self.dw1 = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.dw2 = nn.Conv2d(8, 8, 3, dilation=2, padding=2, groups=8)
+        self.pw = nn.Conv2d(8, 5, 1)
+        self.fc = nn.Linear(5 * 5 * 5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.relu6(self.dw2(nn.functional.relu6(self.dw1(torch.relu(self.c1(x))))))
+        return self.fc(self.pw(x).flatten(1))
+
+
 class LongMean1d(nn.Module):
     """A MEAN over 300 positions (more than an int16 lane's sum holds) of eight channels."""
 
@@ -230,6 +248,7 @@ class LongMean1d(nn.Module):
     (Uneven2d, (2, 10, 12), {(1, 2), (2, 1)}),
     (Quads2d, (2, 26, 24), {(2, 1)}),
     (LongMean1d, (3, 300), {(1, 1)}),
+    (Windows3x3, (2, 9, 9), {(2, 2)}),
 ])
 def test_unequal_strides_and_dilation_are_bit_exact_with_tflm(tmp_path: Path, net: type[nn.Module],
                                                               shape: tuple[int, ...], strides_seen: set) -> None:
