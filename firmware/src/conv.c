@@ -114,6 +114,19 @@ static void fill_column(const tn_layer *l, const int8_t *in, int16_t *column, ui
     const uint32_t row = kw * cin, left = kx0 * cin, run = (kx1 - kx0) * cin, right = (kw - kx1) * cin;
     const int8_t *src = in + ((uint32_t)(iy0 + (int32_t)ky0) * win + (uint32_t)(ix0 + (int32_t)kx0)) * cin;
     int16_t *c = column;
+    if (ky0 == 0u && ky1 == kh && run == row && cin == 1u && kw == 3u) { /* one channel, three taps a row */
+        const int16_t offset = (int16_t)l->in_offset;
+        for (uint32_t ky = 0; ky < kh; ky++, src += win, c += 3) { /* written out: a call per row costs more */
+            const int16_t x0 = src[0], x1 = src[1], x2 = src[2];
+            c[0] = (int16_t)(x0 + offset);
+            c[1] = (int16_t)(x1 + offset);
+            c[2] = (int16_t)(x2 + offset);
+        }
+        for (uint32_t k = 3u * kh; k < ((3u * kh + 3u) & ~3u); k++) { /* the tail to a multiple of four */
+            column[k] = 0;
+        }
+        return;
+    }
     if (ky0 == 0u && ky1 == kh && run == row) { /* the window inside the input: kh runs, no padding */
         if (kh == 1u) {
             widen(c, src, row, l->in_offset);
