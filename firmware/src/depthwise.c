@@ -145,26 +145,64 @@ static void quad_out(const out_stage *s, const int32_t *a, int8_t *o, uint32_t c
 
 #define WINDOW_BYTES (2u * TN_MAX_COLUMN) /* the scratch a padded window is gathered into */
 
-/* A 3 x 3 window that reaches into the padding, gathered tap after tap (each tap's cin channels,
- * cin a multiple of 4) into `window`, the padded taps holding the input's zero point: zero point
- * + offset = 0, so they add nothing and the position runs the whole-window loop like any other. */
-static void gather3(const tn_layer *l, const int8_t *in, int8_t *window, int32_t iy0, int32_t ix0) {
-    const uint32_t cin = l->cin, dh = dil_rows(l), dw = dil_cols(l);
+/* n bytes (a multiple of 4) from x to t; on a Cortex-M4 16 at a time by LDM and STM where both
+ * are word aligned (as activations are: the buffers are, and cin is a multiple of 4). */
+static inline __attribute__((always_inline)) void copy_words(int8_t *t, const int8_t *x, uint32_t n) {
+#if defined(__thumb2__)
+    if ((((uintptr_t)t | (uintptr_t)x) & 3u) == 0u) {
+        for (; n >= 16u; n -= 16u) {
+            __asm__ volatile("ldmia %[x]!, {r4-r7}\n\tstmia %[t]!, {r4-r7}"
+                             : [x] "+r"(x), [t] "+r"(t)
+                             :
+                             : "r4", "r5", "r6", "r7", "memory");
+        }
+    }
+#endif
+    for (; n > 0u; n -= 4u, t += 4, x += 4) {
+        write_u32(t, read_u32(x));
+    }
+}
+
+/* n bytes (a multiple of 4) of t set to the word v. */
+static inline __attribute__((always_inline)) void fill_words(int8_t *t, uint32_t v, uint32_t n) {
+    for (; n > 0u; n -= 4u, t += 4) {
+        write_u32(t, v);
+    }
+}
+
+/* A 3 x 3 window that reaches into the padding, gathered into `window` tap after tap (each tap's
+ * cin channels, cin a multiple of 4), the padded taps holding the input's zero point: zero point
+ * + offset = 0, so they add nothing and the position runs the whole-window loop like any other.
+ * Undilated along a row, a row's taps inside the input are one run: a copy and at most two fills. */
+__attribute__((noinline)) static void gather3(const tn_layer *l, const int8_t *in, int8_t *window, int32_t iy0,
+                                              int32_t ix0) {
+    const uint32_t cin = l->cin, dh = dil_rows(l), dw = dil_cols(l), win = l->win;
     const uint32_t zp4 = (uint32_t)(uint8_t)(int8_t)-l->in_offset * 0x01010101u;
     int8_t *t = window;
+    if (dw == 1u) {
+        const uint32_t kx0 = ix0 < 0 ? (uint32_t)-ix0 : 0u;
+        const uint32_t kx1 = ix0 + 3 > (int32_t)win ? (uint32_t)((int32_t)win - ix0) : 3u;
+        const uint32_t left = kx0 * cin, run = (kx1 - kx0) * cin, right = (3u - kx1) * cin;
+        for (uint32_t ky = 0; ky < 3u; ky++, t += 3u * cin) {
+            const uint32_t iy = (uint32_t)(iy0 + (int32_t)(ky * dh));
+            if (iy >= l->hin) { /* a negative coordinate wraps above the bound */
+                fill_words(t, zp4, 3u * cin);
+                continue;
+            }
+            fill_words(t, zp4, left);
+            copy_words(t + left, in + (iy * win + (uint32_t)(ix0 + (int32_t)kx0)) * cin, run);
+            fill_words(t + left + run, zp4, right);
+        }
+        return;
+    }
     for (uint32_t ky = 0; ky < 3u; ky++) {
         const uint32_t iy = (uint32_t)(iy0 + (int32_t)(ky * dh));
         for (uint32_t kx = 0; kx < 3u; kx++, t += cin) {
             const uint32_t ix = (uint32_t)(ix0 + (int32_t)(kx * dw));
-            if (iy < l->hin && ix < l->win) { /* a negative coordinate wraps above the bound */
-                const int8_t *x = in + (iy * l->win + ix) * cin;
-                for (uint32_t c = 0; c < cin; c += 4u) {
-                    write_u32(t + c, read_u32(x + c));
-                }
+            if (iy < l->hin && ix < win) {
+                copy_words(t, in + (iy * win + ix) * cin, cin);
             } else {
-                for (uint32_t c = 0; c < cin; c += 4u) {
-                    write_u32(t + c, zp4);
-                }
+                fill_words(t, zp4, cin);
             }
         }
     }
@@ -232,7 +270,63 @@ __attribute__((naked, noinline)) static void dw_quads3(dw_job *job) {
 #undef TN_DW_M4_OUT
 #endif
 
+/* A tile's positions through the whole 3 x 3 window (mult 1, cin a multiple of 4, a requantization
+ * table): a window inside the input read where it lies, one at the padding gathered first. Apart
+ * from the general loop below, so that what stays fixed over the tile is worked out once and the
+ * compiler keeps it in registers. */
+__attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window,
+                          const out_stage *s) {
+    const uint32_t plane = (uint32_t)l->hout * l->wout, cin = l->cin, wout = l->wout;
+    const uint32_t dh = dil_rows(l), dw = dil_cols(l), sh = stride_rows(l), sw = l->stride;
+    const int32_t ly = (int32_t)l->hin - (int32_t)(2u * dh), lx = (int32_t)l->win - (int32_t)(2u * dw);
+    const uint32_t last_y = ly > 0 ? (uint32_t)ly : 0u, last_x = lx > 0 ? (uint32_t)lx : 0u; /* origins inside: below */
+    const uint32_t xt_in = dw * cin, xr_in = dh * l->win * cin;
+    const uint32_t end = (tile + 1u) * TN_TILE_POSITIONS < plane ? (tile + 1u) * TN_TILE_POSITIONS : plane;
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    const uint32_t offsets = (uint32_t)(uint16_t)l->in_offset * 0x00010001u;
+    dw_job job = {0, 0, 0, 0, 0, 0, 0, 0, offsets, (uint8_t)s->act_min * 0x01010101u,
+                  (uint8_t)s->act_max * 0x01010101u};
+#endif
+    for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < end; pos++) {
+        const uint32_t oy = pos / wout, ox = pos - oy * wout;
+        const int32_t iy0 = (int32_t)(oy * sh) - (int32_t)l->pad_h, ix0 = (int32_t)(ox * sw) - (int32_t)l->pad;
+        const int8_t *x = window;
+        uint32_t xt = cin, xr = 3u * cin;
+        if ((uint32_t)iy0 < last_y && (uint32_t)ix0 < last_x) { /* a negative origin wraps above the bound */
+            x = in + ((uint32_t)iy0 * l->win + (uint32_t)ix0) * cin;
+            xt = xt_in;
+            xr = xr_in;
+        } else {
+            gather3(l, in, window, iy0, ix0);
+        }
+        int8_t *o = out + pos * l->cout;
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+        job.x = x; /* dw_quads3 walks x, w, bias, rows and out in the job */
+        job.w = l->weight;
+        job.bias = l->bias;
+        job.rows = s->table;
+        job.out = o;
+        job.out_end = o + l->cout;
+        job.x_tap = xt;
+        job.x_row = xr;
+        dw_quads3(&job);
+#else
+        for (uint32_t c = 0; c < l->cout; c += 4u) {
+            int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
+            quad(a, x + c, l->weight + c * 9u, 3u, 3u, xt, xr, 12u, l->in_offset, 0);
+            quad_out(s, a, o + c, c);
+        }
+#endif
+    }
+}
+
 void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window) {
+    if (l->cout == l->cin && l->cin % 4u == 0u && l->kh == 3u && l->kw == 3u && 9u * l->cin <= WINDOW_BYTES &&
+        l->requant != 0) { /* a 3 x 3 window of whole quads with a requantization table */
+        const out_stage s = stage_of(l);
+        dw_whole_tile(l, in, out, tile, window, &s);
+        return;
+    }
     const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, cin = l->cin, mult = cout / cin;
     const uint32_t dh = dil_rows(l), dw = dil_cols(l);
     const int32_t offset = l->in_offset;
@@ -242,42 +336,10 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
      * then the other channels' in TFLite's order ([kh][kw][rest]) */
     const uint32_t taps = (uint32_t)l->kh * l->kw, c_rest = quads ? cout / 4u * 4u : 0u, rest = cout - c_rest;
     const int8_t *const rest_w = l->weight + c_rest * taps;
-    /* a 3 x 3 window of whole quads with a requantization table: every position through the
-     * whole-window loop, a window at the padding gathered first */
-    const int whole = mult == 1u && cin % 4u == 0u && l->kh == 3u && l->kw == 3u && 9u * cin <= WINDOW_BYTES &&
-                      s.table != 0;
-#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
-    const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
-    const uint32_t lo4 = (uint8_t)s.act_min * 0x01010101u, hi4 = (uint8_t)s.act_max * 0x01010101u;
-#endif
     int32_t acc[BLOCK];
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
         const int32_t iy0 = (int32_t)(pos / l->wout * stride_rows(l)) - (int32_t)l->pad_h;
         const int32_t ix0 = (int32_t)(pos % l->wout * l->stride) - (int32_t)l->pad;
-        if (whole) {
-            const int full = iy0 >= 0 && ix0 >= 0 && (uint32_t)iy0 + 2u * dh < l->hin && (uint32_t)ix0 + 2u * dw < l->win;
-            const int8_t *x = window;
-            uint32_t xt = cin, xr = 3u * cin;
-            if (full) {
-                x = in + ((uint32_t)iy0 * l->win + (uint32_t)ix0) * cin;
-                xt = dw * cin;
-                xr = dh * l->win * cin;
-            } else {
-                gather3(l, in, window, iy0, ix0);
-            }
-#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
-            dw_job job = {x, l->weight, l->bias, s.table, out + pos * cout, out + pos * cout + cout, xt, xr, offsets,
-                          lo4, hi4};
-            dw_quads3(&job);
-#else
-            for (uint32_t c = 0; c < cout; c += 4u) {
-                int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
-                quad(a, x + c, l->weight + c * 9u, 3u, 3u, xt, xr, 12u, offset, 0);
-                quad_out(&s, a, out + pos * cout + c, c);
-            }
-#endif
-            continue;
-        }
         uint32_t ky0, ky1, kx0, kx1;
         inside(iy0, l->kh, dh, l->hin, &ky0, &ky1);
         inside(ix0, l->kw, dw, l->win, &kx0, &kx1);

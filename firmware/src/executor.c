@@ -160,7 +160,8 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     uint32_t flip = 0;
     for (uint16_t li = 0; li < model->n_layers; li++) {
         const tn_layer *l = &model->layers[li];
-        for (uint32_t tile = 0; tile < layer_tiles(l); tile++) {
+        const uint32_t tiles = layer_tiles(l);
+        for (uint32_t tile = 0; tile < tiles; tile++) {
             const tn_status status = run_tile(nv, model, li, tile, flip, scratch);
             if (status != TN_OK) {
                 return status;
@@ -175,21 +176,19 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
     }
-    const uint32_t total = tn_total_tiles(model);
-    uint32_t p = *(volatile uint32_t *)&nv->progress;
-    while (p < total) {
-        uint32_t first = 0, li = 0, flip = 0;
-        while (p >= first + layer_tiles(&model->layers[li])) {
-            first += layer_tiles(&model->layers[li]);
-            flip += flips(&model->layers[li]);
-            li++;
+    uint32_t p = *(volatile uint32_t *)&nv->progress, first = 0, flip = 0;
+    for (uint32_t li = 0; li < model->n_layers; li++) { /* the layer of tile p found once, then followed */
+        const tn_layer *l = &model->layers[li];
+        const uint32_t tiles = layer_tiles(l);
+        for (; p < first + tiles; p++) {
+            const tn_status status = run_tile(nv, model, li, p - first, flip, scratch);
+            if (status != TN_OK) {
+                return status; /* nothing committed: the tile is not counted done */
+            }
+            commit(nv, p + 1u);
         }
-        const tn_status status = run_tile(nv, model, li, p - first, flip, scratch);
-        if (status != TN_OK) {
-            return status; /* nothing committed: the tile is not counted done */
-        }
-        p++;
-        commit(nv, p);
+        first += tiles;
+        flip += flips(l);
     }
     return TN_OK;
 }
