@@ -214,67 +214,77 @@ typedef struct {
  * b1; r4-r7 the weights; r8 a column word; r9 the weights' pointer; r10, r11 the columns' pointers;
  * r12 the first column's end; lr the job. With a lone last position cb = ca and ob = oa, so the
  * second store rewrites the first's bytes with the same values. */
-__attribute__((naked, noinline)) static void conv_pairs(pair_job *job) {
-    (void)job;
-    __asm__("push {r4-r11, lr}\n\t"
-            "mov lr, r0\n\t"
-            "ldr r9, [lr, #0]\n"
-            "1:\n\t"
-            "ldrd r10, r11, [lr, #4]\n\t"
-            "ldrd r12, r8, [lr, #12]\n\t"
-            "ldrd r0, r1, [r8], #8\n\t"
-            "str r8, [lr, #16]\n\t"
-            "mov r2, r0\n\t"
-            "mov r3, r1\n"
-            "2:\n\t"
-            "ldrd r4, r5, [r9], #8\n\t"
-            "sxtb16 r6, r4, ror #8\n\t"
-            "sxtb16 r4, r4\n\t"
-            "sxtb16 r7, r5, ror #8\n\t"
-            "sxtb16 r5, r5\n\t"
-            "ldr r8, [r10], #4\n\t"
-            "smlad r0, r8, r4, r0\n\t"
-            "smlad r1, r8, r5, r1\n\t"
-            "ldr r8, [r10], #4\n\t"
-            "smlad r0, r8, r6, r0\n\t"
-            "smlad r1, r8, r7, r1\n\t"
-            "ldr r8, [r11], #4\n\t"
-            "smlad r2, r8, r4, r2\n\t"
-            "smlad r3, r8, r5, r3\n\t"
-            "ldr r8, [r11], #4\n\t"
-            "smlad r2, r8, r6, r2\n\t"
-            "smlad r3, r8, r7, r3\n\t"
-            "cmp r10, r12\n\t"
-            "bne 2b\n\t"
-            /* the output stage: r4 multiplier, r5 base, r6 shift; r7, r8 the 64-bit sum */
-            "ldr r12, [lr, #20]\n\t"
 #define TN_CONV_ASM_ROW "ldm r12!, {r4, r5, r6}\n\t"
 #define TN_CONV_ASM_OUT(acc, hi)                                                                                    \
     "and r7, " acc ", #0x80000000\n\torr r7, r7, #0x40000000\n\tadd " hi ", r5, " acc ", asr #31\n\t"               \
     "smlal r7, " hi ", " acc ", r4\n\tasr " acc ", " hi ", r6\n\tssat " acc ", #8, " acc "\n\t"
-            TN_CONV_ASM_ROW TN_CONV_ASM_OUT("r0", "r8") TN_CONV_ASM_OUT("r2", "r5")
-            TN_CONV_ASM_ROW TN_CONV_ASM_OUT("r1", "r8") TN_CONV_ASM_OUT("r3", "r5")
+#define TN_CONV_ASM_CLAMP /* the fused activation's range, per byte */                                                 \
+    "ldrd r4, r5, [lr, #36]\n\tssub8 r6, r0, r4\n\tsel r0, r0, r4\n\tssub8 r6, r5, r0\n\tsel r0, r0, r5\n\t"
+#define TN_CONV_PAIRS_ASM(CLAMP)                                                                                       \
+    "push {r4-r11, lr}\n\t"                                                                                            \
+    "mov lr, r0\n\t"                                                                                                   \
+    "ldr r9, [lr, #0]\n"                                                                                               \
+    "1:\n\t"                                                                                                           \
+    "ldrd r10, r11, [lr, #4]\n\t"                                                                                      \
+    "ldrd r12, r8, [lr, #12]\n\t"                                                                                      \
+    "ldrd r0, r1, [r8], #8\n\t"                                                                                        \
+    "str r8, [lr, #16]\n\t"                                                                                            \
+    "mov r2, r0\n\t"                                                                                                   \
+    "mov r3, r1\n"                                                                                                     \
+    "2:\n\t"                                                                                                           \
+    "ldrd r4, r5, [r9], #8\n\t"                                                                                        \
+    "sxtb16 r6, r4, ror #8\n\t"                                                                                        \
+    "sxtb16 r4, r4\n\t"                                                                                                \
+    "sxtb16 r7, r5, ror #8\n\t"                                                                                        \
+    "sxtb16 r5, r5\n\t"                                                                                                \
+    "ldr r8, [r10], #4\n\t"                                                                                            \
+    "smlad r0, r8, r4, r0\n\t"                                                                                         \
+    "smlad r1, r8, r5, r1\n\t"                                                                                         \
+    "ldr r8, [r10], #4\n\t"                                                                                            \
+    "smlad r0, r8, r6, r0\n\t"                                                                                         \
+    "smlad r1, r8, r7, r1\n\t"                                                                                         \
+    "ldr r8, [r11], #4\n\t"                                                                                            \
+    "smlad r2, r8, r4, r2\n\t"                                                                                         \
+    "smlad r3, r8, r5, r3\n\t"                                                                                         \
+    "ldr r8, [r11], #4\n\t"                                                                                            \
+    "smlad r2, r8, r6, r2\n\t"                                                                                         \
+    "smlad r3, r8, r7, r3\n\t"                                                                                         \
+    "cmp r10, r12\n\t"                                                                                                 \
+    "bne 2b\n\t"                                                                                                       \
+    /* the output stage: r4 multiplier, r5 base, r6 shift; r7, r8 the 64-bit sum */                                    \
+    "ldr r12, [lr, #20]\n\t"                                                                                           \
+    TN_CONV_ASM_ROW TN_CONV_ASM_OUT("r0", "r8") TN_CONV_ASM_OUT("r2", "r5")                                            \
+    TN_CONV_ASM_ROW TN_CONV_ASM_OUT("r1", "r8") TN_CONV_ASM_OUT("r3", "r5")                                            \
+    "str r12, [lr, #20]\n\t"                                                                                           \
+    "bfi r0, r1, #8, #8\n\t"                                                                                           \
+    "bfi r2, r3, #8, #8\n\t"                                                                                           \
+    "pkhbt r0, r0, r2, lsl #16\n\t"                                                                                    \
+    CLAMP                                                                                                              \
+    "ldrd r4, r5, [lr, #24]\n\t"                                                                                       \
+    "strh r0, [r4], #2\n\t"                                                                                            \
+    "lsr r0, r0, #16\n\t"                                                                                              \
+    "strh r0, [r5], #2\n\t"                                                                                            \
+    "strd r4, r5, [lr, #24]\n\t"                                                                                       \
+    "ldr r4, [lr, #32]\n\t"                                                                                            \
+    "cmp r9, r4\n\t"                                                                                                   \
+    "bne 1b\n\t"                                                                                                       \
+    "pop {r4-r11, pc}"
+
+__attribute__((naked, noinline)) static void conv_pairs(pair_job *job) {
+    (void)job;
+    __asm__(TN_CONV_PAIRS_ASM(TN_CONV_ASM_CLAMP));
+}
+
+/* The same where the activation's range is all of int8 (no fused activation, or a ReLU whose zero
+ * point is -128): SSAT's clamp is the whole clamp. */
+__attribute__((naked, noinline)) static void conv_pairs_int8(pair_job *job) {
+    (void)job;
+    __asm__(TN_CONV_PAIRS_ASM(""));
+}
+#undef TN_CONV_PAIRS_ASM
 #undef TN_CONV_ASM_ROW
 #undef TN_CONV_ASM_OUT
-            "str r12, [lr, #20]\n\t"
-            "bfi r0, r1, #8, #8\n\t"
-            "bfi r2, r3, #8, #8\n\t"
-            "pkhbt r0, r0, r2, lsl #16\n\t"
-            "ldrd r4, r5, [lr, #36]\n\t"
-            "ssub8 r6, r0, r4\n\t"
-            "sel r0, r0, r4\n\t"
-            "ssub8 r6, r5, r0\n\t"
-            "sel r0, r0, r5\n\t"
-            "ldrd r4, r5, [lr, #24]\n\t"
-            "strh r0, [r4], #2\n\t"
-            "lsr r0, r0, #16\n\t"
-            "strh r0, [r5], #2\n\t"
-            "strd r4, r5, [lr, #24]\n\t"
-            "ldr r4, [lr, #32]\n\t"
-            "cmp r9, r4\n\t"
-            "bne 1b\n\t"
-            "pop {r4-r11, pc}");
-}
+#undef TN_CONV_ASM_CLAMP
 #endif
 
 /* The fast kernel (CMSIS-NN's scheme): an im2col column per output position, two positions and
@@ -309,7 +319,11 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
         const uint32_t pairs = cout / 2u, lo = (uint8_t)s.act_min, hi = (uint8_t)s.act_max;
         pair_job job = {l->weight, ca, cb, ca_end, l->bias, s.table, oa, two ? ob : oa,
                         l->weight + 2u * pairs * depth, lo * 0x01010101u, hi * 0x01010101u};
-        conv_pairs(&job);
+        if (s.act_min == -128 && s.act_max == 127) {
+            conv_pairs_int8(&job);
+        } else {
+            conv_pairs(&job);
+        }
         oc = 2u * pairs;
     }
 #endif

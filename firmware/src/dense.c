@@ -14,14 +14,54 @@ void tn_dense(const tn_layer *l, const int32_t *in, int32_t *out) {
     }
 }
 
-/* Two outputs at a time: each input word is widened once (the offset added, SXTAB16) and feeds
- * two SMLADs per output row, two MACs each. */
+static void fc_store(const out_stage *s, int32_t acc, uint32_t o, int8_t *out8, int32_t *out32) {
+    const int8_t v = requantize_out(s, acc, o);
+    if (out8 != 0) {
+        out8[o] = v;
+    } else {
+        out32[o] = v;
+    }
+}
+
+/* Four outputs at a time, then two, then one: each input word is widened once (the offset added,
+ * SXTAB16) and feeds two SMLADs per output row, two MACs each. */
 void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32) {
     const out_stage s = stage_of(l);
     const uint32_t cin = l->cin, body = cin & ~3u;
     const int32_t offset = l->in_offset;
     const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
-    for (uint32_t o = 0; o < l->cout; o += 2u) {
+    uint32_t o = 0;
+    for (; o + 4u <= l->cout; o += 4u) {
+        const int8_t *w0 = l->weight + o * cin, *w1 = w0 + cin, *w2 = w1 + cin, *w3 = w2 + cin;
+        int32_t a0 = l->bias[o], a1 = l->bias[o + 1u], a2 = l->bias[o + 2u], a3 = l->bias[o + 3u];
+        for (uint32_t i = 0; i < body; i += 4u) {
+            const uint32_t x = read_u32(in + i), xe = sxtab16(offsets, x), xo = sxtab16_ror8(offsets, x);
+            uint32_t v = read_u32(w0 + i);
+            a0 = smlad(xe, sxtb16(v), a0);
+            a0 = smlad(xo, sxtb16_ror8(v), a0);
+            v = read_u32(w1 + i);
+            a1 = smlad(xe, sxtb16(v), a1);
+            a1 = smlad(xo, sxtb16_ror8(v), a1);
+            v = read_u32(w2 + i);
+            a2 = smlad(xe, sxtb16(v), a2);
+            a2 = smlad(xo, sxtb16_ror8(v), a2);
+            v = read_u32(w3 + i);
+            a3 = smlad(xe, sxtb16(v), a3);
+            a3 = smlad(xo, sxtb16_ror8(v), a3);
+        }
+        for (uint32_t i = body; i < cin; i++) {
+            const int32_t x = in[i] + offset;
+            a0 += x * w0[i];
+            a1 += x * w1[i];
+            a2 += x * w2[i];
+            a3 += x * w3[i];
+        }
+        fc_store(&s, a0, o, out8, out32);
+        fc_store(&s, a1, o + 1u, out8, out32);
+        fc_store(&s, a2, o + 2u, out8, out32);
+        fc_store(&s, a3, o + 3u, out8, out32);
+    }
+    for (; o < l->cout; o += 2u) {
         const int pair = o + 1u < l->cout;
         const int8_t *w0 = l->weight + o * cin, *w1 = pair ? w0 + cin : w0;
         int32_t a0 = l->bias[o], a1 = pair ? l->bias[o + 1u] : 0;
@@ -37,13 +77,9 @@ void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32) {
             a0 += (in[i] + offset) * w0[i];
             a1 += (in[i] + offset) * w1[i];
         }
-        for (uint32_t k = 0; k < (pair ? 2u : 1u); k++) {
-            const int8_t v = requantize_out(&s, k == 0u ? a0 : a1, o + k);
-            if (out8 != 0) {
-                out8[o + k] = v;
-            } else {
-                out32[o + k] = v;
-            }
+        fc_store(&s, a0, o, out8, out32);
+        if (pair) {
+            fc_store(&s, a1, o + 1u, out8, out32);
         }
     }
 }

@@ -232,39 +232,48 @@ typedef struct {
 #define TN_DW_M4_OUT(acc)                                                                                              \
     "ldm r9!, {r4, r5, r6}\n\tand r7, " acc ", #0x80000000\n\torr r7, r7, #0x40000000\n\t"                           \
     "add r8, r5, " acc ", asr #31\n\tsmlal r7, r8, " acc ", r4\n\tasr " acc ", r8, r6\n\tssat " acc ", #8, " acc "\n\t"
+#define TN_DW_M4_CLAMP /* the fused activation's range, per byte */                                                    \
+    "ldrd r4, r5, [lr, #36]\n\tssub8 r6, r0, r4\n\tsel r0, r0, r4\n\tssub8 r6, r5, r0\n\tsel r0, r0, r5\n\t"
+#define TN_DW_QUADS3_ASM(CLAMP)                                                                                        \
+    "push {r4-r11, lr}\n\t"                                                                                            \
+    "mov lr, r0\n\t"                                                                                                   \
+    "ldrd r10, r11, [lr, #24]\n\t"                                                                                     \
+    "ldr r12, [lr, #32]\n"                                                                                             \
+    "1:\n\t"                                                                                                           \
+    "ldrd r8, r9, [lr, #0]\n\t"                                                                                        \
+    "add r4, r8, #4\n\t"                                                                                               \
+    "str r4, [lr, #0]\n\t"                                                                                             \
+    "ldr r4, [lr, #8]\n\t"                                                                                             \
+    "ldmia r4!, {r0-r3}\n\t"                                                                                           \
+    "str r4, [lr, #8]\n\t"                                                                                             \
+    TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW                                 \
+    "str r9, [lr, #4]\n\t"                                                                                             \
+    "ldr r9, [lr, #12]\n\t"                                                                                            \
+    TN_DW_M4_OUT("r0") TN_DW_M4_OUT("r1") TN_DW_M4_OUT("r2") TN_DW_M4_OUT("r3")                                        \
+    "str r9, [lr, #12]\n\t"                                                                                            \
+    "bfi r0, r1, #8, #8\n\t"                                                                                           \
+    "bfi r0, r2, #16, #8\n\t"                                                                                          \
+    "bfi r0, r3, #24, #8\n\t"                                                                                          \
+    CLAMP                                                                                                              \
+    "ldrd r4, r5, [lr, #16]\n\t"                                                                                       \
+    "str r0, [r4], #4\n\t"                                                                                             \
+    "str r4, [lr, #16]\n\t"                                                                                            \
+    "cmp r4, r5\n\t"                                                                                                   \
+    "bne 1b\n\t"                                                                                                       \
+    "pop {r4-r11, pc}"
+
 __attribute__((naked, noinline)) static void dw_quads3(dw_job *job) {
     (void)job;
-    __asm__("push {r4-r11, lr}\n\t"
-            "mov lr, r0\n\t"
-            "ldrd r10, r11, [lr, #24]\n\t"
-            "ldr r12, [lr, #32]\n"
-            "1:\n\t"
-            "ldrd r8, r9, [lr, #0]\n\t"
-            "add r4, r8, #4\n\t"
-            "str r4, [lr, #0]\n\t"
-            "ldr r4, [lr, #8]\n\t"
-            "ldmia r4!, {r0-r3}\n\t"
-            "str r4, [lr, #8]\n\t"
-            TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW
-            "str r9, [lr, #4]\n\t"
-            "ldr r9, [lr, #12]\n\t"
-            TN_DW_M4_OUT("r0") TN_DW_M4_OUT("r1") TN_DW_M4_OUT("r2") TN_DW_M4_OUT("r3")
-            "str r9, [lr, #12]\n\t"
-            "bfi r0, r1, #8, #8\n\t"
-            "bfi r0, r2, #16, #8\n\t"
-            "bfi r0, r3, #24, #8\n\t"
-            "ldrd r4, r5, [lr, #36]\n\t"
-            "ssub8 r6, r0, r4\n\t"
-            "sel r0, r0, r4\n\t"
-            "ssub8 r6, r5, r0\n\t"
-            "sel r0, r0, r5\n\t"
-            "ldrd r4, r5, [lr, #16]\n\t"
-            "str r0, [r4], #4\n\t"
-            "str r4, [lr, #16]\n\t"
-            "cmp r4, r5\n\t"
-            "bne 1b\n\t"
-            "pop {r4-r11, pc}");
+    __asm__(TN_DW_QUADS3_ASM(TN_DW_M4_CLAMP));
 }
+
+/* The same where the activation's range is all of int8: SSAT's clamp is the whole clamp. */
+__attribute__((naked, noinline)) static void dw_quads3_int8(dw_job *job) {
+    (void)job;
+    __asm__(TN_DW_QUADS3_ASM(""));
+}
+#undef TN_DW_QUADS3_ASM
+#undef TN_DW_M4_CLAMP
 #undef TN_DW_M4_TAP
 #undef TN_DW_M4_ROW
 #undef TN_DW_M4_OUT
@@ -286,6 +295,7 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
     const uint32_t offsets = (uint32_t)(uint16_t)l->in_offset * 0x00010001u;
     dw_job job = {0, 0, 0, 0, 0, 0, 0, 0, offsets, (uint8_t)s->act_min * 0x01010101u,
                   (uint8_t)s->act_max * 0x01010101u};
+    const int int8_range = s->act_min == -128 && s->act_max == 127;
 #endif
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < end; pos++) {
         const uint32_t oy = pos / wout, ox = pos - oy * wout;
@@ -309,7 +319,11 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
         job.out_end = o + l->cout;
         job.x_tap = xt;
         job.x_row = xr;
-        dw_quads3(&job);
+        if (int8_range) {
+            dw_quads3_int8(&job);
+        } else {
+            dw_quads3(&job);
+        }
 #else
         for (uint32_t c = 0; c < l->cout; c += 4u) {
             int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
