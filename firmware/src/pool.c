@@ -20,10 +20,11 @@ void tn_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
 }
 
 /* Channels c..c+3 summed over a window of `rows` x `cols` cells (`row_step` bytes between rows,
- * `c_n` between cells) into sums[0..3]. */
-static inline __attribute__((always_inline)) void sum_quad(const int8_t *x, uint32_t rows, uint32_t cols,
-                                                           uint32_t row_step, uint32_t c_n, int32_t *sums) {
-    uint32_t even = 0, odd = 0; /* int16 lanes: (c, c + 2), (c + 1, c + 3) */
+ * `c_n` between cells) in int16 lanes: *even holds (c, c + 2), *odd (c + 1, c + 3). */
+static inline __attribute__((always_inline)) void sum_lanes(const int8_t *x, uint32_t rows, uint32_t cols,
+                                                            uint32_t row_step, uint32_t c_n, uint32_t *even_out,
+                                                            uint32_t *odd_out) {
+    uint32_t even = 0, odd = 0;
     for (uint32_t r = 0; r < rows; r++, x += row_step) {
         if (cols == 2u) { /* the common 2 x 2 window's row, unrolled */
             const uint32_t v0 = read_u32(x), v1 = read_u32(x + c_n);
@@ -38,10 +39,28 @@ static inline __attribute__((always_inline)) void sum_quad(const int8_t *x, uint
             odd = sxtab16_ror8(odd, v);
         }
     }
+    *even_out = even;
+    *odd_out = odd;
+}
+
+/* The same as four int32 sums, sums[0..3] for channels c..c+3. */
+static inline __attribute__((always_inline)) void sum_quad(const int8_t *x, uint32_t rows, uint32_t cols,
+                                                           uint32_t row_step, uint32_t c_n, int32_t *sums) {
+    uint32_t even, odd;
+    sum_lanes(x, rows, cols, row_step, c_n, &even, &odd);
     sums[0] = (int16_t)(even & 0xFFFFu);
     sums[1] = (int16_t)(odd & 0xFFFFu);
     sums[2] = (int16_t)(even >> 16);
     sums[3] = (int16_t)(odd >> 16);
+}
+
+/* TFLite's rounded average of the two int16 lane sums of `lanes` over a count of 2^k cells
+ * (2 <= 2^k <= 128, half = 2^(k-1) in both lanes), as the low bytes of both lanes: rounding half
+ * away from zero is (sum + half - [sum < 0]) >> k for an even count, the lane's sign bit its own
+ * bit 15 (bit 31). The average fits int8, so its byte is bits k..k+7 of the lane, which a shift of
+ * the whole word brings down (k <= 7: no bit of the other lane reaches them). */
+static inline uint32_t average_lanes(uint32_t lanes, uint32_t half2, uint32_t k) {
+    return (add16(lanes, half2 - ((lanes >> 15) & 0x00010001u)) >> k) & 0x00FF00FFu;
 }
 
 static int8_t clamp8(int32_t v, int32_t lo, int32_t hi) {
@@ -58,12 +77,29 @@ static inline int32_t average(int32_t sum, int32_t count) {
     return (sum + ((half ^ sign) - sign)) / count;
 }
 
+/* A 2 x 2 window's average for the `n` bytes (a multiple of 4) at x, x + c_n, x + row_step and
+ * x + row_step + c_n into o: the common average pool, apart so that its few values stay in
+ * registers (count 4: k = 2, half = 2). */
+__attribute__((noinline)) static void average_2x2(const int8_t *x, int8_t *o, uint32_t n, uint32_t c_n,
+                                                  uint32_t row_step, uint32_t lo4, uint32_t hi4, int full) {
+    const int8_t *const end = x + n;
+    for (; x < end; x += 4, o += 4) {
+        const uint32_t v0 = read_u32(x), v1 = read_u32(x + c_n), v2 = read_u32(x + row_step);
+        const uint32_t v3 = read_u32(x + row_step + c_n);
+        const uint32_t even = sxtab16(sxtab16(sxtab16(sxtb16(v0), v1), v2), v3);
+        const uint32_t odd = sxtab16_ror8(sxtab16_ror8(sxtab16_ror8(sxtb16_ror8(v0), v1), v2), v3);
+        const uint32_t v = average_lanes(even, 0x00020002u, 2u) | average_lanes(odd, 0x00020002u, 2u) << 8;
+        write_u32(o, full ? v : clamp4(v, lo4, hi4));
+    }
+}
+
 /* TFLite's AveragePool and MaxPool, clamped to the fused activation's range. The window's cells
  * inside the input are found once per output position. */
 void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
     const uint32_t c_n = l->cin, row_step = (uint32_t)l->win * c_n;
     const int avg = l->kind == TN_AVGPOOL;
     const uint32_t lo4 = (uint8_t)l->act_min * 0x01010101u, hi4 = (uint8_t)l->act_max * 0x01010101u;
+    const int full = l->act_min == -128 && l->act_max == 127; /* the activation's range is all of int8 */
     for (uint32_t oy = 0; oy < l->hout; oy++) {
         for (uint32_t ox = 0; ox < l->wout; ox++) {
             const int32_t iy0 = (int32_t)(oy * stride_rows(l)) - (int32_t)l->pad_h;
@@ -82,6 +118,18 @@ void tn_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
             const int32_t count = (int32_t)(rows * cols);
             const int8_t *x = in + ((uint32_t)(iy0 + fy0) * l->win + (uint32_t)(ix0 + fx0)) * c_n;
             uint32_t c = 0;
+            if (avg && rows == 2u && cols == 2u) {
+                c = c_n & ~3u;
+                average_2x2(x, o, c, c_n, row_step, lo4, hi4, full);
+            } else if (avg && count >= 2 && count <= 128 && (count & (count - 1)) == 0) { /* a count of 2^k: no division */
+                const uint32_t k = (uint32_t)__builtin_ctz((uint32_t)count), half2 = (uint32_t)count / 2u * 0x00010001u;
+                for (; c + 4u <= c_n; c += 4u) {
+                    uint32_t even, odd;
+                    sum_lanes(x + c, rows, cols, row_step, c_n, &even, &odd);
+                    const uint32_t v = average_lanes(even, half2, k) | average_lanes(odd, half2, k) << 8;
+                    write_u32(o + c, full ? v : clamp4(v, lo4, hi4));
+                }
+            }
             for (; avg && (uint32_t)count <= LANES_MAX && c + 4u <= c_n; c += 4u) { /* four bytes at once */
                 int32_t sums[4];
                 sum_quad(x + c, rows, cols, row_step, c_n, sums);

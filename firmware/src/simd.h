@@ -55,6 +55,10 @@ static inline uint32_t clamp4(uint32_t v, uint32_t lo4, uint32_t hi4) {
     return v;
 }
 
+static inline uint32_t add16(uint32_t a, uint32_t b) { /* halfword by halfword, modulo 2^16 */
+    return (uint32_t)__uadd16((uint16x2_t)a, (uint16x2_t)b);
+}
+
 static inline int32_t smlabb(uint32_t a, uint32_t b, int32_t acc) { /* acc + a.lo * b.lo */
     return __smlabb((int32_t)a, (int32_t)b, acc);
 }
@@ -89,6 +93,9 @@ static inline uint32_t clamp4(uint32_t v, uint32_t lo4, uint32_t hi4) {
         r |= (uint32_t)(uint8_t)(x < lo ? lo : x > hi ? hi : x) << i;
     }
     return r;
+}
+static inline uint32_t add16(uint32_t a, uint32_t b) {
+    return (uint32_t)(uint16_t)(a + b) | (uint32_t)(uint16_t)((a >> 16) + (b >> 16)) << 16;
 }
 static inline int32_t smlabb(uint32_t a, uint32_t b, int32_t acc) {
     return acc + (int16_t)(a & 0xFFFFu) * (int16_t)(b & 0xFFFFu);

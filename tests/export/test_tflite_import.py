@@ -274,6 +274,49 @@ def test_unequal_strides_and_dilation_are_bit_exact_with_tflm(tmp_path: Path, ne
         assert m4["mismatches"] == 0
 
 
+class Pools2d(nn.Module):
+    """Average pools without a division (a count of 2^k cells): 2 x 2 windows (their own loop), 1 x 4 and
+    2 x 1 ones, and a padded 3 x 3 pool whose corner windows hold 2 x 2 cells and whose others 6."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 8, 3, padding=1)
+        self.avg1 = nn.AvgPool2d(2)
+        self.c2 = nn.Conv2d(8, 12, 1)
+        self.avg2 = nn.AvgPool2d((1, 4), stride=(1, 1))
+        self.avg3 = nn.AvgPool2d((2, 1))
+        self.avg4 = nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
+        self.fc = nn.Linear(12 * 2 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.relu6(self.avg1(torch.relu(self.c1(x))))
+        x = torch.relu(self.avg4(torch.relu(self.avg3(self.avg2(torch.relu(self.c2(x)))))))
+        return self.fc(x.flatten(1))
+
+
+def test_average_pools_of_power_of_two_counts_are_bit_exact_with_tflm(tmp_path: Path) -> None:
+    """The pools' rounding by shifts (sums of either sign, half away from zero) against TFLite Micro's
+    division, on the host and on the Cortex-M4."""
+    from export.flash import flash
+    from export.intmodel import WindowPoolLayer
+    from export.tflite_import import from_tflite, import_tflite
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.tflite"
+    x = int8_tflite(Pools2d(), (2, 9, 14), model)
+    np.savez(tmp_path / "x.npz", x=x)
+    pools = [layer for layer in from_tflite(model.read_bytes()).layers if isinstance(layer, WindowPoolLayer)]
+    assert [(p.kind, p.kernel, p.padding) for p in pools] == [("avg", (2, 2), 0), ("avg", (1, 4), 0),
+                                                              ("avg", (2, 1), 0), ("avg", (3, 3), 1)]
+    bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
+    host = flash(bundle, "host", tmp_path / "host")
+    assert host["mismatches"] == 0 and host["oracle"] == "TFLite Micro" and host["vectors"] == 16
+    assert len({tuple(v) for v in host["outputs"].values()}) > 8
+    if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc"):
+        m4 = flash(bundle, "mps2-an386", tmp_path / "m4", vectors=8)
+        assert m4["mismatches"] == 0
+
+
 class Tabled(nn.Module):
     """A BatchNorm left as a MUL and an ADD by per-channel constants (after a ReLU, so the converter
     cannot fold them into the conv), a sigmoid, a tanh; or a residual ADD of two computed tensors."""
