@@ -108,15 +108,17 @@ def conv_rows(weight: np.ndarray) -> np.ndarray:
 
 
 def depthwise_weights(layer: DepthwiseLayer) -> np.ndarray:
-    """A depthwise conv's int8 weights as the firmware stores them: where four channels are computed
-    together (a depth multiplier of 1 or a multiple of 4), each quad's taps in turn, [cout / 4][kh][kw][4],
-    so the kernel walks a quad's window with one post-incremented load; then the other channels in
-    TFLite's order, [kh][kw][rest]."""
+    """A depthwise conv's weights as the firmware stores them, widened to int16 (the kernel loads a
+    tap's four weights with one LDRD instead of unpacking a word with two SXTB16 per window and
+    position): where four channels are computed together (a depth multiplier of 1 or a multiple of
+    4), each quad's taps in turn, [cout / 4][kh][kw][w0, w2, w1, w3] (the lane pairs the input's
+    SXTAB16 words meet), so the kernel walks a quad's window with one post-incremented load; then
+    the other channels in TFLite's order, [kh][kw][rest]."""
     kh, kw, cout = layer.weight.shape
     mult = cout // layer.in_shape[0]
     quads = cout // 4 * 4 if mult == 1 or mult % 4 == 0 else 0
-    grouped = layer.weight[:, :, :quads].reshape(kh * kw, quads // 4, 4).transpose(1, 0, 2)
-    return np.concatenate([grouped.reshape(-1), layer.weight[:, :, quads:].reshape(-1)])
+    grouped = layer.weight[:, :, :quads].reshape(kh * kw, quads // 4, 4).transpose(1, 0, 2)[:, :, [0, 2, 1, 3]]
+    return np.concatenate([grouped.reshape(-1), layer.weight[:, :, quads:].reshape(-1)]).astype(np.int16)
 
 
 def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,
@@ -213,7 +215,8 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         return _init("TN_DWCONV", layer.in_shape[0], *_hw(layer.in_shape), c_out, *_hw(layer.out_shape), kh, kw,
                      layer.stride, layer.padding, layer.padding_h, layer.input_offset, layer.output_offset,
                      layer.act_min, layer.act_max,
-                     _array("int8_t", f"{prefix}_w", depthwise_weights(layer)) + _requant_arrays(prefix, layer), refs,
+                     _array("int16_t", f"{prefix}_w", depthwise_weights(layer)) + _requant_arrays(prefix, layer),
+                     (f"(const int8_t *){prefix}_w", *refs[1:]),
                      _geometry(layer))
     if isinstance(layer, WindowPoolLayer):
         return _init("TN_AVGPOOL" if layer.kind == "avg" else "TN_MAXPOOL", layer.in_shape[0], *_hw(layer.in_shape),

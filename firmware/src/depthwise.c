@@ -1,8 +1,9 @@
 /* Depthwise convolution (TFLite's DEPTHWISE_CONV_2D: cout = cin x depth multiplier), bit for bit
  * TFLite Micro's reference kernel. Per output position the window's rows and columns inside the
  * input are found once (no test per tap); four output channels are accumulated in registers, each
- * tap one word of channels-last input and one word of the quad's [kh][kw][4] weights, widened two
- * lanes at a time (SXTAB16 adds the input offset) and multiplied lane by lane (SMLABB, SMLATT),
+ * tap one word of channels-last input, widened two lanes at a time (SXTAB16 adds the input offset),
+ * and the quad's two words of weights, stored widened (int16: w0, w2, w1, w3 per tap, what SXTB16
+ * would unpack; export.cgen's depthwise_weights), multiplied lane by lane (SMLABB, SMLATT),
  * CMSIS-NN's manner. Other depth multipliers than 1 and multiples of 4 take a channel at a time. */
 #include "kernel.h"
 #include "simd.h"
@@ -23,12 +24,12 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
 
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
 /* A whole 3 x 3 window for four channels on a Cortex-M4, written out (what gcc makes of the C
- * below spills its pointers around every tap): per tap one word of the quad's weights (stored tap
- * after tap, so a post-incremented load walks them), one word of input (or, with ``shared``, one
- * input value all four channels read) at x, x + x_tap or x + 2 x_tap, widened (SXTAB16 adds the
- * input offset; shared: LDRSB and an add), four 16 x 16 MACs; x_row bytes between rows. The same
- * arithmetic as TN_DW_TAP: 92 instructions for 36 MACs. */
-#define TN_DW_ASM_WEIGHTS "ldr %[t1], [%[w]], #4\n\tsxtb16 %[t3], %[t1]\n\tsxtb16 %[t1], %[t1], ror #8\n\t"
+ * below spills its pointers around every tap): per tap the quad's two words of widened weights
+ * (stored tap after tap, so a post-incremented LDRD walks them), one word of input (or, with
+ * ``shared``, one input value all four channels read) at x, x + x_tap or x + 2 x_tap, widened
+ * (SXTAB16 adds the input offset; shared: LDRSB and an add), four 16 x 16 MACs; x_row bytes between
+ * rows. The same arithmetic as TN_DW_TAP: 74 instructions for 36 MACs. */
+#define TN_DW_ASM_WEIGHTS "ldrd %[t3], %[t1], [%[w]], #8\n\t"
 #define TN_DW_ASM_TAP(xaddr)                                                                                          \
     TN_DW_ASM_WEIGHTS                                                                                                \
     "ldr %[t0], " xaddr "\n\tsxtab16 %[t2], %[off], %[t0]\n\tsxtab16 %[t0], %[off], %[t0], ror #8\n\t"               \
@@ -47,7 +48,7 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
       [t1] "=&r"(t1), [t2] "=&r"(t2), [t3] "=&r"(t3)                                                                 \
     : [xt] "r"(x_tap), [xr] "r"(x_row), [off] "r"(off)                                                               \
     : "memory"
-static inline __attribute__((always_inline)) void window3(int32_t *a, const int8_t *x, const int8_t *w, uint32_t x_tap,
+static inline __attribute__((always_inline)) void window3(int32_t *a, const int8_t *x, const int16_t *w, uint32_t x_tap,
                                                           uint32_t x_row, uint32_t off, int shared) {
     int32_t s0 = a[0], s1 = a[1], s2 = a[2], s3 = a[3];
     uint32_t t0, t1, t2, t3;
@@ -72,16 +73,16 @@ static inline __attribute__((always_inline)) void window3(int32_t *a, const int8
 /* One output position's channels c..c+3 over a window of `rows` x `cols` taps inside the input:
  * x at the first tap's channel c (the input word of channels c..c+3, or with ``shared`` the one
  * value all four read), x_tap and x_row bytes to the next tap and row; w at the first tap's
- * weights of channels c..c+3 (the quad's taps stored in turn, 4 bytes apart), w_row bytes to the
+ * weights of channels c..c+3 (the quad's taps stored in turn, 4 int16 apart), w_row int16 to the
  * next row. The sums start at *a and stay in registers; a whole 3 x 3 window is written out on a
  * Cortex-M4 (window3), a row of three taps unrolled elsewhere. Inlined with ``shared`` constant, so
  * each caller gets its own loop. */
-static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t *x, const int8_t *w, uint32_t rows,
+static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t *x, const int16_t *w, uint32_t rows,
                                                        uint32_t cols, uint32_t x_tap, uint32_t x_row, uint32_t w_row,
                                                        int32_t offset, int shared) {
     const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
-    if (rows == 3u && cols == 3u && w_row == 12u) { /* a whole 3 x 3 window */
+    if (rows == 3u && cols == 3u && w_row == 12u) { /* a whole 3 x 3 window (12 int16 a row) */
         window3(a, x, w, x_tap, x_row, shared ? (uint32_t)offset : offsets, shared);
         return;
     }
@@ -89,7 +90,7 @@ static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t 
     int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
 #define TN_DW_TAP(xp, wp)                                                                                            \
     do {                                                                                                             \
-        const uint32_t ws = read_u32(wp), we = sxtb16(ws), wo = sxtb16_ror8(ws);                                     \
+        const uint32_t we = read_u32(wp), wo = read_u32((wp) + 2); /* (w0, w2), (w1, w3) */                          \
         uint32_t xe, xo;                                                                                             \
         if (shared) { /* one value: its low half is all SMLABB/SMLABT read */                                        \
             xe = xo = (uint32_t)(*(xp) + offset);                                                                    \
@@ -114,7 +115,8 @@ static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t 
             TN_DW_TAP(x + 2u * x_tap, w + 8);
             continue;
         }
-        const int8_t *xp = x, *wp = w;
+        const int8_t *xp = x;
+        const int16_t *wp = w;
         for (uint32_t k = cols; k > 0u; k--, xp += x_tap, wp += 4) {
             TN_DW_TAP(xp, wp);
         }
@@ -211,7 +213,8 @@ __attribute__((noinline)) static void gather3(const tn_layer *l, const int8_t *i
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
 /* What dw_quads3 reads: byte offsets fixed by the assembly below. */
 typedef struct {
-    const int8_t *x, *w;           /*  0,  4: the first quad's first tap (input, weights) */
+    const int8_t *x;               /*  0: the first quad's first tap's input */
+    const int16_t *w;              /*  4: and its weights */
     const int32_t *bias, *rows;    /*  8, 12: the first quad's biases and requantization rows */
     int8_t *out, *out_end;         /* 16, 20: the position's outputs */
     uint32_t x_tap, x_row;         /* 24, 28: bytes between taps and between rows */
@@ -225,7 +228,7 @@ typedef struct {
  * output stage of mbqm_row per sum (the row by LDM; AND, ORR, ADD, SMLAL, ASR, SSAT), the four
  * bytes packed, clamped per byte (SSUB8, SEL) and stored as one word. lr holds the job. */
 #define TN_DW_M4_TAP(xaddr)                                                                                           \
-    "ldr r5, [r9], #4\n\tsxtb16 r7, r5\n\tsxtb16 r5, r5, ror #8\n\t"                                             \
+    "ldrd r7, r5, [r9], #8\n\t"                                                                                  \
     "ldr r4, " xaddr "\n\tsxtab16 r6, r12, r4\n\tsxtab16 r4, r12, r4, ror #8\n\t"                                 \
     "smlabb r0, r6, r7, r0\n\tsmlatt r2, r6, r7, r2\n\tsmlabb r1, r4, r5, r1\n\tsmlatt r3, r4, r5, r3\n\t"
 #define TN_DW_M4_ROW TN_DW_M4_TAP("[r8]") TN_DW_M4_TAP("[r8, r10]") TN_DW_M4_TAP("[r8, r10, lsl #1]")
@@ -312,7 +315,7 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
         int8_t *o = out + pos * l->cout;
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
         job.x = x; /* dw_quads3 walks x, w, bias, rows and out in the job */
-        job.w = l->weight;
+        job.w = (const int16_t *)l->weight;
         job.bias = l->bias;
         job.rows = s->table;
         job.out = o;
@@ -327,7 +330,7 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
 #else
         for (uint32_t c = 0; c < l->cout; c += 4u) {
             int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
-            quad(a, x + c, l->weight + c * 9u, 3u, 3u, xt, xr, 12u, l->in_offset, 0);
+            quad(a, x + c, (const int16_t *)l->weight + c * 9u, 3u, 3u, xt, xr, 12u, l->in_offset, 0);
             quad_out(s, a, o + c, c);
         }
 #endif
@@ -346,10 +349,10 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
     const int32_t offset = l->in_offset;
     const out_stage s = stage_of(l);
     const int quads = mult == 1u || mult % 4u == 0u; /* four channels read one input word, or one input value */
-    /* the weights: each quad's taps in turn ([cout / 4][kh][kw][4], export.cgen's depthwise_weights),
-     * then the other channels' in TFLite's order ([kh][kw][rest]) */
+    /* the weights, int16: each quad's taps in turn ([cout / 4][kh][kw][w0, w2, w1, w3], export.cgen's
+     * depthwise_weights), then the other channels' in TFLite's order ([kh][kw][rest]) */
     const uint32_t taps = (uint32_t)l->kh * l->kw, c_rest = quads ? cout / 4u * 4u : 0u, rest = cout - c_rest;
-    const int8_t *const rest_w = l->weight + c_rest * taps;
+    const int16_t *const weight = (const int16_t *)l->weight, *const rest_w = weight + c_rest * taps;
     int32_t acc[BLOCK];
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < plane && pos < (tile + 1u) * TN_TILE_POSITIONS; pos++) {
         const int32_t iy0 = (int32_t)(pos / l->wout * stride_rows(l)) - (int32_t)l->pad_h;
@@ -360,7 +363,7 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
         const uint32_t rows = ky1 - ky0, cols = kx1 - kx0;
         const uint32_t x_tap = dw * cin, x_row = dh * l->win * cin, w_row = l->kw * 4u;
         const uint32_t first = ((uint32_t)(iy0 + (int32_t)(ky0 * dh)) * l->win + (uint32_t)(ix0 + (int32_t)(kx0 * dw))) * cin;
-        const int8_t *w0 = l->weight + (ky0 * l->kw + kx0) * 4u; /* quad 0's first tap inside the input */
+        const int16_t *w0 = weight + (ky0 * l->kw + kx0) * 4u; /* quad 0's first tap inside the input */
         int8_t *o = out + pos * cout;
         uint32_t c = 0;
         if (quads && mult == 1u) {
@@ -386,7 +389,7 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
                 for (uint32_t kx = kx0; kx < kx1; kx++) {
                     const uint32_t ix = (uint32_t)(ix0 + (int32_t)(kx * dw));
                     const int8_t *x = in + (iy * l->win + ix) * cin;
-                    const int8_t *w = rest_w + (ky * l->kw + kx) * rest + (cb - c_rest);
+                    const int16_t *w = rest_w + (ky * l->kw + kx) * rest + (cb - c_rest);
                     if (mult == 1u) {
                         x += cb;
                         for (uint32_t i = 0; i < n; i++) {
