@@ -97,6 +97,56 @@ static void fill_column_dilated(const tn_layer *l, const int8_t *in, int16_t *co
     zero(c, (uint32_t)(column + tn_depth(l) - c));
 }
 
+/* A one-channel undilated 3 x 3 window whose first tap is (iy0, ix0), as int16 with the input
+ * offset added and zeros in the padding, then the three zeros up to depth 12: written out (the
+ * general fill below costs a call per row, more than the row's three values). */
+static inline __attribute__((always_inline)) void fill_one_channel3(const int8_t *in, int16_t *c, int32_t iy0,
+                                                                    int32_t ix0, uint32_t hin, uint32_t win,
+                                                                    int16_t offset) {
+    if (iy0 >= 0 && ix0 >= 0 && iy0 + 3 <= (int32_t)hin && ix0 + 3 <= (int32_t)win) { /* inside the input */
+        const int8_t *src = in + (uint32_t)iy0 * win + (uint32_t)ix0;
+        const int16_t x0 = src[0], x1 = src[1], x2 = src[2];
+        const int16_t x3 = src[win], x4 = src[win + 1u], x5 = src[win + 2u];
+        const int16_t x6 = src[2u * win], x7 = src[2u * win + 1u], x8 = src[2u * win + 2u];
+        c[0] = (int16_t)(x0 + offset);
+        c[1] = (int16_t)(x1 + offset);
+        c[2] = (int16_t)(x2 + offset);
+        c[3] = (int16_t)(x3 + offset);
+        c[4] = (int16_t)(x4 + offset);
+        c[5] = (int16_t)(x5 + offset);
+        c[6] = (int16_t)(x6 + offset);
+        c[7] = (int16_t)(x7 + offset);
+        c[8] = (int16_t)(x8 + offset);
+    } else {
+        int16_t *t = c;
+        for (uint32_t ky = 0; ky < 3u; ky++, t += 3) {
+            const uint32_t iy = (uint32_t)(iy0 + (int32_t)ky); /* a negative coordinate wraps above the bound */
+            for (uint32_t kx = 0; kx < 3u; kx++) {
+                const uint32_t ix = (uint32_t)(ix0 + (int32_t)kx);
+                t[kx] = iy < hin && ix < win ? (int16_t)(in[iy * win + ix] + offset) : 0;
+            }
+        }
+    }
+    c[9] = 0;
+    c[10] = 0;
+    c[11] = 0;
+}
+
+/* The columns of a tile's two output positions (p and p + 1; `two` = 0: p alone) for a one-channel
+ * undilated 3 x 3 conv, the geometry worked out once for both. */
+__attribute__((noinline)) static void fill_tile_one_channel3(const tn_layer *l, const int8_t *in, int16_t *column,
+                                                             uint32_t p, int two) {
+    const uint32_t wout = l->wout, oy = p / wout, ox = p - oy * wout, sh = stride_rows(l), sw = l->stride;
+    const int16_t offset = (int16_t)l->in_offset;
+    const int32_t iy0 = (int32_t)(oy * sh) - (int32_t)l->pad_h, ix0 = (int32_t)(ox * sw) - (int32_t)l->pad;
+    fill_one_channel3(in, column, iy0, ix0, l->hin, l->win, offset);
+    if (two) {
+        const int last = ox + 1u == wout; /* the next position starts the next row */
+        fill_one_channel3(in, column + 12, last ? iy0 + (int32_t)sh : iy0, last ? -(int32_t)l->pad : ix0 + (int32_t)sw,
+                          l->hin, l->win, offset);
+    }
+}
+
 /* im2col: the receptive field of output position `pos` as int16, the input offset added, with
  * zeros for the padding and for the tail up to a multiple of four taps. In HWC a window row
  * inside the input is one contiguous run, so a position costs kh runs, not kh * cin. */
@@ -114,19 +164,6 @@ static void fill_column(const tn_layer *l, const int8_t *in, int16_t *column, ui
     const uint32_t row = kw * cin, left = kx0 * cin, run = (kx1 - kx0) * cin, right = (kw - kx1) * cin;
     const int8_t *src = in + ((uint32_t)(iy0 + (int32_t)ky0) * win + (uint32_t)(ix0 + (int32_t)kx0)) * cin;
     int16_t *c = column;
-    if (ky0 == 0u && ky1 == kh && run == row && cin == 1u && kw == 3u) { /* one channel, three taps a row */
-        const int16_t offset = (int16_t)l->in_offset;
-        for (uint32_t ky = 0; ky < kh; ky++, src += win, c += 3) { /* written out: a call per row costs more */
-            const int16_t x0 = src[0], x1 = src[1], x2 = src[2];
-            c[0] = (int16_t)(x0 + offset);
-            c[1] = (int16_t)(x1 + offset);
-            c[2] = (int16_t)(x2 + offset);
-        }
-        for (uint32_t k = 3u * kh; k < ((3u * kh + 3u) & ~3u); k++) { /* the tail to a multiple of four */
-            column[k] = 0;
-        }
-        return;
-    }
     if (ky0 == 0u && ky1 == kh && run == row) { /* the window inside the input: kh runs, no padding */
         if (kh == 1u) {
             widen(c, src, row, l->in_offset);
@@ -306,6 +343,8 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
             widen(column + depth, in + (oy1 * sh * l->win + ox1 * l->stride) * cin, cin, l->in_offset);
             zero(column + depth + cin, depth - cin);
         }
+    } else if (l->cin == 1u && l->kh == 3u && l->kw == 3u && l->dil_h <= 1u && l->dil_w <= 1u) { /* depth 12 */
+        fill_tile_one_channel3(l, in, column, p, two);
     } else {
         fill_column(l, in, column, p);
         if (two) {

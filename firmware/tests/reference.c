@@ -81,6 +81,112 @@ tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
     return TN_OK;
 }
 
+static int8_t clamped(int64_t v, const tn_layer *l) {
+    v = v < l->act_min ? l->act_min : v;
+    v = v > l->act_max ? l->act_max : v;
+    return (int8_t)v;
+}
+
+tn_status ref_pack_dwconv(const tn_layer *l, const int8_t *taps, int16_t *packed) {
+    if (l->kind != TN_DWCONV || l->cin == 0 || l->cout % l->cin != 0) {
+        return TN_ERR_MODEL;
+    }
+    const uint32_t n = (uint32_t)l->kh * l->kw, cout = l->cout, mult = cout / l->cin;
+    const uint32_t quads = mult == 1u || mult % 4u == 0u ? cout / 4u * 4u : 0u, rest = cout - quads;
+    for (uint32_t t = 0; t < n; t++) {
+        for (uint32_t oc = 0; oc < cout; oc++) {
+            const uint32_t slot = oc < quads ? (oc / 4u * n + t) * 4u + group_order[oc % 4u]
+                                             : quads * n + t * rest + (oc - quads);
+            packed[slot] = taps[t * cout + oc];
+        }
+    }
+    return TN_OK;
+}
+
+/* Where window tap (ky, kx) of output (oy, ox) reads the input, or -1 in the padding. */
+static int32_t tap_at(const tn_layer *l, int32_t oy, int32_t ox, int32_t ky, int32_t kx) {
+    const int32_t sr = l->stride_h ? (int32_t)l->stride_h : (int32_t)l->stride;
+    const int32_t dr = l->dil_h > 1u ? (int32_t)l->dil_h : 1, dc = l->dil_w > 1u ? (int32_t)l->dil_w : 1;
+    const int32_t iy = oy * sr + ky * dr - (int32_t)l->pad_h, ix = ox * (int32_t)l->stride + kx * dc - (int32_t)l->pad;
+    return iy >= 0 && iy < (int32_t)l->hin && ix >= 0 && ix < (int32_t)l->win ? iy * (int32_t)l->win + ix : -1;
+}
+
+tn_status ref_dwconv(const tn_layer *l, const int8_t *taps, const int8_t *in, int8_t *out) {
+    if (l->kind != TN_DWCONV || l->cin == 0 || l->cout % l->cin != 0 || l->stride == 0) {
+        return TN_ERR_MODEL;
+    }
+    const uint32_t mult = l->cout / l->cin;
+    for (int32_t oy = 0; oy < (int32_t)l->hout; oy++) {
+        for (int32_t ox = 0; ox < (int32_t)l->wout; ox++) {
+            for (uint32_t oc = 0; oc < l->cout; oc++) {
+                int64_t acc = l->bias[oc];
+                for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
+                    for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
+                        const int32_t at = tap_at(l, oy, ox, ky, kx);
+                        if (at >= 0) {
+                            const int32_t x = in[(uint32_t)at * l->cin + oc / mult];
+                            acc += (int64_t)(x + l->in_offset) * taps[((uint32_t)ky * l->kw + (uint32_t)kx) * l->cout + oc];
+                        }
+                    }
+                }
+                if (acc < INT32_MIN || acc > INT32_MAX) {
+                    return TN_ERR_MODEL;
+                }
+                out[((uint32_t)oy * l->wout + (uint32_t)ox) * l->cout + oc] =
+                    clamped((int64_t)gemmlowp_requantize((int32_t)acc, l->multiplier[oc], l->shift[oc]) + l->out_offset, l);
+            }
+        }
+    }
+    return TN_OK;
+}
+
+tn_status ref_fc(const tn_layer *l, const int8_t *in, int8_t *out) {
+    if (l->kind != TN_FC) {
+        return TN_ERR_MODEL;
+    }
+    for (uint32_t o = 0; o < l->cout; o++) {
+        int64_t acc = l->bias[o];
+        for (uint32_t i = 0; i < l->cin; i++) {
+            acc += (int64_t)(in[i] + l->in_offset) * l->weight[o * l->cin + i];
+        }
+        if (acc < INT32_MIN || acc > INT32_MAX) {
+            return TN_ERR_MODEL;
+        }
+        out[o] = clamped((int64_t)gemmlowp_requantize((int32_t)acc, l->multiplier[o], l->shift[o]) + l->out_offset, l);
+    }
+    return TN_OK;
+}
+
+tn_status ref_window_pool(const tn_layer *l, const int8_t *in, int8_t *out) {
+    if ((l->kind != TN_AVGPOOL && l->kind != TN_MAXPOOL) || l->stride == 0) {
+        return TN_ERR_MODEL;
+    }
+    for (int32_t oy = 0; oy < (int32_t)l->hout; oy++) {
+        for (int32_t ox = 0; ox < (int32_t)l->wout; ox++) {
+            for (uint32_t c = 0; c < l->cin; c++) {
+                int32_t sum = 0, count = 0, max = -128;
+                for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
+                    for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
+                        const int32_t at = tap_at(l, oy, ox, ky, kx);
+                        if (at >= 0) {
+                            const int32_t x = in[(uint32_t)at * l->cin + c];
+                            sum += x;
+                            count++;
+                            max = x > max ? x : max;
+                        }
+                    }
+                }
+                if (count == 0) {
+                    return TN_ERR_MODEL; /* a window wholly in the padding */
+                }
+                const int32_t avg = sum > 0 ? (sum + count / 2) / count : (sum - count / 2) / count;
+                out[((uint32_t)oy * l->wout + (uint32_t)ox) * l->cin + c] = clamped(l->kind == TN_AVGPOOL ? avg : max, l);
+            }
+        }
+    }
+    return TN_OK;
+}
+
 tn_status ref_pool(const tn_layer *l, const int8_t *in, int32_t *out) {
     if (l->kind != TN_POOL) {
         return TN_ERR_MODEL;

@@ -1,6 +1,8 @@
 /* Each kernel (conv.c, depthwise.c, pool.c, dense.c) against the plain references (reference.c) on seeded random layers:
  * the fast conv (the host build runs its SXTB16/SMLAD path in C) and the plain conv the
- * executor uses under TN_REFERENCE_KERNEL, both tile by tile, and the pool, dense and argmax.
+ * executor uses under TN_REFERENCE_KERNEL, and the depthwise conv, tile by tile; the pools, the
+ * dense and fully connected layers and argmax. `make check-m4` runs them on the Cortex-M4 too,
+ * where the written-out Thumb-2 loops run instead of their C twins.
  *
  * Every buffer a kernel touches ends exactly where a static array ends, so an access past it
  * lands in ASan's redzone. */
@@ -18,29 +20,61 @@
 #define MAX_WIN 20
 #define MAX_TAPS (MAX_K * MAX_K * MAX_CIN)
 #define MAX_DEPTH ((MAX_TAPS + 3) / 4 * 4)
+#define MAX_DW_COUT 16 /* a depthwise conv's channels: whole quads, a rest, multipliers 1, 2 and 4 */
 
-static int8_t input_store[MAX_HIN * MAX_WIN * MAX_CIN];
-static int8_t taps[MAX_COUT * MAX_TAPS];
+static int8_t input_store[MAX_HIN * MAX_WIN * MAX_DW_COUT];
+static int8_t taps[MAX_DW_COUT * MAX_TAPS];
 static int8_t weight_store[MAX_COUT * MAX_DEPTH];
-static int32_t bias[MAX_COUT], multiplier[MAX_COUT], shift[MAX_COUT], requant[MAX_COUT * 3];
-static int8_t want[MAX_HIN * MAX_WIN * MAX_COUT];
-static int8_t out_store[MAX_HIN * MAX_WIN * MAX_COUT];
+static int16_t dw_weight_store[MAX_K * MAX_K * MAX_DW_COUT] __attribute__((aligned(8))); /* LDRD: word aligned */
+static int32_t bias[MAX_DW_COUT], multiplier[MAX_DW_COUT], shift[MAX_DW_COUT], requant[MAX_DW_COUT * 3];
+static int8_t want[MAX_HIN * MAX_WIN * MAX_DW_COUT];
+static int8_t out_store[MAX_HIN * MAX_WIN * MAX_DW_COUT];
 static int16_t column_store[TN_TILE_POSITIONS * MAX_DEPTH];
+static int16_t window_store[TN_MAX_COLUMN] __attribute__((aligned(8))); /* a depthwise window, as the executor's */
 
-typedef void (*conv_tile_fn)(const tn_layer *, const int8_t *, int8_t *, uint32_t, int16_t *);
+/* A tile function with its scratch (a conv's int16 columns, a depthwise conv's window bytes). */
+typedef void (*tile_fn)(const tn_layer *, const int8_t *, int8_t *, uint32_t, void *);
 
-/* A random conv layer: 1-D (one row, kh = 1, padding on columns only, as export.cgen writes
+static void conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t, void *scratch) {
+    tn_conv_tile(l, in, out, t, scratch);
+}
+static void conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t, void *scratch) {
+    tn_conv_tile_reference(l, in, out, t, scratch);
+}
+static void dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t, void *scratch) {
+    tn_dwconv_tile(l, in, out, t, scratch);
+}
+
+/* The table export.cgen writes for a layer whose right shifts are all 2 or more. */
+static void table_of(tn_layer *l) {
+    for (uint32_t oc = 0; oc < l->cout; oc++) {
+        requant[3u * oc] = l->multiplier[oc];
+        requant[3u * oc + 1u] = (int32_t)(UINT32_C(1) << (uint32_t)(l->shift[oc] - 2)) +
+                                l->out_offset * (INT32_C(1) << (uint32_t)(l->shift[oc] - 1));
+        requant[3u * oc + 2u] = l->shift[oc] - 1;
+    }
+    l->requant = requant;
+}
+
+/* Random biases and requantization (outputs spread over int8, some saturate) for l->cout channels. */
+static void random_requantization(check_rng *rng, tn_layer *l) {
+    for (uint32_t oc = 0; oc < l->cout; oc++) {
+        bias[oc] = check_range(rng, -20000, 20000);
+        multiplier[oc] = check_range(rng, 1 << 30, INT32_MAX);
+        shift[oc] = check_range(rng, 2, 11);
+    }
+    l->bias = bias;
+    l->multiplier = multiplier;
+    l->shift = shift;
+}
+
+/* A window's geometry: 1-D (one row, kh = 1, padding on columns only, as export.cgen writes
  * conv1d) or 2-D, padding at most half the window as PyTorch allows; a third of them dilated, and
  * a 2-D one's rows strided apart from its columns' stride half the time (TFLite's strides and
- * dilation factors). */
-static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weight) {
-    memset(l, 0, sizeof *l);
-    const int two_d = check_range(rng, 0, 1) == 1;
-    l->kind = TN_CONV;
-    l->cin = (uint16_t)check_range(rng, 1, MAX_CIN);
-    l->cout = (uint16_t)check_range(rng, 1, MAX_COUT);
-    l->kh = (uint8_t)(two_d ? check_range(rng, 2, MAX_K) : 1);
-    l->kw = (uint8_t)check_range(rng, 1, MAX_K);
+ * dilation factors). kh, kw: drawn here where 0. */
+static void random_geometry(check_rng *rng, tn_layer *l, int two_d) {
+    l->kh = l->kh ? l->kh : (uint8_t)(two_d ? check_range(rng, 2, MAX_K) : 1);
+    l->kw = l->kw ? l->kw : (uint8_t)check_range(rng, 1, MAX_K);
     l->stride = (uint8_t)check_range(rng, 1, 3);
     l->stride_h = (uint8_t)(two_d && check_range(rng, 0, 1) == 1 ? check_range(rng, 1, 3) : 0);
     const int dilated = check_range(rng, 0, 2) == 0;
@@ -56,6 +90,16 @@ static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weig
     l->win = (uint16_t)check_range(rng, cols - 2 * l->pad > 1 ? cols - 2 * l->pad : 1, MAX_WIN);
     l->hout = (uint16_t)((l->hin + 2 * pad_rows - rows) / sr + 1);
     l->wout = (uint16_t)((l->win + 2 * l->pad - cols) / l->stride + 1);
+}
+
+/* A random conv layer (random_geometry's windows). */
+static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weight) {
+    memset(l, 0, sizeof *l);
+    const int two_d = check_range(rng, 0, 1) == 1;
+    l->kind = TN_CONV;
+    l->cin = (uint16_t)check_range(rng, 1, MAX_CIN);
+    l->cout = (uint16_t)check_range(rng, 1, MAX_COUT);
+    random_geometry(rng, l, two_d);
     l->in_offset = check_range(rng, -127, 128); /* minus an int8 zero point */
     l->out_offset = check_range(rng, -128, 127);
     const int relu = check_range(rng, 0, 1) == 1;
@@ -66,14 +110,7 @@ static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weig
     for (uint32_t i = 0; i < l->cout * n_taps; i++) {
         taps[i] = (int8_t)check_range(rng, -128, 127);
     }
-    for (uint32_t oc = 0; oc < l->cout; oc++) {
-        bias[oc] = check_range(rng, -20000, 20000);
-        multiplier[oc] = check_range(rng, 1 << 30, INT32_MAX);
-        shift[oc] = check_range(rng, 2, 11); /* outputs spread over int8, some saturate */
-    }
-    l->bias = bias;
-    l->multiplier = multiplier;
-    l->shift = shift;
+    random_requantization(rng, l);
     int8_t *w = weight_store + sizeof weight_store - l->cout * depth;
     l->weight = w;
     CHECK_EQ(ref_pack_conv(l, taps, w), TN_OK);
@@ -83,16 +120,15 @@ static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weig
 
 /* Every tile of `tile_fn` over the whole layer equals the reference output; a tile writes only
  * its own positions, and writing it again changes nothing (the executor's idempotence). */
-static check_status conv_matches(const char *name, conv_tile_fn tile_fn, const tn_layer *l, const int8_t *in,
-                                 unsigned layer_case) {
+static check_status tiles_match(const char *name, tile_fn fn, const tn_layer *l, const int8_t *in, unsigned layer_case,
+                                void *scratch, uint32_t scratch_bytes) {
     const uint32_t plane = (uint32_t)l->hout * l->wout, tiles = (plane + TN_TILE_POSITIONS - 1u) / TN_TILE_POSITIONS;
     const uint32_t n_out = plane * l->cout;
     int8_t *out = out_store + sizeof out_store - n_out;
-    int16_t *column = column_store + sizeof column_store / sizeof column_store[0] - TN_TILE_POSITIONS * tn_depth(l);
     memset(out, 0x5A, n_out);
     for (uint32_t t = 0; t < tiles; t++) {
-        memset(column, 0xA5, sizeof(int16_t) * TN_TILE_POSITIONS * tn_depth(l)); /* scratch is garbage after a cut */
-        tile_fn(l, in, out, t, column);
+        memset(scratch, 0xA5, scratch_bytes); /* scratch is garbage after a cut */
+        fn(l, in, out, t, scratch);
         for (uint32_t i = 0; i < n_out; i++) {
             const uint32_t pos = i / l->cout;
             const int written = pos < (t + 1u) * TN_TILE_POSITIONS;
@@ -101,7 +137,7 @@ static check_status conv_matches(const char *name, conv_tile_fn tile_fn, const t
         }
     }
     for (uint32_t t = tiles; t-- > 0u;) { /* redone in any order over finished outputs */
-        tile_fn(l, in, out, t, column);
+        fn(l, in, out, t, scratch);
     }
     CHECK_MSG(memcmp(out, want, n_out) == 0, "%s, case %u: a redone tile changed the output", name, layer_case);
     return CHECK_OK;
@@ -123,16 +159,12 @@ static check_status test_conv_tiles_match_reference(void) {
         }
         CHECK_MSG(ref_conv(&l, in, want) == TN_OK, "case %u: reference rejected the layer", c);
         if (c % 2u == 1u) { /* every other case through the requantization table export.cgen writes */
-            for (uint32_t oc = 0; oc < l.cout; oc++) {
-                requant[3u * oc] = l.multiplier[oc];
-                requant[3u * oc + 1u] = (int32_t)(UINT32_C(1) << (uint32_t)(l.shift[oc] - 2)) +
-                                        l.out_offset * (INT32_C(1) << (uint32_t)(l.shift[oc] - 1));
-                requant[3u * oc + 2u] = l.shift[oc] - 1;
-            }
-            l.requant = requant;
+            table_of(&l);
         }
-        if (conv_matches("tn_conv_tile", tn_conv_tile, &l, in, c) != CHECK_OK ||
-            conv_matches("tn_conv_tile_reference", tn_conv_tile_reference, &l, in, c) != CHECK_OK) {
+        const uint32_t column_n = TN_TILE_POSITIONS * tn_depth(&l);
+        int16_t *column = column_store + sizeof column_store / sizeof column_store[0] - column_n;
+        if (tiles_match("tn_conv_tile", conv_tile, &l, in, c, column, 2u * column_n) != CHECK_OK ||
+            tiles_match("tn_conv_tile_reference", conv_tile_reference, &l, in, c, column, 2u * column_n) != CHECK_OK) {
             return CHECK_FAIL;
         }
         lone += ((uint32_t)l.hout * l.wout) % 2u;
@@ -146,6 +178,150 @@ static check_status test_conv_tiles_match_reference(void) {
      * count, dilation and a row stride of its own take */
     CHECK(lone > 20u && padded > 20u && one_d > 20u && one_d < CASES - 20u && odd_cout > 20u && dilated > 20u &&
           row_strided > 20u);
+    return CHECK_OK;
+}
+
+/* An output clamp: all of int8, a ReLU's (from the zero point) or a narrow range (ReLU6-like), for
+ * the kernels' copies with and without the per-byte clamp. */
+static void random_clamp(check_rng *rng, tn_layer *l) {
+    const int32_t kind = check_range(rng, 0, 2);
+    l->act_min = kind == 0 ? -128 : l->out_offset;
+    l->act_max = kind == 2 ? (l->out_offset + 60 < 127 ? l->out_offset + 60 : 127) : 127;
+}
+
+/* A random depthwise conv (random_geometry's windows): depth multiplier 1 mostly, 2 (a channel at a
+ * time) or 4 (one input value for a quad); half of them 3 x 3, the written-out whole window. */
+static void random_dwconv(check_rng *rng, tn_layer *l) {
+    memset(l, 0, sizeof *l);
+    l->kind = TN_DWCONV;
+    static const uint32_t mults[5] = {1u, 1u, 1u, 2u, 4u};
+    const uint32_t mult = mults[check_range(rng, 0, 4)];
+    l->cin = (uint16_t)check_range(rng, 1, (int32_t)(MAX_DW_COUT / mult));
+    if (mult == 1u && check_range(rng, 0, 1) == 1) { /* whole quads */
+        l->cin = (uint16_t)(4 * check_range(rng, 1, MAX_DW_COUT / 4));
+    }
+    l->cout = (uint16_t)(l->cin * mult);
+    const int whole = check_range(rng, 0, 1) == 1, two_d = whole || check_range(rng, 0, 1) == 1;
+    l->kh = l->kw = (uint8_t)(whole ? 3 : 0);
+    random_geometry(rng, l, two_d);
+    l->in_offset = check_range(rng, -127, 128);
+    l->out_offset = check_range(rng, -128, 127);
+    random_clamp(rng, l);
+    for (uint32_t i = 0; i < (uint32_t)l->kh * l->kw * l->cout; i++) {
+        taps[i] = (int8_t)check_range(rng, -128, 127);
+    }
+    random_requantization(rng, l);
+}
+
+static check_status test_dwconv_tiles_match_reference(void) {
+    check_rng rng = {2468u};
+    unsigned whole = 0, gathered = 0, shared = 0, rest = 0, narrow = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        random_dwconv(&rng, &l);
+        /* as close to the end as a word-aligned start allows (export.cgen aligns the array) */
+        const uint32_t n_w = ((uint32_t)l.kh * l.kw * l.cout + 3u) & ~3u;
+        int16_t *w = dw_weight_store + sizeof dw_weight_store / sizeof dw_weight_store[0] - n_w;
+        CHECK_EQ(ref_pack_dwconv(&l, taps, w), TN_OK);
+        l.weight = (const int8_t *)w;
+        const uint32_t n_in = (uint32_t)l.hin * l.win * l.cin;
+        int8_t *in = input_store + sizeof input_store - n_in;
+        for (uint32_t i = 0; i < n_in; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        CHECK_MSG(ref_dwconv(&l, taps, in, want) == TN_OK, "case %u: reference rejected the layer", c);
+        if (c % 2u == 1u) {
+            table_of(&l);
+        }
+        if (tiles_match("tn_dwconv_tile", dwconv_tile, &l, in, c, window_store, sizeof window_store) != CHECK_OK) {
+            return CHECK_FAIL;
+        }
+        const int quads3 = l.kh == 3u && l.kw == 3u && l.cout == l.cin && l.cin % 4u == 0u && l.requant != 0;
+        whole += quads3 ? 1u : 0u;
+        gathered += quads3 && (l.pad > 0u || l.pad_h > 0u) ? 1u : 0u;
+        shared += l.cout == 4u * l.cin ? 1u : 0u;
+        rest += l.cout % 4u != 0u ? 1u : 0u;
+        narrow += l.act_max < 127 ? 1u : 0u;
+    }
+    /* the seeded cases reach the whole-window function (padded windows gathered), a quad reading one
+     * input value, channels outside the quads and a clamp narrower than int8 */
+    CHECK_MSG(whole > 20u && gathered > 10u && shared > 20u && rest > 20u && narrow > 20u,
+              "whole %u, gathered %u, shared %u, rest %u, narrow %u", whole, gathered, shared, rest, narrow);
+    return CHECK_OK;
+}
+
+static check_status test_fc_matches_reference(void) {
+    static int8_t w_store[TN_MAX_CLASSES * 64], in_store[64], got_store[TN_MAX_CLASSES], expect[TN_MAX_CLASSES];
+    check_rng rng = {1357u};
+    unsigned odd_in = 0, odd_out = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = TN_FC;
+        l.cin = (uint16_t)check_range(&rng, 1, 64);
+        l.cout = (uint16_t)check_range(&rng, 1, TN_MAX_CLASSES);
+        l.hin = l.win = l.hout = l.wout = 1;
+        l.in_offset = check_range(&rng, -127, 128);
+        l.out_offset = check_range(&rng, -128, 127);
+        random_clamp(&rng, &l);
+        int8_t *w = w_store + sizeof w_store - (uint32_t)l.cout * l.cin, *in = in_store + sizeof in_store - l.cin;
+        for (uint32_t i = 0; i < (uint32_t)l.cout * l.cin; i++) {
+            w[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        for (uint32_t i = 0; i < l.cin; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        random_requantization(&rng, &l);
+        l.weight = w;
+        CHECK_EQ(ref_fc(&l, in, expect), TN_OK);
+        if (c % 2u == 1u) {
+            table_of(&l);
+        }
+        int8_t *got = got_store + sizeof got_store - l.cout;
+        tn_fc(&l, in, got, 0);
+        CHECK_MSG(memcmp(got, expect, l.cout) == 0, "case %u (cin %u, cout %u)", c, l.cin, l.cout);
+        odd_in += l.cin % 4u != 0u ? 1u : 0u;
+        odd_out += l.cout % 4u != 0u ? 1u : 0u;
+    }
+    CHECK(odd_in > 20u && odd_out > 20u);
+    return CHECK_OK;
+}
+
+static check_status test_window_pools_match_reference(void) {
+    static int8_t in_store[MAX_HIN * MAX_WIN * 12], got_store[MAX_HIN * MAX_WIN * 12];
+    check_rng rng = {8642u};
+    unsigned two_by_two = 0, padded = 0, maxed = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = check_range(&rng, 0, 3) == 0 ? TN_MAXPOOL : TN_AVGPOOL;
+        l.cin = l.cout = (uint16_t)check_range(&rng, 1, 12);
+        l.kh = (uint8_t)check_range(&rng, 1, 4);
+        l.kw = (uint8_t)(check_range(&rng, 0, 1) == 1 ? l.kh : check_range(&rng, 1, 4));
+        l.stride = (uint8_t)check_range(&rng, 1, 3);
+        l.stride_h = (uint8_t)(check_range(&rng, 0, 1) == 1 ? check_range(&rng, 1, 3) : 0);
+        l.pad_h = (uint8_t)check_range(&rng, 0, (l.kh - 1) / 2); /* TFLite's SAME padding: no window wholly in it */
+        l.pad = (uint8_t)check_range(&rng, 0, (l.kw - 1) / 2);
+        l.hin = (uint16_t)check_range(&rng, l.kh - 2 * l.pad_h, MAX_HIN);
+        l.win = (uint16_t)check_range(&rng, l.kw - 2 * l.pad, MAX_WIN);
+        l.hout = (uint16_t)((l.hin + 2 * l.pad_h - l.kh) / (l.stride_h ? l.stride_h : l.stride) + 1);
+        l.wout = (uint16_t)((l.win + 2 * l.pad - l.kw) / l.stride + 1);
+        l.out_offset = check_range(&rng, -128, 127);
+        random_clamp(&rng, &l);
+        const uint32_t n_in = (uint32_t)l.hin * l.win * l.cin, n_out = (uint32_t)l.hout * l.wout * l.cin;
+        int8_t *in = in_store + sizeof in_store - n_in, *got = got_store + sizeof got_store - n_out;
+        for (uint32_t i = 0; i < n_in; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        CHECK_EQ(ref_window_pool(&l, in, want), TN_OK);
+        tn_window_pool(&l, in, got);
+        CHECK_MSG(memcmp(got, want, n_out) == 0, "case %u (%s %ux%u, cin %u)", c, l.kind == TN_AVGPOOL ? "avg" : "max",
+                  l.kh, l.kw, l.cin);
+        two_by_two += l.kind == TN_AVGPOOL && l.kh == 2u && l.kw == 2u && l.cin >= 4u ? 1u : 0u;
+        padded += l.pad > 0u || l.pad_h > 0u ? 1u : 0u;
+        maxed += l.kind == TN_MAXPOOL ? 1u : 0u;
+    }
+    CHECK(two_by_two > 20u && padded > 20u && maxed > 20u);
     return CHECK_OK;
 }
 
@@ -255,7 +431,10 @@ int main(void) {
     int failures = 0;
     RUN(failures, test_conv_known_values);
     RUN(failures, test_conv_tiles_match_reference);
+    RUN(failures, test_dwconv_tiles_match_reference);
     RUN(failures, test_pool_matches_reference);
+    RUN(failures, test_window_pools_match_reference);
+    RUN(failures, test_fc_matches_reference);
     RUN(failures, test_dense_matches_reference);
     RUN(failures, test_argmax);
     printf("test_kernels: %d failed\n", failures);

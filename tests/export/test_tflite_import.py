@@ -317,6 +317,41 @@ def test_average_pools_of_power_of_two_counts_are_bit_exact_with_tflm(tmp_path: 
         assert m4["mismatches"] == 0
 
 
+class OneChannel2d(nn.Module):
+    """A first conv on a one-channel image (a depthwise conv in TFLite, run as a conv): strided, an odd
+    number of output columns (a tile's second position starts the next row) and of positions (a lone
+    last one), windows cut by the padding on every side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 6, 3, stride=2, padding=1)
+        self.fc = nn.Linear(6 * 5 * 5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.c1(x)).flatten(1))
+
+
+def test_a_strided_one_channel_conv_is_bit_exact_with_tflm(tmp_path: Path) -> None:
+    """The one-channel 3 x 3 columns written out per tile, against TFLite Micro on the host and the Cortex-M4."""
+    from export.flash import flash
+    from export.intmodel import ConvLayer
+    from export.tflite_import import from_tflite, import_tflite
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.tflite"
+    x = int8_tflite(OneChannel2d(), (1, 9, 9), model)
+    np.savez(tmp_path / "x.npz", x=x)
+    first = from_tflite(model.read_bytes()).layers[0]
+    assert isinstance(first, ConvLayer) and first.in_shape == (1, 9, 9) and first.out_shape == (6, 5, 5)
+    assert first.weight.shape[2:] == (3, 3) and first.stride == 2
+    bundle = read_bundle(import_tflite(model, tmp_path / "x.npz", tmp_path / "b", vectors=16))
+    host = flash(bundle, "host", tmp_path / "host")
+    assert host["mismatches"] == 0 and host["oracle"] == "TFLite Micro" and host["vectors"] == 16
+    assert len({tuple(v) for v in host["outputs"].values()}) > 8
+    if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc"):
+        assert flash(bundle, "mps2-an386", tmp_path / "m4", vectors=8)["mismatches"] == 0
+
+
 class Tabled(nn.Module):
     """A BatchNorm left as a MUL and an ADD by per-channel constants (after a ReLU, so the converter
     cannot fold them into the conv), a sigmoid, a tanh; or a residual ADD of two computed tensors."""

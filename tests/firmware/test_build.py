@@ -66,6 +66,18 @@ def test_make_check_runs_the_c_unit_tests(tmp_path: Path) -> None:
     assert "FAIL" not in proc.stdout
 
 
+@needs_arm
+@needs_qemu
+def test_make_check_m4_runs_the_c_unit_tests_on_the_cortex_m4(tmp_path: Path) -> None:
+    """The written-out Thumb-2 loops (the host runs their C twins) against the references on seeded random
+    layers, under QEMU's mps2-an386."""
+    proc = subprocess.run(["make", "-s", "-C", str(FIRMWARE), f"OUT={tmp_path}", "check-m4"], capture_output=True,
+                          text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "check-m4: all 5 test programs passed on mps2-an386" in proc.stdout
+    assert "test_kernels: 0 failed" in proc.stdout and "FAIL" not in proc.stdout
+
+
 @needs_host
 def test_host_build_through_make(tiny: Path, tmp_path: Path) -> None:
     for sanitize in (False, True):
