@@ -62,7 +62,10 @@ typedef struct {
                                    * to depth = a multiple of 4, each group of four stored as w0, w2, w1, w3
                                    * (the order SXTB16 unpacks), the rows of channels 2p and 2p + 1
                                    * alternating group by group (an odd last row whole at the end);
-                                   * dense: [cout][cin] */
+                                   * dwconv: int16 behind this pointer, word aligned (export.cgen's
+                                   * depthwise_weights: channel quads tap after tap as w0, w2, w1, w3,
+                                   * then the other channels in TFLite's [kh][kw][rest] order);
+                                   * dense, fc: [cout][cin] */
     const int32_t *bias;          /* [cout]; add: 0, or [2][256] each input's rescaled value by int8 value */
     const int32_t *multiplier;    /* conv, dwconv, fc: [cout], Q31; mean: [1], 1/positions folded in */
     const int32_t *shift;         /* as multiplier: a right shift (< 0: a left shift) */
