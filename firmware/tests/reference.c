@@ -41,6 +41,21 @@ static int8_t weight_at(const tn_layer *l, uint32_t oc, uint32_t k) {
     return l->weight[slot_of(l, oc, k)];
 }
 
+/* v clamped to the layer's output range. */
+static int8_t clamped(int64_t v, const tn_layer *l) {
+    v = v < l->act_min ? l->act_min : v;
+    v = v > l->act_max ? l->act_max : v;
+    return (int8_t)v;
+}
+
+/* Where window tap (ky, kx) of output (oy, ox) reads the input, or -1 in the padding. */
+static int32_t tap_at(const tn_layer *l, int32_t oy, int32_t ox, int32_t ky, int32_t kx) {
+    const int32_t sr = l->stride_h ? (int32_t)l->stride_h : (int32_t)l->stride;
+    const int32_t dr = l->dil_h > 1u ? (int32_t)l->dil_h : 1, dc = l->dil_w > 1u ? (int32_t)l->dil_w : 1;
+    const int32_t iy = oy * sr + ky * dr - (int32_t)l->pad_h, ix = ox * (int32_t)l->stride + kx * dc - (int32_t)l->pad;
+    return iy >= 0 && iy < (int32_t)l->hin && ix >= 0 && ix < (int32_t)l->win ? iy * (int32_t)l->win + ix : -1;
+}
+
 tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
     const int32_t pad_rows = l->pad_h, pad_cols = l->pad;
     const int32_t sr = l->stride_h ? (int32_t)l->stride_h : (int32_t)l->stride; /* rows between windows */
@@ -58,11 +73,10 @@ tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
                 uint32_t k = 0;
                 for (int32_t ky = 0; ky < (int32_t)l->kh; ky++) {
                     for (int32_t kx = 0; kx < (int32_t)l->kw; kx++) {
-                        const int32_t iy = oy * sr + ky * dr - pad_rows;
-                        const int32_t ix = ox * (int32_t)l->stride + kx * dc - pad_cols;
+                        const int32_t at = tap_at(l, oy, ox, ky, kx);
                         for (uint32_t ic = 0; ic < l->cin; ic++, k++) {
-                            if (iy >= 0 && iy < (int32_t)l->hin && ix >= 0 && ix < (int32_t)l->win) {
-                                const int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];
+                            if (at >= 0) {
+                                const int32_t x = in[(uint32_t)at * l->cin + ic];
                                 acc += (int64_t)(x + l->in_offset) * weight_at(l, oc, k);
                             }
                         }
@@ -71,20 +85,12 @@ tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out) {
                 if (acc < INT32_MIN || acc > INT32_MAX) {
                     return TN_ERR_MODEL; /* the firmware accumulates in int32: such a model is malformed */
                 }
-                int64_t v = (int64_t)gemmlowp_requantize((int32_t)acc, l->multiplier[oc], l->shift[oc]) + l->out_offset;
-                v = v < l->act_min ? l->act_min : v;
-                v = v > l->act_max ? l->act_max : v;
-                out[((uint32_t)oy * l->wout + (uint32_t)ox) * l->cout + oc] = (int8_t)v;
+                out[((uint32_t)oy * l->wout + (uint32_t)ox) * l->cout + oc] =
+                    clamped((int64_t)gemmlowp_requantize((int32_t)acc, l->multiplier[oc], l->shift[oc]) + l->out_offset, l);
             }
         }
     }
     return TN_OK;
-}
-
-static int8_t clamped(int64_t v, const tn_layer *l) {
-    v = v < l->act_min ? l->act_min : v;
-    v = v > l->act_max ? l->act_max : v;
-    return (int8_t)v;
 }
 
 tn_status ref_pack_dwconv(const tn_layer *l, const int8_t *taps, int16_t *packed) {
@@ -101,14 +107,6 @@ tn_status ref_pack_dwconv(const tn_layer *l, const int8_t *taps, int16_t *packed
         }
     }
     return TN_OK;
-}
-
-/* Where window tap (ky, kx) of output (oy, ox) reads the input, or -1 in the padding. */
-static int32_t tap_at(const tn_layer *l, int32_t oy, int32_t ox, int32_t ky, int32_t kx) {
-    const int32_t sr = l->stride_h ? (int32_t)l->stride_h : (int32_t)l->stride;
-    const int32_t dr = l->dil_h > 1u ? (int32_t)l->dil_h : 1, dc = l->dil_w > 1u ? (int32_t)l->dil_w : 1;
-    const int32_t iy = oy * sr + ky * dr - (int32_t)l->pad_h, ix = ox * (int32_t)l->stride + kx * dc - (int32_t)l->pad;
-    return iy >= 0 && iy < (int32_t)l->hin && ix >= 0 && ix < (int32_t)l->win ? iy * (int32_t)l->win + ix : -1;
 }
 
 tn_status ref_dwconv(const tn_layer *l, const int8_t *taps, const int8_t *in, int8_t *out) {
@@ -227,10 +225,7 @@ tn_status ref_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *o
         const int32_t y = (int32_t)((b[i] + l->in2_offset) * (INT64_C(1) << 20));
         const int64_t sum = (int64_t)gemmlowp_requantize(x, l->multiplier[0], l->shift[0]) +
                             gemmlowp_requantize(y, l->multiplier[1], l->shift[1]);
-        int64_t v = (int64_t)gemmlowp_requantize((int32_t)sum, l->multiplier[2], l->shift[2]) + l->out_offset;
-        v = v < l->act_min ? l->act_min : v;
-        v = v > l->act_max ? l->act_max : v;
-        out[i] = (int8_t)v;
+        out[i] = clamped((int64_t)gemmlowp_requantize((int32_t)sum, l->multiplier[2], l->shift[2]) + l->out_offset, l);
     }
     return TN_OK;
 }
