@@ -43,8 +43,8 @@ from edge.contract.bundle import read_bundle
 from edge.core.files import write_atomic
 from edge.core.tables import console_table
 from export.bundle import export_bundle
-from export.cgen import generate
-from export.flash import (
+from export.firmware.cgen import generate
+from export.firmware.flash import (
     build,
     code_size,
     flash,
@@ -55,7 +55,7 @@ from export.flash import (
     run_with_cuts,
     write_sources,
 )
-from export.intmodel import PoolLayer
+from export.firmware.intmodel import PoolLayer
 from models.data.datasets import load
 from models.nexume.checkpoint import save_checkpoint
 from models.nexume.train import TrainConfig, train
@@ -148,7 +148,7 @@ def bench_tflite(work: Path, vectors: int) -> list[dict[str, Any]]:
     import torch
 
     from bench.tflite_models import BENCH_MODELS, BRANCHING_MODELS, int8_tflite
-    from export.tflite_import import import_tflite
+    from export.firmware.tflite_import import import_tflite
 
     out = []
     for name, (module, shape) in (BENCH_MODELS | BRANCHING_MODELS).items():

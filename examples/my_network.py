@@ -28,7 +28,7 @@ def main(out: Path) -> dict[str, object]:
     """Train on BasicMotions with DynFit, export the bundle, simulate a node running it, flash the host."""
     from edge.contract.bundle import read_bundle
     from export.bundle import export_bundle
-    from export.flash import flash
+    from export.firmware.flash import flash
     from models.data.datasets import load
     from models.nexume.checkpoint import save_checkpoint
     from models.nexume.train import TrainConfig, fit

@@ -105,7 +105,7 @@ def run_export(args: argparse.Namespace) -> int:
 def run_export_onnx(args: argparse.Namespace) -> int:
     """``trickle export model.onnx --calibration calib.npz --out B``: your own ONNX classifier as a bundle,
     fp32 as given and int8 by onnxruntime's static quantization (``export.onnx_import``); or a
-    fully-int8 ``model.tflite`` as given, its example inputs the test vectors (``export.tflite_import``)."""
+    fully-int8 ``model.tflite`` as given, its example inputs the test vectors (``export.firmware.tflite_import``)."""
     if not args.checkpoint.is_file():
         raise ConfigError("model", str(args.checkpoint), "no such file")
     tflite = args.checkpoint.suffix.lower() == ".tflite"
@@ -115,7 +115,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
     if args.bundle_version < 1:
         raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
     from export.onnx_import import import_onnx
-    from export.tflite_import import import_tflite
+    from export.firmware.tflite_import import import_tflite
 
     labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
     importer = import_tflite if tflite else import_onnx
@@ -123,7 +123,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
                     args.test_vectors, progress=None if args.json else lambda m: print(f"  {m}"))
     refusal = None
     if tflite:  # the firmware reads it at flash time: say now whether it can
-        from export.cgen import flash_refusal
+        from export.firmware.cgen import flash_refusal
 
         refusal = flash_refusal(args.checkpoint.read_bytes())
         if not args.json:
@@ -219,12 +219,12 @@ def run_flash(args: argparse.Namespace) -> int:
         raise ConfigError("--record", str(args.record), "needs --board mps2-an386 (instructions are counted under QEMU)")
     if args.key is not None and args.record is None:
         raise ConfigError("--key", str(args.key), "signs the --record copy; give --record OUT")
-    from export.flash import PROGRAMMABLE
+    from export.firmware.flash import PROGRAMMABLE
 
     if args.program and args.board not in PROGRAMMABLE:
         raise ConfigError("--program", args.board, f"writes a real board: --board {' or '.join(PROGRAMMABLE)}")
     from edge.contract.bundle import load_private_key, read_trusted
-    from export.flash import flash, program, record
+    from export.firmware.flash import flash, program, record
 
     bundle = read_trusted(args.bundle, args.trust)
     private = load_private_key(args.key) if args.key is not None else None

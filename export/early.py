@@ -39,7 +39,7 @@ import torch
 from edge.contract.bundle import load_private_key, pack, write_bundle
 from edge.contract.manifest import SCHEMA_VERSION
 from edge.core.errors import ExportError
-from export.intmodel import Q31, FCLayer, IntModel, Layer
+from export.firmware.intmodel import Q31, FCLayer, IntModel, Layer
 from models.firmbound import ConvexContinuation, FirmboundClassifier, stack_frames
 from simulator.devices import MCUS
 

@@ -125,7 +125,7 @@ def test_the_dataset_and_method_choices_match_the_models() -> None:
 
 def test_flash_needs_neither_the_training_data_nor_torch() -> None:
     # trickle flash compiles the bundle's own test vectors in: nothing from models/ or torch is loaded
-    code = ("import sys, export.cli, export.flash, export.cgen, edge.classify.runtime; "
+    code = ("import sys, export.cli, export.firmware.flash, export.firmware.cgen, edge.classify.runtime; "
             "assert not {'torch', 'models.data.datasets', 'sklearn', 'sktime'} & set(sys.modules), sorted(sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 

@@ -84,10 +84,10 @@ def test_the_firmware_decides_as_the_edge_does_bit_for_bit(fitted: FirmboundClas
     frame model against onnxruntime's exact integer graph; and the int8 rule against the float one."""
     import onnxruntime as ort
 
-    from export.cgen import generate_early
+    from export.firmware.cgen import generate_early
     from export.early import quantize_frame, standardized_frames
-    from export.flash import build, flash, run_board, write_sources
-    from export.intmodel import integer_onnx
+    from export.firmware.flash import build, flash, run_board, write_sources
+    from export.firmware.intmodel import integer_onnx
 
     x, _, _ = gaussian_sequences(300, n_classes=3, dim=6, length=16, offset=0.8, seed=0)
     path = export_early(fitted, tmp_path / "b", labels=["a", "b", "c"], name="toy", calibration=x)
@@ -138,8 +138,8 @@ def test_a_rocket_rule_runs_on_the_edge_as_the_estimator_decides_and_the_firmwar
     says so by name, as does an export with calibration series; the simulator charges its heads."""
     from edge.classify.early import early_decider
     from edge.core.errors import BundleError
-    from export.cgen import generate_early
-    from export.intmodel import IntModelError
+    from export.firmware.cgen import generate_early
+    from export.firmware.intmodel import IntModelError
     from simulator.bundle_model import early_model
 
     x, y, _ = gaussian_sequences(240, n_classes=3, dim=3, length=30, offset=0.5, seed=0)

@@ -89,8 +89,8 @@ def test_an_onnx_classifier_becomes_a_bundle_the_runtime_and_the_simulator_run(u
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
 def test_the_imported_int8_model_flashes_to_the_host_bit_exact(user_model: tuple[Path, Path], tmp_path: Path) -> None:
-    from export.cgen import firmware_variants
-    from export.intmodel import from_qdq
+    from export.firmware.cgen import firmware_variants
+    from export.firmware.intmodel import from_qdq
 
     model, calib = user_model
     path = import_onnx(model, calib, tmp_path / "b")
@@ -101,7 +101,7 @@ def test_the_imported_int8_model_flashes_to_the_host_bit_exact(user_model: tuple
     bundle = read_bundle(path)
     variant = firmware_variants(bundle)[0]
     int_model = from_qdq(bundle.file(variant.formats["onnx-int8"]))
-    from export.cgen import integer_logits
+    from export.firmware.cgen import integer_logits
 
     with np.load(calib) as z:
         x = z["x"]

@@ -71,8 +71,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
 
 
 def test_the_reader_meets_what_tflm_users_deploy(models: dict[str, tuple[Path, Path]]) -> None:
-    from export.intmodel import ConvLayer, DepthwiseLayer, FCLayer, MeanLayer, WindowPoolLayer
-    from export.tflite_import import from_tflite, op_names, read_model
+    from export.firmware.intmodel import ConvLayer, DepthwiseLayer, FCLayer, MeanLayer, WindowPoolLayer
+    from export.firmware.tflite_import import from_tflite, op_names, read_model
 
     conv = from_tflite(models["conv"][0].read_bytes())
     ops = op_names(read_model(models["conv"][0].read_bytes()))
@@ -125,8 +125,8 @@ def test_a_tflite_classifier_bundles_runs_and_flashes_bit_exact_with_tflm(models
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
 def test_depthwise_pools_mean_and_mixed_granularity_are_bit_exact_on_host_and_qemu(
         models: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
-    from export.flash import flash
-    from export.tflite_import import import_tflite, tflm_outputs
+    from export.firmware.flash import flash
+    from export.firmware.tflite_import import import_tflite, tflm_outputs
 
     model, examples = models["mix"]
     path = import_tflite(model, examples, tmp_path / "b", vectors=24)
@@ -138,7 +138,7 @@ def test_depthwise_pools_mean_and_mixed_granularity_are_bit_exact_on_host_and_qe
     with np.load(examples) as z:
         x = z["x"][:24]
     from edge.classify.backends import quantize_tflite
-    from export.tflite_import import _Graph, logits_model, read_model
+    from export.firmware.tflite_import import _Graph, logits_model, read_model
 
     data = model.read_bytes()
     graph = _Graph(read_model(data), data)
@@ -253,9 +253,9 @@ class LongMean1d(nn.Module):
 def test_unequal_strides_and_dilation_are_bit_exact_with_tflm(tmp_path: Path, net: type[nn.Module],
                                                               shape: tuple[int, ...], strides_seen: set) -> None:
     """465309f refused both ("the firmware takes equal strides", "dilation has no firmware kernel")."""
-    from export.flash import flash
-    from export.intmodel import ConvLayer, DepthwiseLayer
-    from export.tflite_import import from_tflite, import_tflite
+    from export.firmware.flash import flash
+    from export.firmware.intmodel import ConvLayer, DepthwiseLayer
+    from export.firmware.tflite_import import from_tflite, import_tflite
 
     torch.manual_seed(0)
     model = tmp_path / "m.tflite"
@@ -297,9 +297,9 @@ class Pools2d(nn.Module):
 def test_average_pools_of_power_of_two_counts_are_bit_exact_with_tflm(tmp_path: Path) -> None:
     """The pools' rounding by shifts (sums of either sign, half away from zero) against TFLite Micro's
     division, on the host and on the Cortex-M4."""
-    from export.flash import flash
-    from export.intmodel import WindowPoolLayer
-    from export.tflite_import import from_tflite, import_tflite
+    from export.firmware.flash import flash
+    from export.firmware.intmodel import WindowPoolLayer
+    from export.firmware.tflite_import import from_tflite, import_tflite
 
     torch.manual_seed(0)
     model = tmp_path / "m.tflite"
@@ -333,9 +333,9 @@ class OneChannel2d(nn.Module):
 
 def test_a_strided_one_channel_conv_is_bit_exact_with_tflm(tmp_path: Path) -> None:
     """The one-channel 3 x 3 columns written out per tile, against TFLite Micro on the host and the Cortex-M4."""
-    from export.flash import flash
-    from export.intmodel import ConvLayer
-    from export.tflite_import import from_tflite, import_tflite
+    from export.firmware.flash import flash
+    from export.firmware.intmodel import ConvLayer
+    from export.firmware.tflite_import import from_tflite, import_tflite
 
     torch.manual_seed(0)
     model = tmp_path / "m.tflite"
@@ -373,9 +373,9 @@ class Tabled(nn.Module):
 
 def test_tabled_operators_are_bit_exact_with_tflm(tmp_path: Path) -> None:
     """465309f refused MUL, ADD, LOGISTIC and TANH, and a residual ADD (aacb8cc too, in one line)."""
-    from export.flash import flash
-    from export.intmodel import AddLayer, LutLayer
-    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
+    from export.firmware.flash import flash
+    from export.firmware.intmodel import AddLayer, LutLayer
+    from export.firmware.tflite_import import from_tflite, import_tflite, op_names, read_model
 
     torch.manual_seed(0)
     model = tmp_path / "t.tflite"
@@ -415,9 +415,9 @@ class PaddedMaxPool(nn.Module):
 
 def test_a_max_pool_with_padding_is_bit_exact_with_tflm(tmp_path: Path) -> None:
     """aacb8cc refused it: "a PAD must be followed by a convolution"."""
-    from export.flash import flash
-    from export.intmodel import WindowPoolLayer
-    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
+    from export.firmware.flash import flash
+    from export.firmware.intmodel import WindowPoolLayer
+    from export.firmware.tflite_import import from_tflite, import_tflite, op_names, read_model
 
     torch.manual_seed(0)
     model = tmp_path / "p.tflite"
@@ -436,10 +436,10 @@ def test_a_residual_add_and_a_concatenation_are_bit_exact_and_survive_power_cuts
     """aacb8cc refused both ("only chains are supported"; CONCATENATION "has no firmware kernel")."""
     import random
 
-    from export.cgen import generate
-    from export.flash import build, flash, fresh_nv, qemu, run_with_cuts, write_sources
-    from export.intmodel import AddLayer, ConcatLayer
-    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
+    from export.firmware.cgen import generate
+    from export.firmware.flash import build, flash, fresh_nv, qemu, run_with_cuts, write_sources
+    from export.firmware.intmodel import AddLayer, ConcatLayer
+    from export.firmware.tflite_import import from_tflite, import_tflite, op_names, read_model
 
     torch.manual_seed(0)
     model = tmp_path / "b.tflite"
@@ -495,9 +495,9 @@ class Island(nn.Module):
 
 
 def test_float_islands_hard_swish_and_sub_are_bit_exact_with_tflm(tmp_path: Path) -> None:
-    from export.flash import flash
-    from export.intmodel import LutLayer
-    from export.tflite_import import from_tflite, import_tflite, op_names, read_model
+    from export.firmware.flash import flash
+    from export.firmware.intmodel import LutLayer
+    from export.firmware.tflite_import import from_tflite, import_tflite, op_names, read_model
 
     torch.manual_seed(0)
     model = tmp_path / "i.tflite"
@@ -567,8 +567,8 @@ def test_bad_tflite_files_get_one_line(models: dict[str, tuple[Path, Path]], tmp
 
 
 def test_a_model_too_big_for_the_firmware_is_one_line_naming_the_layer() -> None:
-    from export.cgen import check_fits
-    from export.intmodel import FCLayer, IntModel, IntModelError
+    from export.firmware.cgen import check_fits
+    from export.firmware.intmodel import FCLayer, IntModel, IntModelError
 
     def fc(n_in: int, n_out: int) -> FCLayer:
         ones = np.ones(n_out, np.int32)

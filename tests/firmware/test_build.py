@@ -1,4 +1,4 @@
-"""firmware/Makefile: the C unit tests (`make -C firmware check`), and export.flash building through
+"""firmware/Makefile: the C unit tests (`make -C firmware check`), and export.firmware.flash building through
 make on a model written here by hand, so none of this trains anything."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from export.flash import FIRMWARE, FlashError, build, code_size, run_board, write_sources
+from export.firmware.flash import FIRMWARE, FlashError, build, code_size, run_board, write_sources
 from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 HOST = shutil.which("make") is not None and shutil.which("gcc") is not None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edge.contract.bundle import Bundle, read_bundle
-from export.flash import build, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
+from export.firmware.flash import build, fresh_nv, inference_instructions, qemu, run_board, run_with_cuts, write_sources
 from tests.conftest import TrainedBundle
 from tests.helpers import SUBPROCESS_TIMEOUT_S
 
@@ -30,7 +30,7 @@ def _bundle(dataset: str, root: Path, trained_bundle: TrainedBundle) -> tuple[Bu
 @pytest.fixture(scope="module", params=["digits", "basic_motions"])  # conv2d and conv1d
 def generated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
               trained_bundle: TrainedBundle) -> tuple[Path, dict]:
-    from export.cgen import generate
+    from export.firmware.cgen import generate
 
     root = tmp_path_factory.mktemp(request.param)
     bundle, x_test = _bundle(request.param, root, trained_bundle)
@@ -146,7 +146,7 @@ def test_the_image_is_the_chips(generated: tuple[Path, dict], board: str) -> Non
     from elftools.elf.elffile import ELFFile
 
     from edge.core.errors import FlashError
-    from export.flash import memory_use
+    from export.firmware.flash import memory_use
 
     regions, stack_top, nv_at, nv_name = CHIPS[board]
     root, info = generated
@@ -240,7 +240,7 @@ def _gemmlowp_requantize(acc: int, multiplier: int, shift: int) -> int:
 
 
 def test_requantize_matches_gemmlowp_on_ties_and_extremes(tmp_path: Path) -> None:
-    from export.flash import FIRMWARE
+    from export.firmware.flash import FIRMWARE
 
     # firmware/tests/requantize_main.c, with the firmware's warnings
     subprocess.run(["make", "-s", "-C", str(FIRMWARE), f"OUT={tmp_path}", "requantize"], check=True)

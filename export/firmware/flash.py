@@ -34,7 +34,7 @@ from edge.contract.manifest import Measured, MeasuredLayer
 from edge.core.errors import FlashError
 from export.formats import BOARDS
 
-FIRMWARE = Path(__file__).resolve().parent.parent / "firmware"
+FIRMWARE = Path(__file__).resolve().parents[2] / "firmware"
 
 CUT_EXIT = 3  # the plugin's exit status for a power cut
 NV_BYTES = 16 << 20
@@ -366,7 +366,7 @@ def inference_instructions(marks: list[int]) -> list[int]:
 
 def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
     """(name, tiles, output bytes) of each firmware layer, in the executor's order."""
-    from export.intmodel import (
+    from export.firmware.intmodel import (
         AddLayer,
         ConcatLayer,
         ConvLayer,
@@ -442,7 +442,7 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
     """Generate, build and run the firmware of ``bundle`` on ``board``; returns what was measured.
     ``profile`` (mps2-an386): also split each variant's instructions into its layers. ``x_test``:
     model inputs to use as test vectors instead of the bundle's own."""
-    from export.cgen import generate, generate_early
+    from export.firmware.cgen import generate, generate_early
 
     if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")

@@ -41,7 +41,7 @@ from edge.contract.manifest import SCHEMA_VERSION
 from edge.contract.vectors import FILE as VECTORS_FILE
 from edge.contract.vectors import TestVectors
 from edge.core.errors import BundleError
-from export.intmodel import (
+from export.firmware.intmodel import (
     AddLayer,
     ConcatLayer,
     ConvLayer,
