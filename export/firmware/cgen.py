@@ -35,6 +35,7 @@ from export.firmware.intmodel import (
     from_qdq,
     integer_onnx,
 )
+from export.firmware.plan import MemoryPlan, plan
 
 INT8_FORMATS = ("onnx-int8", "tflite-int8")  # what the firmware is generated from
 
@@ -142,14 +143,11 @@ def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: i
                     f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}{tail}")
 
 
-def routed(init: str, route: tuple[int, int, int] | None, requant: str = "0") -> str:
-    """A layer initializer closed with the buffers it reads and writes (+ 1; 0, 0, 0: the chain's)
-    and its requantization table (``requant_table``)."""
-    src, src2, dst = (b + 1 for b in route) if route is not None else (0, 0, 0)
-    for name, value in (("input buffer", src), ("second input buffer", src2), ("output buffer", dst)):
-        if not 0 <= value <= 0xFF:
-            raise IntModelError(f"a layer with {name} {value - 1}: the firmware's descriptor holds 0 to 254")
-    return f"{init}, {src}, {src2}, {dst}, {requant}}}"
+def routed(init: str, offsets: tuple[int, int, int], requant: str = "0") -> str:
+    """A layer initializer closed with the arena offsets of the tensors it reads and writes
+    (``export.firmware.plan``) and its requantization table (``requant_table``)."""
+    src, src2, dst = offsets
+    return f"{init}, {src}u, {src2}u, {dst}u, {requant}}}"
 
 
 def add_tables(layer: AddLayer) -> np.ndarray:
@@ -179,6 +177,9 @@ def requant_table(prefix: str, layer: Layer) -> tuple[str, str]:
     else:
         return "", "0"
     zp = layer.output_offset
+    live = multiplier != 0  # a zero multiplier (TFLite's flush of a tiny scale) gives the zero point at any shift
+    if live.any() and not live.all():
+        shift = np.where(live, shift, shift[live].max())
     # |base| = 2^(30+s) + |zp| 2^(31+s) + 2^31 stays below 2^62, so base + acc m (below 2^62) fits an int64
     if shift.min() < 2 or shift.max() > 31 or np.any((abs(zp) << (shift - 1)) + (1 << (shift - 2)) >= 1 << 29):
         return "", "0"
@@ -195,8 +196,8 @@ def _geometry(layer: ConvLayer | DepthwiseLayer | WindowPoolLayer) -> tuple[int,
 
 
 def _requant_arrays(prefix: str, layer: ConvLayer | DepthwiseLayer | FCLayer) -> str:
-    if not np.all((layer.multiplier > 0) & (layer.multiplier < 2**31)):
-        raise IntModelError(f"{prefix}: requantization multipliers must be positive Q31 values")
+    if not np.all((layer.multiplier >= 0) & (layer.multiplier < 2**31)):
+        raise IntModelError(f"{prefix}: requantization multipliers must be Q31 values of 0 to 1")
     if not np.all((layer.shift > -32) & (layer.shift < 32)):
         raise IntModelError(f"{prefix}: requantization shifts must be within 31 bits either way")
     return (_array("int32_t", f"{prefix}_b", layer.bias) + _array("int32_t", f"{prefix}_m", layer.multiplier)
@@ -236,8 +237,8 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      act_min=layer.act_min, act_max=layer.act_max,
                      arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs=refs)
     if isinstance(layer, ConvLayer):
-        if not np.all((layer.multiplier > 0) & (layer.multiplier < 2**31)):
-            raise IntModelError(f"{prefix}: requantization multipliers must be positive Q31 values")
+        if not np.all((layer.multiplier >= 0) & (layer.multiplier < 2**31)):
+            raise IntModelError(f"{prefix}: requantization multipliers must be Q31 values of 0 to 1")
         c_in, *s_in = layer.in_shape
         c_out, *s_out = layer.out_shape
         h_in, w_in = (1, s_in[0]) if len(s_in) == 1 else s_in
@@ -254,8 +255,8 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      refs=(f"{prefix}_w", "0", "0", "0"))
     if isinstance(layer, AddLayer):
         c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
-        if not all(0 < m < 2**31 for m in layer.multiplier) or not all(0 <= sh < 32 for sh in layer.shift):
-            raise IntModelError(f"{prefix}: an ADD's multipliers must be positive Q31 values, its shifts right ones")
+        if not all(0 <= m < 2**31 for m in layer.multiplier) or not all(0 <= sh < 32 for sh in layer.shift):
+            raise IntModelError(f"{prefix}: an ADD's multipliers must be Q31 values of 0 to 1, its shifts right ones")
         arrays = (_array("int32_t", f"{prefix}_m", np.array(layer.multiplier))
                   + _array("int32_t", f"{prefix}_s", np.array(layer.shift))
                   + _array("int32_t", f"{prefix}_b", add_tables(layer)))
@@ -273,61 +274,53 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                  arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _array("int32_t", f"{prefix}_b", layer.bias))
 
 
-ARENA_BYTES, MAX_COLUMN, MAX_CHANNELS, MAX_CLASSES = 4096, 1024, 128, 16  # firmware/include/tn.h's defaults
-
-
-def _activation_bytes(layer: Any) -> int:
-    """The larger of a layer's int8 input and output, as the executor's buffers hold them."""
-    if isinstance(layer, FCLayer):
-        return max(layer.weight.shape[1], layer.weight.shape[0])
-    if isinstance(layer, (PoolLayer, MeanLayer)):
-        return max(int(np.prod(layer.in_shape)), layer.in_shape[0])
-    if isinstance(layer, (ConvLayer, DepthwiseLayer, WindowPoolLayer)):
-        return max(int(np.prod(layer.in_shape)), int(np.prod(layer.out_shape)))
-    if isinstance(layer, (LutLayer, AddLayer)):
-        return int(np.prod(layer.shape))
-    if isinstance(layer, ConcatLayer):
-        return layer.out_channels * layer.positions[0] * layer.positions[1]
+def column_need(layer: Layer) -> int:
+    """int16 scratch (TN_MAX_COLUMN) a layer's tiles use: a conv's columns of TN_TILE_POSITIONS
+    positions; a 3 x 3 depthwise window gathered at the padding (9 x cin bytes)."""
+    if isinstance(layer, ConvLayer):
+        return 2 * (-(-int(np.prod(layer.weight.shape[1:])) // 4) * 4)
+    if isinstance(layer, DepthwiseLayer) and layer.weight.shape[:2] == (3, 3):
+        return -(-9 * layer.in_shape[0] // 2)
     return 0
 
 
-def arena_bytes(models: Sequence[IntModel]) -> int:
-    """The buffer each of the two activation buffers needs for every model (TN_ARENA_BYTES sized to
-    them, a multiple of 16): what a board with little non-volatile memory builds with."""
-    need = max(_activation_bytes(layer) for m in models for layer in m.layers)
-    return max(16, -(-need // 16) * 16)
+def build_config(models: Sequence[IntModel], plans: Sequence[MemoryPlan], extra_column: int = 0) -> dict[str, int]:
+    """What the build must hold for every variant (tn_config.h): the arena, the outputs, the pooled
+    channels, the column scratch."""
+    pooled = [layer.in_shape[0] for m in models for layer in m.layers if isinstance(layer, PoolLayer)]
+    return {"TN_ARENA_BYTES": max(p.arena_bytes for p in plans),
+            "TN_MAX_CLASSES": max(n_outputs(m) for m in models),
+            "TN_MAX_CHANNELS": max([1, *pooled]),
+            "TN_MAX_COLUMN": max([8, extra_column, *(column_need(la) for m in models for la in m.layers)])}
+
+
+def config_header(config: dict[str, int]) -> str:
+    lines = "".join(f"#define {k} {v}\n" for k, v in config.items())
+    return ("/* Generated by trickle export.firmware.cgen: the arena, outputs and scratch this model's variants "
+            f"need (firmware/Makefile includes it in every file). Do not edit. */\n#ifndef TN_CONFIG_H\n#define "
+            f"TN_CONFIG_H\n{lines}#endif\n")
+
+
+def n_outputs(model: IntModel) -> int:
+    last = model.layers[-1] if model.layers else None
+    if not isinstance(last, (DenseLayer, FCLayer)):
+        raise IntModelError("the model must end in a fully connected layer: its outputs are the device's results")
+    return int(last.weight.shape[0])
 
 
 def flash_refusal(tflite: bytes) -> str | None:
-    """Why ``trickle flash`` cannot run an int8 .tflite (the operator and its place, or the buffer it
-    overflows), or None when it can: what ``trickle export`` says at export time."""
+    """Why ``trickle flash`` cannot run an int8 .tflite (the operator and its place, or a dimension
+    the firmware's descriptor cannot hold), or None when it can: what ``trickle export`` says at
+    export time. Whether it fits a board's memory is the board's question (``trickle flash``)."""
     from export.firmware.tflite_import import from_tflite
 
     try:
-        check_fits(from_tflite(tflite), "int8-d00")
+        model = from_tflite(tflite)
+        for k, layer in enumerate(model.layers):
+            _layer(f"layer {k + 1}", layer)
     except IntModelError as e:
         return str(e)
     return None
-
-
-def check_fits(model: IntModel, variant: str) -> None:
-    """One line naming the first layer that exceeds the firmware's default buffers."""
-    for k, layer in enumerate(model.layers):
-        where = f"variant {variant}, layer {k + 1} ({type(layer).__name__})"
-        need = _activation_bytes(layer)
-        if need > ARENA_BYTES:
-            raise IntModelError(f"{where}: {need} bytes of activations; the firmware's buffers hold {ARENA_BYTES} "
-                                "(TN_ARENA_BYTES)")
-        if isinstance(layer, ConvLayer) and 2 * (-(-int(np.prod(layer.weight.shape[1:])) // 4) * 4) > MAX_COLUMN:
-            raise IntModelError(f"{where}: {int(np.prod(layer.weight.shape[1:]))} taps per output; the firmware's "
-                                f"scratch column holds {MAX_COLUMN // 2} (TN_MAX_COLUMN / 2)")
-        if isinstance(layer, PoolLayer) and layer.in_shape[0] > MAX_CHANNELS:
-            raise IntModelError(f"{where}: {layer.in_shape[0]} channels pooled; the firmware keeps {MAX_CHANNELS} "
-                                "(TN_MAX_CHANNELS)")
-    last = model.layers[-1]
-    n_out = last.weight.shape[0] if isinstance(last, (DenseLayer, FCLayer)) else 0
-    if not 1 <= n_out <= MAX_CLASSES:
-        raise IntModelError(f"variant {variant}: {n_out} outputs; the firmware takes 1 to {MAX_CLASSES} (TN_MAX_CLASSES)")
 
 
 def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "cortex-m4", max_vectors: int | None = None
@@ -338,8 +331,7 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
     if x_test is None:
         x_test = bundle_inputs(bundle)
     models, oracles = zip(*(integer_model(bundle, v) for v in variants))
-    for v, m in zip(variants, models):
-        check_fits(m, v.name)
+    plans = [plan(m) for m in models]
     scales = {(m.input_scale, m.input_zero_point) for m in models}
     if len(set(oracles)) != 1:
         raise IntModelError("the bundle mixes int8 variants from ONNX and from TFLite; the firmware takes one kind")
@@ -353,19 +345,19 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
              f"{bundle.manifest.model} v{bundle.manifest.bundle_version}. Do not edit. */\n",
              '#include <stdalign.h>\n#include "model.h"\n\n']
     descriptors = []
-    for vi, (v, m) in enumerate(zip(variants, models)):
+    for vi, (v, m, mp) in enumerate(zip(variants, models, plans)):
         inits = []
         for li, layer in enumerate(m.layers):
             arrays, init = _layer(f"v{vi}_l{li}", layer)
             table, ref = requant_table(f"v{vi}_l{li}", layer)
             parts.append(arrays + table)
-            inits.append(routed(init, m.routes[li] if m.routes is not None else None, ref))
+            inits.append(routed(init, mp.routes[li], ref))
         parts.append(f"static const tn_layer v{vi}_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
         energy_nj = round(v.energy_j.get(mcu, 0.0) * 1e9)
         accuracy = round(next((v.accuracy[f] for f in INT8_FORMATS if f in v.accuracy), 0.0) * 1000)  # 0: unmeasured
         input_bytes = int(np.prod(x.shape[1:]))
         parts.append(f'const tn_model tn_variant_{vi} = {{"{v.name}", {len(inits)}, v{vi}_layers, {input_bytes}, '
-                     f"{n_classes}, {m.macs}, {energy_nj}, {accuracy}}};\n\n")
+                     f"{n_classes}, {m.macs}, {energy_nj}, {accuracy}, {mp.arena_bytes}u, {mp.input_offset}u}};\n\n")
         descriptors.append({"name": v.name, "macs": m.macs, "energy_nj": energy_nj, "accuracy_permille": accuracy})
     parts.append("const tn_model *const tn_variants[TN_N_VARIANTS] = {" +
                  ", ".join(f"&tn_variant_{i}" for i in range(len(models))) + "};\n")
@@ -383,10 +375,11 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
         f"/* [vector][variant][class]: {oracles[0]}'s outputs (the oracle) */\n"
         "extern const int32_t tn_expected_flat[];\n#endif\n"
     )
+    config = build_config(models, plans)
     info = {"variants": descriptors, "vectors": len(x_q), "n_classes": n_classes, "inputs": x_q, "expected": expected,
-            "models": list(models), "oracle": oracles[0], "arena_bytes": arena_bytes(list(models)),
-            "buffers": max(m.buffers for m in models)}
-    return {"model.c": "".join(parts), "model.h": header}, info
+            "models": list(models), "oracle": oracles[0], "plans": plans, "config": config,
+            "arena_bytes": config["TN_ARENA_BYTES"], "input_bytes": int(np.prod(x.shape[1:]))}
+    return {"model.c": "".join(parts), "model.h": header, "tn_config.h": config_header(config)}, info
 
 
 def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[dict[str, str], dict[str, Any]]:
@@ -418,7 +411,7 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
     layers: list[Layer] = [FCLayer(fc.weight, fc.bias, fc.multiplier, fc.shift, fc.input_offset, fc.output_offset, fc.act_min,
                       fc.act_max, q.logit_scale) for fc in decider.layers]
     model = IntModel(input_scale=q.input_scale, input_shape=(decider.channels * decider.context,), layers=layers)
-    check_fits(model, "frame")
+    frame_plan = plan(model)
     samples = np.stack([[decider.quantize(s[:, t]) for t in range(decider.horizon)] for s in series])  # (n, T, C)
     expected = []
     for s in samples:
@@ -438,10 +431,11 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
         arrays, init = _layer(f"v0_l{li}", layer)
         table, ref = requant_table(f"v0_l{li}", layer)
         parts.append(arrays + table)
-        inits.append(routed(init, None, ref))
+        inits.append(routed(init, frame_plan.routes[li], ref))
     parts.append(f"static const tn_layer v0_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
     parts.append(f'const tn_model tn_variant_0 = {{"frame", {len(inits)}, v0_layers, {frames.shape[1]}, {n_classes}, '
-                 f"{model.macs}, 0, 0}};\n\nconst tn_model *const tn_variants[TN_N_VARIANTS] = {{&tn_variant_0}};\n")
+                 f"{model.macs}, 0, 0, {frame_plan.arena_bytes}u, {frame_plan.input_offset}u}};\n\n"
+                 "const tn_model *const tn_variants[TN_N_VARIANTS] = {&tn_variant_0};\n")
     pieces = decider.pieces_q
     parts.append(_array("uint32_t", "early_exp", decider.exp_q16) + _array("int32_t", "early_pieces", pieces))
     parts.append(f"const tn_early tn_early_rule = {{&tn_variant_0, {decider.channels}, {ctx}, {decider.horizon}, "
@@ -466,5 +460,7 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
     )
     info = {"variants": [{"name": "frame", "macs": model.macs, "energy_nj": 0, "accuracy_permille": 0}],
             "vectors": len(frames), "n_classes": n_classes, "inputs": frames, "expected": [logits], "models": [model],
-            "oracle": "onnxruntime", "series": len(samples), "decisions": expected}
-    return {"model.c": "".join(parts), "model.h": header}, info
+            "oracle": "onnxruntime", "series": len(samples), "decisions": expected, "plans": [frame_plan]}
+    config = build_config([model], [frame_plan], extra_column=-(-frames.shape[1] // 2))
+    info |= {"config": config, "arena_bytes": config["TN_ARENA_BYTES"], "input_bytes": int(frames.shape[1])}
+    return {"model.c": "".join(parts), "model.h": header, "tn_config.h": config_header(config)}, info

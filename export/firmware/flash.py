@@ -49,8 +49,9 @@ class Board:
     memory: dict[str, int]  # flash, ram, non-volatile: bytes the linker script gives each region
     state_in_ram: tuple[int, int] | None = None  # (address, bytes) under QEMU, saved at a cut, loaded at power-on
     probe: tuple[str, str] | None = None  # --program: OpenOCD's target config, pyOCD's target
-    small_state: bool = False  # a few KB of state: activation buffers sized to the model, classifiers only
+    small_state: bool = False  # a few KB of state, each result printed as it finishes (common/compact_main.c)
     cpu: str = "cortex-m4"  # the simulator's MCU profile its counts apply to
+    nv_name: str = "non-volatile memory"  # how the policy line names it
 
     @property
     def nv_file_bytes(self) -> int:
@@ -62,10 +63,75 @@ BOARD_SPECS = {
     # the backup SRAM less its probe word (link.ld); under QEMU the state sits past the chip's 128 KB
     "stm32f405": Board("netduinoplus2", {"flash": 1 << 20, "ram": 128 << 10, "non-volatile": (4 << 10) - 4},
                        state_in_ram=(0x20020000, 64 << 10), probe=("target/stm32f4x.cfg", "stm32f405rg"),
-                       small_state=True),
+                       small_state=True, nv_name="backup SRAM"),
     "nrf52840": Board(None, {"flash": 1 << 20, "ram": 248 << 10, "non-volatile": 8 << 10},  # RAM's last 8 KB
-                      probe=("target/nrf52.cfg", "nrf52840"), small_state=True),
+                      probe=("target/nrf52.cfg", "nrf52840"), small_state=True, nv_name="retained RAM"),
 }
+POLICIES = ("auto", "tiles", "atomic")
+STACK_BYTES = 4 << 10  # RAM left for the stack beside .data and .bss (the kernels' frames are small)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a board carries an inference across power cuts (firmware/include/tn.h): ``tiles``, the
+    arena in non-volatile memory and a commit per tile; or ``atomic``, the arena in RAM and an
+    inference cut by power redone from its input (kept in non-volatile memory where it fits,
+    ``keep_input``; else taken again from the sensor)."""
+
+    name: str
+    keep_input: bool
+    non_volatile_bytes: int  # what the state needs there (the linker has the last word)
+    why: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.name, "keep_input": self.keep_input, "non_volatile_bytes": self.non_volatile_bytes,
+                "why": self.why}
+
+
+def state_bytes(config: dict[str, int], atomic: bool, keep_input: bool, input_bytes: int) -> int:
+    """Non-volatile bytes of a compact board's state (common/compact_main.c's board_state with its
+    tn_nv): four board words, tn_nv's four, the outputs and pooled sums (int32), the arena unless
+    ``atomic``, the kept input and its word."""
+    n = 32 + 4 * config["TN_MAX_CLASSES"] + 4 * config["TN_MAX_CHANNELS"]
+    if not atomic:
+        n = -(-n // 16) * 16 + config["TN_ARENA_BYTES"]
+    return n + (4 + input_bytes if keep_input else 0)
+
+
+def choose_policy(board: str, config: dict[str, int], input_bytes: int, asked: str = "auto") -> Policy:
+    """The policy for ``board``: tiles commit where the live tensors fit its non-volatile memory,
+    else atomic inference; one FlashError naming the memory and the bytes where neither fits (or
+    the one asked for does not)."""
+    if asked not in POLICIES:
+        raise FlashError(f"--policy {asked}: must be one of {', '.join(POLICIES)}")
+    spec = BOARD_SPECS.get(board)
+    arena = config["TN_ARENA_BYTES"]
+    if spec is None or not spec.small_state:  # host, mps2-an386: megabytes of non-volatile memory
+        if asked == "atomic":
+            return Policy("atomic", False, 0, "atomic inference, as asked (--policy atomic): the arena in RAM, an "
+                          "inference cut by power redone from its input")
+        where = spec.nv_name if spec is not None else "non-volatile memory"
+        return Policy("tiles", False, arena, f"tiles commit: the {arena} B arena lives in the board's {where}")
+    nv, name = spec.memory["non-volatile"], spec.nv_name
+    tiles = state_bytes(config, False, False, input_bytes)
+    if asked in ("auto", "tiles") and tiles <= nv:
+        return Policy("tiles", False, tiles, f"tiles commit: the {arena} B arena and the progress fit the {name} "
+                      f"({tiles} of {nv} B)")
+    if asked == "tiles":
+        raise FlashError(f"--policy tiles: the live tensors need {tiles} B of {name} (a {arena} B arena, the "
+                         f"outputs and progress); the {board} has {nv} B")
+    keep = state_bytes(config, True, True, input_bytes) <= nv
+    need = state_bytes(config, True, keep, input_bytes)
+    if need > nv:
+        raise FlashError(f"the model fits neither policy on the {board}: its {config['TN_MAX_CLASSES']} outputs and "
+                         f"progress alone need {need} B of {name}, which has {nv} B")
+    why = ("as asked (--policy atomic)" if asked == "atomic"
+           else f"the {arena} B arena needs {tiles} B of {name}, which has {nv} B")
+    input_note = (f"the {input_bytes} B input kept there too" if keep
+                  else f"the {input_bytes} B input does not fit there: after a cut the sample is taken again")
+    return Policy("atomic", keep, need, f"atomic inference ({why}): activations in RAM, progress and results "
+                  f"({need} B) in {name}, {input_note}; an inference cut by power is redone from its input")
+
 PROGRAMMABLE = tuple(name for name, spec in BOARD_SPECS.items() if spec.probe)
 
 
@@ -110,10 +176,11 @@ def _make(what: str, *args: str) -> None:
 
 def build(sources: Path, board: str, out: Path, vectors: int | None = None, sanitize: bool = False,
           reference_kernel: bool = False, dyninfer: bool = False, no_progress: bool = False, profile: bool = False,
-          arena: int | None = None, buffers: int = 2) -> Path:
-    """Compile firmware + generated model for ``board``; returns the executable / ELF. ``arena``:
-    each activation buffer's bytes (default: the firmware's 4096; cgen's ``arena_bytes`` sizes it to
-    a model, as the stm32f405's 4 KB of backup SRAM needs)."""
+          atomic: bool = False, keep_input: bool = False) -> Path:
+    """Compile firmware + generated model for ``board``; returns the executable / ELF. The arena and
+    scratch come from the generated tn_config.h. ``atomic``: the arena in volatile RAM, an inference
+    cut by power redone (``Policy``); ``keep_input``: the compact boards keep each sample in
+    non-volatile memory until its inference is done."""
     if board not in BOARDS:
         raise FlashError(f"--board {board}: must be one of {', '.join(BOARDS)}")
     out.mkdir(parents=True, exist_ok=True)
@@ -121,8 +188,8 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
     args = [f"BOARD={board}", f"MODEL={sources.resolve()}", f"OUT={out.resolve()}"]
     args += ["REFERENCE_KERNEL=1"] if reference_kernel else []  # the plain kernel (the benchmark's baseline)
     args += ["NO_PROGRESS=1"] if no_progress else []  # straight loops, no commits: the overhead's baseline
-    args += [f"ARENA={arena}"] if arena is not None else []
-    args += [f"BUFFERS={buffers}"] if buffers != 2 else []  # a graph that branches keeps tensors for later
+    args += ["ATOMIC=1"] if atomic else []
+    args += ["KEEP_INPUT=1"] if keep_input else []
     if board == "host":
         _tool("gcc", "gcc")
         _make("host build", *args, *(["SANITIZE=1"] if sanitize else []), "firmware")
@@ -193,8 +260,17 @@ def memory_use(elf: Path, board: str) -> dict[str, dict[str, int]]:
     with open(elf, "rb") as fh:
         section = ELFFile(fh).get_section_by_name(".noinit")
         nv = int(section["sh_size"]) if section is not None else 0
-    used = {"flash": size["text"] + size["data"], "ram": size["data"] + size["bss"], "non-volatile": nv}
+    # .noinit is NOLOAD (counted in bss by code_size) but lies in the non-volatile region, not in RAM
+    used = {"flash": size["text"] + size["data"], "ram": size["data"] + size["bss"] - nv, "non-volatile": nv}
     return {k: {"used": used[k], "size": BOARD_SPECS[board].memory[k]} for k in used}
+
+
+def check_ram(elf: Path, board: str) -> None:
+    """One FlashError where .data and .bss leave the stack less than STACK_BYTES of the board's RAM."""
+    use = memory_use(elf, board)["ram"]
+    if use["used"] + STACK_BYTES > use["size"]:
+        raise FlashError(f"the image does not fit the {board}: {use['used']} B of RAM in data and bss (the arena, "
+                         f"scratch and board state) leave less than {STACK_BYTES} B of its {use['size']} B for the stack")
 
 
 def symbol(elf: Path, name: str) -> int:
@@ -418,7 +494,7 @@ def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Pat
     marks' own cost (the same for every tile) is taken out using ``plain``, the unmarked
     build's instructions for that inference. A layer's first tile includes what precedes it
     (the first layer: starting the run, copying the input to non-volatile memory)."""
-    elf = build(sources, "mps2-an386", work, vectors=1, profile=True, buffers=max(m.buffers for m in models))
+    elf = build(sources, "mps2-an386", work, vectors=1, profile=True)
     run = run_board(elf, "mps2-an386", work)
     marks, at, result = run.marks, 0, []
     for model, total in zip(models, plain):
@@ -438,10 +514,12 @@ def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Pat
 
 
 def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, profile: bool = False,
-          x_test: np.ndarray | None = None) -> dict[str, Any]:
+          x_test: np.ndarray | None = None, policy: str = "auto") -> dict[str, Any]:
     """Generate, build and run the firmware of ``bundle`` on ``board``; returns what was measured.
     ``profile`` (mps2-an386): also split each variant's instructions into its layers. ``x_test``:
-    model inputs to use as test vectors instead of the bundle's own."""
+    model inputs to use as test vectors instead of the bundle's own. ``policy``: auto (tiles commit
+    where the live tensors fit the board's non-volatile memory, else atomic inference), tiles or
+    atomic (``choose_policy``)."""
     from export.firmware.cgen import generate, generate_early
 
     if board not in BOARDS:
@@ -457,15 +535,20 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
         sources, info = generate(bundle, x_test, max_vectors=vectors)
     gen = out / "generated"
     write_sources(sources, gen)
-    exe = build(gen, board, out / board, arena=info["arena_bytes"] if spec is not None and spec.small_state else None,
-                buffers=info.get("buffers", 2))
+    chosen = choose_policy(board, info["config"], info["input_bytes"], policy)
+    exe = build(gen, board, out / board, atomic=chosen.name == "atomic", keep_input=chosen.keep_input)
+    plans = {"arena_bytes": info["arena_bytes"], "tensor_bytes": max(p.tensor_bytes for p in info["plans"]),
+             "config": info["config"]}
+    if board != "host":
+        check_ram(exe, board)
     if spec is not None and spec.machine is None:  # built and read, not run: no emulator for this chip here
         return {"board": board, "binary": str(exe), "bin": str(exe.with_suffix(".bin")), "vectors": info["vectors"],
                 "variants": info["variants"], "mismatches": None, "outputs": {}, "oracle": info["oracle"],
-                "size": code_size(exe), "memory": memory_use(exe, board)}
+                "size": code_size(exe), "memory": memory_use(exe, board), "policy": chosen.as_dict(), "plan": plans}
     run = run_board(exe, board, out / board, mode="early" if early else "run")
     report: dict[str, Any] = {"board": board, "binary": str(exe), "vectors": info["vectors"], "variants": info["variants"],
-                              "mismatches": run.mismatches, "outputs": run.outputs, "oracle": info["oracle"]}
+                              "mismatches": run.mismatches, "outputs": run.outputs, "oracle": info["oracle"],
+                              "policy": chosen.as_dict(), "plan": plans}
     if early:
         frames = run_board(exe, board, out / board) if board == "host" else None  # the frame model's own vectors
         report |= {"series": info["series"], "expected_decisions": info["decisions"],

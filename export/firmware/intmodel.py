@@ -235,15 +235,10 @@ class IntModel:
     # where each value of the firmware's input buffer comes from in the flattened model input; None:
     # channels-first in, channels-last on the device
     input_gather: np.ndarray | None = None
-    # the activation buffers each layer reads and writes, (src, src2, dst) with -1 for no second input;
-    # None: a chain, each layer reading the previous one's output (the input in buffer 0) and writing the
-    # other of buffers 0 and 1
+    # the tensors each layer reads and writes, (src, src2, dst) ids with -1 for no second input, the
+    # model input 0 (export.firmware.plan places them in the arena); None: a chain, layer i reading
+    # tensor i and writing tensor i + 1
     routes: list[tuple[int, int, int]] | None = None
-
-    @property
-    def buffers(self) -> int:
-        """How many activation buffers the firmware needs for this model (TN_BUFFERS)."""
-        return max([2, *(max(r) + 1 for r in self.routes or [])])
 
     @property
     def macs(self) -> int:

@@ -54,6 +54,7 @@ from export.firmware.intmodel import (
     MeanLayer,
     WindowPoolLayer,
 )
+from export.firmware.plan import chain_routes
 from simulator.devices import MCUS
 
 MIN_AGREEMENT = 0.95  # LiteRT's optimized kernels against TFLite Micro's reference ones, top class
@@ -162,8 +163,8 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     q = math.floor(mantissa * (1 << 31) + 0.5)  # std::round; exact: mantissa * 2^31 + 0.5 fits a double
     if q == 1 << 31:
         q, exponent = q // 2, exponent + 1
-    if exponent < -31:
-        raise IntModelError(f"requantization scale {real}: too small for TFLite's multiplier")
+    if exponent < -31:  # every bit would be shifted out: TFLite flushes the multiplier to zero
+        return 0, 0
     return q, -exponent
 
 
@@ -221,10 +222,9 @@ class _Lowering:
     PAD (top, bottom, left, right), folded into the next convolution.
 
     A graph that branches (a residual ADD, a CONCATENATION, two operators reading one tensor) keeps
-    each tensor some later operator reads in its own activation buffer: ``values`` holds every
-    tensor's buffer and view, ``last_use`` the last operator reading it, and a layer writes the
-    lowest-numbered buffer that holds nothing read later and is none of its inputs (a chain gets
-    the ping-pong of buffers 0 and 1)."""
+    each tensor some later operator reads: ``values`` holds every tensor's id and view, and each
+    layer's output is a new tensor (``routes``: the ids each layer reads and writes), whose bytes
+    in the arena ``export.firmware.plan`` gives from the tensors' lifetimes."""
 
     def __init__(self, data: bytes) -> None:
         model = read_model(data)
@@ -245,12 +245,8 @@ class _Lowering:
         self.phys: tuple[int, ...] = in_shape[1:]
         self.pad, self.pad_value = (0, 0, 0, 0), 0  # a pending PAD, and the int8 value it pads with
         self.outputs = {int(g.outputs[0])}
-        self.buffer, self.k = 0, 0  # the current tensor's buffer (the input's: 0); the operator lowered
+        self.buffer, self.k, self.tensors = 0, 0, 0  # the current tensor's id (the input's: 0); the operator lowered
         self.values: dict[int, tuple[int, np.ndarray, tuple[int, ...], bool]] = {}
-        self.last_use: dict[int, int] = {}
-        for k, op in enumerate(g.operators):
-            for t in op.inputs:
-                self.last_use[int(t)] = k
         self.routes: list[tuple[int, int, int]] = []
 
     def run(self) -> IntModel:
@@ -287,13 +283,11 @@ class _Lowering:
                 raise IntModelError(f"operator {kind} (operator {k + 1} of {len(g.operators)} in the graph, output "
                                     f"{self.graph.name(outs[0])!r}) has no firmware kernel: the firmware runs {SUPPORTED}")
             handler(self, _Op(k, kind, ins, outs, op.builtinOptions, here))
-        if self.routes != self._chain_routes():
+        if self.routes != chain_routes(len(self.routes)):
             out.routes = self.routes
         if not out.layers or not isinstance(out.layers[-1], FCLayer):
             raise IntModelError("the model must end in a FULLY_CONNECTED layer (optionally then a SOFTMAX): its outputs "
                                 "are the device's logits")
-        if not 1 <= out.layers[-1].weight.shape[0] <= 16:
-            raise IntModelError(f"the model has {out.layers[-1].weight.shape[0]} outputs; the firmware takes 1 to 16")
         return out
 
     # ---- the buffer ----
@@ -316,22 +310,19 @@ class _Lowering:
                                 "operator before it; the firmware's input buffer has one layout")
         self.out.input_gather = order.copy()
 
-    def _free(self, exclude: set[int]) -> int:
-        """The lowest-numbered buffer no later operator reads and no input of this layer is."""
-        live = {b for t, (b, *_rest) in self.values.items() if self.last_use.get(t, -1) > self.k}
-        return min(set(range(len(live | exclude) + 1)) - live - exclude)
+    def _new_tensor(self) -> int:
+        """A new tensor id for a layer's output (the input is 0); ``export.firmware.plan`` gives it its
+        bytes in the arena from its lifetime."""
+        self.tensors += 1
+        return self.tensors
 
     def emit(self, layer: Layer, src2: int = -1, dst: int | None = None) -> None:
-        """A layer reading the current tensor's buffer (and ``src2``), writing ``dst`` or a free buffer."""
+        """A layer reading the current tensor (and ``src2``), writing ``dst`` or a new tensor."""
         src = self.buffer
-        dst = self._free({src, src2}) if dst is None else dst
+        dst = self._new_tensor() if dst is None else dst
         self.out.layers.append(layer)
         self.routes.append((src, src2, dst))
         self.buffer = dst
-
-    def _chain_routes(self) -> list[tuple[int, int, int]]:
-        """The routes of a chain: each layer reads the buffer the one before wrote, writes the other."""
-        return [(i % 2, -1, (i + 1) % 2) for i in range(len(self.routes))]
 
     def produced(self, t: int, layer: Layer, src2: int = -1, dst: int | None = None) -> None:
         self.emit(layer, src2, dst)
@@ -560,7 +551,7 @@ class _Lowering:
                 raise IntModelError(f"{here}: input {graph.name(t)!r} is quantized differently from the output; "
                                     "TFLite's int8 CONCATENATION takes one scale and zero point for all")
         srcs = [self._stored(op, t) for t in op.ins]
-        dst = self._free(set(srcs))
+        dst = self._new_tensor()
         h, w_ = (shape[1], shape[2]) if len(shape) == 4 else (1, 1)
         channels = [graph.shape(t)[-1] for t in op.ins]
         layers = [ConcatLayer(channels=c, offset=sum(channels[:i]), out_channels=shape[-1], positions=(h, w_))

@@ -6,12 +6,24 @@
  * the non-volatile state (activations, progress), a volatile scratch, and the model is const
  * data in flash.
  *
+ * Memory: one arena per model (TFLite Micro's model). Every activation tensor has an offset in it,
+ * planned at code generation from the tensors' lifetimes (export.firmware.plan: a tensor never
+ * shares bytes with one live at the same time, a layer's output never with its inputs), and the
+ * arena is sized to the plan's peak (TN_ARENA_BYTES, from the generated tn_config.h).
+ *
  * Intermittency: a run is a sequence of idempotent tiles (TN_TILE_POSITIONS output positions of
  * a conv or depthwise conv, all channels; any other layer whole). A tile reads only its layer's
- * input buffers (two for an ADD) and writes only its own outputs, never into a buffer it reads;
- * after a tile, a single 32-bit store advances `progress`. A power cut at any instruction leaves
- * either the old or the new progress word, and redoing a tile rewrites the same bytes, so
- * resuming gives the same logits bit for bit (SONIC/HAWAII-style loop continuation).
+ * input tensors (two for an ADD) and writes only its own output, never bytes it reads; after a
+ * tile, a single 32-bit store advances `progress`. Two policies, chosen per board and model
+ * (export.firmware.flash):
+ *   - tiles commit (the default): the arena is in non-volatile memory (FRAM, or the board's
+ *     battery-backed RAM where it fits). A power cut at any instruction leaves either the old or
+ *     the new progress word, and redoing a tile rewrites the same bytes, so resuming gives the
+ *     same logits bit for bit (SONIC/HAWAII-style loop continuation).
+ *   - atomic inference (-DTN_ATOMIC): the arena is in volatile RAM; only tn_nv (progress, the
+ *     finished results) is non-volatile. A run cut before its end starts again from its input
+ *     (tn_start copies it in again), so the results are still bit-exact, at the cost of the work
+ *     lost.
  */
 #ifndef TN_H
 #define TN_H
@@ -24,7 +36,8 @@ extern "C" {
 
 typedef enum {
     TN_OK = 0,
-    TN_ERR_ARENA = 1,   /* the model needs more non-volatile buffer than TN_ARENA_BYTES */
+    TN_ERR_ARENA = 1,   /* the model needs a larger arena (TN_ARENA_BYTES), more outputs (TN_MAX_CLASSES), pooled
+                         * channels (TN_MAX_CHANNELS) or column scratch (TN_MAX_COLUMN) than built with */
     TN_ERR_MODEL = 2,   /* a malformed model descriptor */
     TN_ERR_STATE = 3    /* non-volatile state from another model or run */
 } tn_status;
@@ -73,8 +86,9 @@ typedef struct {
     uint8_t dil_h, dil_w;         /* dilation: rows, columns between a window's taps (0 or 1: adjacent) */
     int32_t in2_offset;           /* add: the second input's offset (-zero point); concat: the first channel
                                    * of dst written */
-    uint8_t src, src2, dst;       /* activation buffers read and written, + 1; 0: the chain's (the previous
-                                   * layer's output buffer, and the other one of the first two) */
+    uint32_t src, src2, dst;      /* byte offsets in the arena of the input, the second input (ADD) and the
+                                   * output (export.firmware.plan); a pool writes the pooled sums, a dense
+                                   * layer and the last fully connected one the logits, not the arena */
     const int32_t *requant;       /* conv, dwconv, fc: [cout][3] = multiplier, 2^(shift - 2) + out_offset
                                    * 2^(shift - 1), shift - 1, when every shift is a right shift of 2 or more
                                    * and |out_offset| 2^(shift - 1) + 2^(shift - 2) < 2^29 (export.cgen writes
@@ -92,22 +106,21 @@ typedef struct {
     uint32_t macs;
     uint32_t energy_nj;           /* one inference on the target profile (DynInfer) */
     uint16_t accuracy_permille;   /* measured test accuracy of this variant */
+    uint32_t arena_bytes;         /* the memory plan's peak: the arena this model needs */
+    uint32_t input_offset;        /* where tn_start puts the input in the arena */
 } tn_model;
 
+/* A build for a generated model takes these from its tn_config.h (firmware/Makefile includes it
+ * in every file): the largest over the model's variants. The defaults serve the C unit tests. */
 #ifndef TN_ARENA_BYTES
-#define TN_ARENA_BYTES 4096       /* each activation buffer */
-#endif
-#ifndef TN_BUFFERS
-#define TN_BUFFERS 2              /* activation buffers: two for a chain, more where a graph keeps a tensor
-                                   * for later (a residual connection, a concatenation's inputs) */
+#define TN_ARENA_BYTES 4096       /* the activation arena */
 #endif
 #ifndef TN_MAX_CLASSES
-#define TN_MAX_CLASSES 16
+#define TN_MAX_CLASSES 16         /* outputs of the last layer */
 #endif
 #ifndef TN_MAX_CHANNELS
-#define TN_MAX_CHANNELS 128
+#define TN_MAX_CHANNELS 128       /* channels a global sum pool keeps (int32) */
 #endif
-
 #ifndef TN_MAX_COLUMN
 #define TN_MAX_COLUMN 1024        /* int16 scratch: TN_TILE_POSITIONS x the widest conv's depth */
 #endif
@@ -122,7 +135,8 @@ typedef struct {
 #define TN_COMPILER_BARRIER() __asm__ volatile("" ::: "memory")
 
 /* Everything that must survive a power failure: place it in non-volatile memory (FRAM, or a
- * .noinit region the loader does not touch). */
+ * .noinit region the loader does not touch). Under TN_ATOMIC the arena is not part of it: the
+ * executor keeps it in volatile RAM (tn_volatile_arena). */
 typedef struct {
     uint32_t magic;               /* TN_MAGIC once a run's input is in place */
     uint32_t run;                 /* which run (input) the state belongs to */
@@ -130,7 +144,9 @@ typedef struct {
     uint32_t progress;            /* tiles done; the only word a commit writes */
     int32_t logits[TN_MAX_CLASSES];
     int32_t pooled[TN_MAX_CHANNELS];
-    int8_t buf[TN_BUFFERS][TN_ARENA_BYTES];
+#ifndef TN_ATOMIC
+    int8_t arena[TN_ARENA_BYTES] __attribute__((aligned(16)));
+#endif
 } tn_nv;
 
 /* Scratch in volatile RAM (contents need not survive a power failure): a tile's im2col columns. */
@@ -144,7 +160,8 @@ typedef struct {
 void TN_PROGRESS_HOOK(uint32_t progress);
 #endif
 
-/* Start a run if `nv` does not already hold run `run`: copies the input, then commits. */
+/* Start a run if `nv` does not already hold run `run`: copies the input, then commits. Under
+ * TN_ATOMIC a run that `nv` holds but did not finish (a power cut) starts again from `input`. */
 tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t run, const int8_t *input);
 /* Run (or resume) to the end; logits land in nv->logits. */
 tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch);

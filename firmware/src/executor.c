@@ -12,21 +12,44 @@ static uint32_t layer_tiles(const tn_layer *l) {
     return positions ? ((uint32_t)l->hout * l->wout + TN_TILE_POSITIONS - 1u) / TN_TILE_POSITIONS : 1u;
 }
 
-/* Layers that read one int8 buffer and write the other (the last fully connected layer writes
- * the logits instead, but nothing follows it). */
-static uint32_t flips(const tn_layer *l) {
-    return l->kind == TN_POOL || l->kind == TN_DENSE ? 0u : 1u;
+#ifdef TN_ATOMIC
+/* Atomic inference: the arena in volatile RAM (.bss); a cut loses it and the run starts over. */
+static int8_t tn_volatile_arena[TN_ARENA_BYTES] __attribute__((aligned(16)));
+#define ARENA(nv) ((void)(nv), tn_volatile_arena)
+#else
+#define ARENA(nv) ((nv)->arena)
+#endif
+
+/* Whether a layer reads the arena (a dense layer reads the pooled sums), and whether it writes it
+ * (a pool writes the pooled sums; a dense layer and the last fully connected one the logits). */
+static int reads_arena(const tn_layer *l) {
+    return l->kind != TN_DENSE;
 }
 
-/* One tile of layer `li`, whose input is buffer `flip` % 2 (or its src): it writes only the other
- * buffer (or its dst, never one it reads; or the pooled sums, or the logits), so redoing it after
- * a power cut rewrites the same bytes. A kind this executor does not know is TN_ERR_MODEL, never
- * some other layer's kernel. */
-static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_t tile, uint32_t flip,
-                          tn_scratch *scratch) {
+static int writes_arena(const tn_model *model, uint32_t li) {
     const tn_layer *l = &model->layers[li];
-    const int8_t *in = nv->buf[l->src != 0u ? l->src - 1u : flip & 1u];
-    int8_t *out = nv->buf[l->dst != 0u ? l->dst - 1u : (flip + 1u) & 1u];
+    return !(l->kind == TN_POOL || l->kind == TN_DENSE || (l->kind == TN_FC && li + 1u == model->n_layers));
+}
+
+/* Bytes of a layer's input tensor (each input of an ADD) and output tensor in the arena. A table
+ * layer's cin counts its tables, not its channels. */
+static uint32_t in_bytes(const tn_layer *l) {
+    return (uint32_t)(l->kind == TN_LUT ? l->cout : l->cin) * l->hin * l->win;
+}
+
+static uint32_t out_bytes(const tn_layer *l) {
+    return (uint32_t)l->cout * l->hout * l->wout;
+}
+
+/* One tile of layer `li`: it reads its input tensors and writes only its output tensor (or the
+ * pooled sums, or the logits), which the plan keeps apart from anything it reads, so redoing it
+ * after a power cut rewrites the same bytes. A kind this executor does not know is TN_ERR_MODEL,
+ * never some other layer's kernel. */
+static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_t tile, tn_scratch *scratch) {
+    const tn_layer *l = &model->layers[li];
+    int8_t *arena = ARENA(nv);
+    const int8_t *in = arena + l->src;
+    int8_t *out = arena + l->dst;
     switch (l->kind) {
     case TN_CONV:
         CONV_TILE(l, in, out, tile, scratch->column);
@@ -58,7 +81,7 @@ static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_
         tn_lut(l, in, out);
         return TN_OK;
     case TN_ADD:
-        tn_add(l, in, nv->buf[l->src2 - 1u], out);
+        tn_add(l, in, arena + l->src2, out);
         return TN_OK;
     case TN_CONCAT:
         tn_concat(l, in, out);
@@ -87,12 +110,38 @@ static void commit(tn_nv *nv, uint32_t progress) {
 }
 #endif
 
+/* [a, a + n) and [b, b + m) share a byte. */
+static int overlap(uint32_t a, uint32_t n, uint32_t b, uint32_t m) {
+    return a < b + m && b < a + n;
+}
+
+/* The plan, within the arena: every tensor a layer reads or writes inside the model's arena, the
+ * model's inside the one built, and no layer's output sharing a byte with its inputs (a tile
+ * redone after a cut must read what it read the first time). */
+static tn_status check_plan(const tn_model *model) {
+    if (model->arena_bytes > TN_ARENA_BYTES || model->input_offset + model->input_bytes > model->arena_bytes) {
+        return TN_ERR_ARENA;
+    }
+    for (uint32_t i = 0; i < model->n_layers; i++) {
+        const tn_layer *l = &model->layers[i];
+        const uint32_t n_in = in_bytes(l), n_out = out_bytes(l), n_arena = model->arena_bytes;
+        const int two = l->kind == TN_ADD;
+        if ((reads_arena(l) && (l->src > n_arena || n_in > n_arena - l->src)) ||
+            (two && (l->src2 > n_arena || n_in > n_arena - l->src2))) {
+            return TN_ERR_ARENA;
+        }
+        if (writes_arena(model, i) &&
+            (l->dst > n_arena || n_out > n_arena - l->dst || overlap(l->dst, n_out, l->src, n_in) ||
+             (two && overlap(l->dst, n_out, l->src2, n_in)))) {
+            return l->dst > n_arena || n_out > n_arena - l->dst ? TN_ERR_ARENA : TN_ERR_MODEL;
+        }
+    }
+    return TN_OK;
+}
+
 static tn_status check(const tn_model *model) {
     for (uint16_t i = 0; i < model->n_layers; i++) {
         const tn_layer *l = &model->layers[i];
-        if ((uint32_t)l->cin * l->hin * l->win > TN_ARENA_BYTES || (uint32_t)l->cout * l->hout * l->wout > TN_ARENA_BYTES) {
-            return TN_ERR_ARENA;
-        }
         if (l->kind == TN_CONV && TN_TILE_POSITIONS * tn_depth(l) > TN_MAX_COLUMN) {
             return TN_ERR_ARENA;
         }
@@ -106,25 +155,27 @@ static tn_status check(const tn_model *model) {
         if (l->kind == TN_LUT && l->cin > 1u && l->cin != l->cout) {
             return TN_ERR_MODEL; /* a table per channel, or one for all */
         }
-        if (l->src > TN_BUFFERS || l->src2 > TN_BUFFERS || l->dst > TN_BUFFERS ||
-            (l->dst != 0u && (l->dst == l->src || l->dst == l->src2))) {
-            return TN_ERR_MODEL; /* a buffer the board lacks, or a layer overwriting its own input */
-        }
-        if ((l->kind == TN_ADD && (l->src2 == 0u || l->cin != l->cout || l->hin != l->hout || l->win != l->wout)) ||
+        if ((l->kind == TN_ADD && (l->cin != l->cout || l->hin != l->hout || l->win != l->wout)) ||
             (l->kind == TN_CONCAT && (l->in2_offset < 0 || (uint32_t)l->in2_offset + l->cin > l->cout ||
                                       l->hin != l->hout || l->win != l->wout))) {
             return TN_ERR_MODEL;
         }
-        if (l->kind < TN_CONV || l->kind > TN_CONCAT || ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) ||
+        if (l->kind < TN_CONV || l->kind > TN_CONCAT ||
             (l->kind == TN_DWCONV && (l->cin == 0 || l->cout % l->cin != 0))) {
             return TN_ERR_MODEL;
+        }
+        if ((l->kind == TN_POOL || l->kind == TN_DENSE) && l->cin > TN_MAX_CHANNELS) {
+            return TN_ERR_ARENA;
         }
     }
     if (model->n_layers == 0) {
         return TN_ERR_MODEL;
     }
     const tn_layer *last = &model->layers[model->n_layers - 1];
-    return (last->kind == TN_DENSE || last->kind == TN_FC) && last->cout <= TN_MAX_CLASSES ? TN_OK : TN_ERR_MODEL;
+    if (last->kind != TN_DENSE && last->kind != TN_FC) {
+        return TN_ERR_MODEL;
+    }
+    return last->cout > TN_MAX_CLASSES ? TN_ERR_ARENA : check_plan(model);
 }
 
 tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t run, const int8_t *input) {
@@ -133,12 +184,19 @@ tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t 
         return status;
     }
     if (nv->magic == TN_MAGIC && nv->run == run) {
+#ifdef TN_ATOMIC
+        if (nv->progress >= tn_total_tiles(model)) {
+            return TN_OK; /* finished before the power failure: the results are in place */
+        } /* else cut short: the arena is lost, the run starts again from its input */
+#else
         return TN_OK; /* resuming after a power failure: the input is already in place */
+#endif
     }
     *(volatile uint32_t *)&nv->magic = 0u; /* invalidate first: a cut below restarts the copy */
     TN_COMPILER_BARRIER();
+    int8_t *arena = ARENA(nv) + model->input_offset;
     for (uint32_t i = 0; i < model->input_bytes; i++) {
-        nv->buf[0][i] = input[i];
+        arena[i] = input[i];
     }
     nv->run = run;
     nv->variant = variant;
@@ -150,24 +208,21 @@ tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t 
 
 #ifdef TN_NO_PROGRESS
 /* The same kernels in straight loops, no progress kept: the intermittency overhead's baseline,
- * for uninterrupted runs only. It is not power-failure safe: the second conv overwrites the
- * input's buffer, so after a cut the caller must tn_start again (copy the input in) before
+ * for uninterrupted runs only. It is not power-failure safe: a later layer may overwrite the
+ * input's bytes, so after a cut the caller must tn_start again (copy the input in) before
  * tn_resume, or the logits are wrong (firmware/tests/test_executor.c skips cuts in this build). */
 tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
     }
-    uint32_t flip = 0;
     for (uint16_t li = 0; li < model->n_layers; li++) {
-        const tn_layer *l = &model->layers[li];
-        const uint32_t tiles = layer_tiles(l);
+        const uint32_t tiles = layer_tiles(&model->layers[li]);
         for (uint32_t tile = 0; tile < tiles; tile++) {
-            const tn_status status = run_tile(nv, model, li, tile, flip, scratch);
+            const tn_status status = run_tile(nv, model, li, tile, scratch);
             if (status != TN_OK) {
                 return status;
             }
         }
-        flip += flips(l);
     }
     return TN_OK;
 }
@@ -176,19 +231,17 @@ tn_status tn_resume(tn_nv *nv, const tn_model *model, tn_scratch *scratch) {
     if (nv->magic != TN_MAGIC) {
         return TN_ERR_STATE;
     }
-    uint32_t p = *(volatile uint32_t *)&nv->progress, first = 0, flip = 0;
+    uint32_t p = *(volatile uint32_t *)&nv->progress, first = 0;
     for (uint32_t li = 0; li < model->n_layers; li++) { /* the layer of tile p found once, then followed */
-        const tn_layer *l = &model->layers[li];
-        const uint32_t tiles = layer_tiles(l);
+        const uint32_t tiles = layer_tiles(&model->layers[li]);
         for (; p < first + tiles; p++) {
-            const tn_status status = run_tile(nv, model, li, p - first, flip, scratch);
+            const tn_status status = run_tile(nv, model, li, p - first, scratch);
             if (status != TN_OK) {
                 return status; /* nothing committed: the tile is not counted done */
             }
             commit(nv, p + 1u);
         }
         first += tiles;
-        flip += flips(l);
     }
     return TN_OK;
 }

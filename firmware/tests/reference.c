@@ -243,31 +243,30 @@ tn_status ref_concat(const tn_layer *l, const int8_t *in, int8_t *out) {
 }
 
 tn_status ref_forward(const tn_model *m, const int8_t *input, int32_t *logits) {
-    static int8_t act[TN_BUFFERS][TN_ARENA_BYTES];
+    static int8_t arena[TN_ARENA_BYTES];
     static int32_t pooled[TN_MAX_CHANNELS];
-    uint32_t which = 0; /* the chain's: the buffer the last layer wrote */
+    if (m->arena_bytes > TN_ARENA_BYTES) {
+        return TN_ERR_ARENA;
+    }
     for (uint32_t i = 0; i < m->input_bytes; i++) {
-        act[0][i] = input[i];
+        arena[m->input_offset + i] = input[i];
     }
     tn_status status = TN_OK;
     for (uint16_t i = 0; i < m->n_layers && status == TN_OK; i++) {
         const tn_layer *l = &m->layers[i];
-        const int8_t *in = act[l->src != 0u ? l->src - 1u : which];
-        int8_t *out = act[l->dst != 0u ? l->dst - 1u : which ^ 1u];
+        const int8_t *in = arena + l->src;
+        int8_t *out = arena + l->dst;
         if (l->kind == TN_CONV) {
             status = ref_conv(l, in, out);
         } else if (l->kind == TN_ADD) {
-            status = ref_add(l, in, act[l->src2 - 1u], out);
+            status = ref_add(l, in, arena + l->src2, out);
         } else if (l->kind == TN_CONCAT) {
             status = ref_concat(l, in, out);
         } else if (l->kind == TN_POOL) {
             status = ref_pool(l, in, pooled);
-            continue;
         } else {
             status = ref_dense(l, pooled, logits);
-            continue;
         }
-        which = l->dst != 0u ? l->dst - 1u : which ^ 1u;
     }
     return status;
 }

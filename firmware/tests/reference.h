@@ -34,7 +34,7 @@ tn_status ref_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *o
 /* One input of a concatenation along channels. */
 tn_status ref_concat(const tn_layer *l, const int8_t *in, int8_t *out);
 /* A whole model, layer by layer, into `logits` (n_classes values): each layer reads its src (and
- * src2) and writes its dst, or the chain's ping-pong where they are 0. */
+ * src2) and writes its dst, offsets in an arena of its own. */
 tn_status ref_forward(const tn_model *m, const int8_t *input, int32_t *logits);
 
 #endif

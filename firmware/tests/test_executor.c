@@ -20,45 +20,49 @@ static int8_t a_taps1[3 * 3 * 3 * 2], a_w1[3 * 20], a_taps2[4 * 2 * 2 * 3], a_w2
 static int32_t a_b1[3], a_m1[3], a_s1[3], a_b2[4], a_m2[4], a_s2[4], a_b4[3];
 static const tn_layer a_layers[4] = {
     /* kind cin hin win cout hout wout kh kw stride pad pad_h in_off out_off act_min act_max */
-    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, a_w1, a_b1, a_m1, a_s1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, a_w2, a_b2, a_m2, a_s2, 0, 0, 0, 0, 0, 0, 0, 0},
+    /* ... weight bias multiplier shift stride_h dil_h dil_w in2_offset src src2 dst requant; the plan:
+     * the input at 0 (40 bytes), conv1's output at 48 (60), conv2's at 0 over the dead input (16) */
+    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, a_w1, a_b1, a_m1, a_s1, 0, 0, 0, 0, 0, 0, 48, 0},
+    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, a_w2, a_b2, a_m2, a_s2, 0, 0, 0, 0, 48, 0, 0, 0},
     {TN_POOL, 4, 2, 2, 4, 1, 1, 0, 0, 0, 0, 0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {TN_DENSE, 4, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, a_w4, a_b4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
-static const tn_model model_a = {"a", 4, a_layers, 5 * 4 * 2, 3, 0, 1000u, 900u};
+static const tn_model model_a = {"a", 4, a_layers, 5 * 4 * 2, 3, 0, 1000u, 900u, 112u, 0u};
 #define A_TILES (10u + 2u + 1u + 1u) /* 20 positions / 2, 4 / 2, the pool, the classifier */
 
-/* ---- model B: three conv1d (the second overwrites the input buffer, the third wraps the
- * ping-pong), odd position counts (a lone last tile) -> pool -> dense --------------------- */
+/* ---- model B: three conv1d (the second writes over the dead input, the third where the first
+ * wrote), odd position counts (a lone last tile) -> pool -> dense ------------------------- */
 static int8_t b_taps1[5 * 3 * 3], b_w1[5 * 12], b_taps2[2 * 3 * 5], b_w2[2 * 16], b_taps3[3 * 2 * 2], b_w3[3 * 4];
 static int8_t b_w5[4 * 3];
 static int32_t b_b1[5], b_m1[5], b_s1[5], b_b2[2], b_m2[2], b_s2[2], b_b3[3], b_m3[3], b_s3[3], b_b5[4];
 static const tn_layer b_layers[5] = {
-    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, b_w1, b_b1, b_m1, b_s1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, b_w2, b_b2, b_m2, b_s2, 0, 0, 0, 0, 0, 0, 0, 0},
-    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, b_w3, b_b3, b_m3, b_s3, 0, 0, 0, 0, 0, 0, 0, 0},
-    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, b_w1, b_b1, b_m1, b_s1, 0, 0, 0, 0, 0, 0, 32, 0},
+    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, b_w2, b_b2, b_m2, b_s2, 0, 0, 0, 0, 32, 0, 0, 0},
+    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, b_w3, b_b3, b_m3, b_s3, 0, 0, 0, 0, 0, 0, 32, 0},
+    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0},
     {TN_DENSE, 3, 1, 1, 4, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, b_w5, b_b5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
-static const tn_model model_b = {"b", 5, b_layers, 9 * 3, 4, 0, 2000u, 950u};
+static const tn_model model_b = {"b", 5, b_layers, 9 * 3, 4, 0, 2000u, 950u, 64u, 0u};
 #define B_TILES (3u + 3u + 2u + 1u + 1u)
 
-/* ---- model C: a graph that branches (three buffers): conv -> conv, the residual ADD of both,
- * the concatenation of the sum and the second conv along channels -> pool -> dense ----------- */
+/* ---- model C: a graph that branches: conv -> conv, the residual ADD of both, the concatenation
+ * of the sum and the second conv along channels -> pool -> dense. The plan: the input at 0 (40
+ * bytes), conv1's output at 48 (60), conv2's at 112 (60, read by the ADD and the concatenation),
+ * the sum at 176 (60), the concatenation at 240 (120) ---------------------------------------- */
 static int8_t c_taps1[3 * 3 * 3 * 2], c_w1[3 * 20], c_taps2[3 * 3 * 3 * 3], c_w2[3 * 28], c_w6[3 * 6];
 static int32_t c_b1[3], c_m1[3], c_s1[3], c_b2[3], c_m2[3], c_s2[3], c_b6[3];
 /* TFLite's ADD of inputs at scales 0.02 and 0.03 into 0.04: 0.02 / 0.06, 0.03 / 0.06, 0.06 / (2^20 0.04) */
 static const int32_t c_add_m[3] = {1431655765, 1073741824, 1610612736}, c_add_s[3] = {1, 0, 19};
 static const tn_layer c_layers[7] = {
-    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, c_w1, c_b1, c_m1, c_s1, 0, 0, 0, 0, 1, 0, 2, 0},
-    {TN_CONV, 3, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 10, 3, -128, 127, c_w2, c_b2, c_m2, c_s2, 0, 0, 0, 0, 2, 0, 3, 0},
-    {TN_ADD, 3, 5, 4, 3, 5, 4, 0, 0, 0, 0, 0, -3, -7, -128, 100, 0, 0, c_add_m, c_add_s, 0, 0, 0, 10, 3, 2, 1, 0},
-    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 0},
-    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 0, 2, 0},
-    {TN_POOL, 6, 5, 4, 6, 1, 1, 0, 0, 0, 0, 0, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0},
+    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, c_w1, c_b1, c_m1, c_s1, 0, 0, 0, 0, 0, 0, 48, 0},
+    {TN_CONV, 3, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 10, 3, -128, 127, c_w2, c_b2, c_m2, c_s2, 0, 0, 0, 0, 48, 0, 112, 0},
+    {TN_ADD, 3, 5, 4, 3, 5, 4, 0, 0, 0, 0, 0, -3, -7, -128, 100, 0, 0, c_add_m, c_add_s, 0, 0, 0, 10, 112, 48, 176, 0},
+    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 176, 0, 240, 0},
+    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 112, 0, 240, 0},
+    {TN_POOL, 6, 5, 4, 6, 1, 1, 0, 0, 0, 0, 0, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 240, 0, 0, 0},
     {TN_DENSE, 6, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, c_w6, c_b6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
-static const tn_model model_c = {"c", 7, c_layers, 5 * 4 * 2, 3, 0, 0u, 0u};
+static const tn_model model_c = {"c", 7, c_layers, 5 * 4 * 2, 3, 0, 0u, 0u, 368u, 0u};
 #define C_TILES (10u + 10u + 1u + 2u + 1u + 1u)
 
 /* Weights, biases and requantization of a conv, seeded; the shift keeps outputs inside int8
@@ -250,13 +254,14 @@ static check_status test_model_b_resumes_at_every_progress_point(void) {
     return resume_everywhere(&model_b, input_b, B_TILES);
 }
 
-/* Where the graph branches, the tensors kept for later survive every cut: no tile writes a
- * buffer another tile still reads. */
+/* Where the graph branches, the tensors kept for later survive every cut: no tile writes bytes
+ * another tile still reads. */
 static check_status test_model_c_resumes_at_every_progress_point(void) {
     return resume_everywhere(&model_c, input_c, C_TILES);
 }
 
-/* A layer that would overwrite its own input, or a buffer the board lacks, is refused. */
+/* A layer that would overwrite its own input, or reach past the arena, and a model whose arena
+ * or input lies beyond what was built, are refused. */
 static check_status test_routes_are_checked(void) {
     tn_layer layers[7];
     memcpy(layers, c_layers, sizeof layers);
@@ -264,16 +269,25 @@ static check_status test_routes_are_checked(void) {
     m.layers = layers;
     memset(&nv, 0, sizeof nv);
     CHECK_EQ(tn_start(&nv, &m, 0u, 3u, input_c), TN_OK);
-    layers[2].dst = 3u; /* the ADD writing the buffer it reads */
+    layers[2].dst = 112u + 59u; /* the ADD writing over the last byte of its first input */
     CHECK_EQ(tn_start(&nv, &m, 0u, 4u, input_c), TN_ERR_MODEL);
-    layers[2].dst = TN_BUFFERS + 1u;
-    CHECK_EQ(tn_start(&nv, &m, 0u, 5u, input_c), TN_ERR_MODEL);
-    layers[2].dst = 1u;
-    layers[2].src2 = 0u; /* an ADD with one input */
-    CHECK_EQ(tn_start(&nv, &m, 0u, 6u, input_c), TN_ERR_MODEL);
-    layers[2].src2 = 2u;
+    layers[2].dst = 0u; /* ... over the first bytes of its second (48...) */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 4u, input_c), TN_ERR_MODEL);
+    layers[2].dst = 368u - 59u; /* past the arena's end */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 5u, input_c), TN_ERR_ARENA);
+    layers[2].dst = 176u;
+    layers[2].src2 = 368u - 59u; /* an input past the arena's end */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 6u, input_c), TN_ERR_ARENA);
+    layers[2].src2 = 48u;
     layers[4].in2_offset = 4; /* channels 4..6 of 6 */
     CHECK_EQ(tn_start(&nv, &m, 0u, 7u, input_c), TN_ERR_MODEL);
+    layers[4].in2_offset = 3;
+    m.arena_bytes = TN_ARENA_BYTES + 16u; /* a plan larger than the arena built */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 8u, input_c), TN_ERR_ARENA);
+    m.arena_bytes = 368u;
+    m.input_offset = 368u - 39u; /* the input reaching past the arena */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 9u, input_c), TN_ERR_ARENA);
+    CHECK_EQ(nv.run, 3u); /* a rejected model starts no run */
     return CHECK_OK;
 }
 
@@ -300,7 +314,7 @@ static check_status test_rejects_what_does_not_fit(void) {
     static int32_t zeros[TN_MAX_CHANNELS];
     static int8_t w[TN_MAX_CHANNELS];
     tn_layer layers[2] = {a_layers[2], a_layers[3]};
-    tn_model m = {"bad", 2, layers, 16, 3, 0, 0, 0};
+    tn_model m = {"bad", 2, layers, 16, 3, 0, 0, 0, 16u, 0u};
     static int8_t input[16];
     memset(&nv, 0, sizeof nv);
     CHECK_EQ(tn_resume(&nv, &model_a, &scratch), TN_ERR_STATE); /* no run started */
@@ -310,16 +324,16 @@ static check_status test_rejects_what_does_not_fit(void) {
     m.n_layers = 1; /* ends in a pool, not a classifier */
     CHECK_EQ(tn_start(&nv, &m, 0u, 1u, input), TN_ERR_MODEL);
     m.n_layers = 2;
-    layers[1].cout = TN_MAX_CLASSES + 1;
+    layers[1].cout = TN_MAX_CLASSES + 1; /* more outputs than the build keeps */
     layers[1].weight = w;
     layers[1].bias = zeros;
-    CHECK_EQ(tn_start(&nv, &m, 0u, 1u, input), TN_ERR_MODEL);
+    CHECK_EQ(tn_start(&nv, &m, 0u, 1u, input), TN_ERR_ARENA);
     layers[1].cout = 3;
-    layers[0].cin = layers[0].cout = TN_MAX_CHANNELS + 1;
-    CHECK_EQ(tn_start(&nv, &m, 0u, 1u, input), TN_ERR_MODEL);
+    layers[0].cin = layers[0].cout = TN_MAX_CHANNELS + 1; /* more pooled channels than it keeps */
+    CHECK_EQ(tn_start(&nv, &m, 0u, 1u, input), TN_ERR_ARENA);
     layers[0].cin = layers[0].cout = 4;
     layers[0].hin = 64;
-    layers[0].win = 64; /* 4 x 64 x 64 bytes: more than an activation buffer */
+    layers[0].win = 64; /* 4 x 64 x 64 bytes: more than the model's arena */
     CHECK_EQ(tn_start(&nv, &m, 0u, 1u, input), TN_ERR_ARENA);
 
     tn_layer conv = a_layers[0];
@@ -327,7 +341,7 @@ static check_status test_rejects_what_does_not_fit(void) {
     conv.hin = conv.win = 1;
     conv.hout = conv.wout = 1;
     tn_layer deep[3] = {conv, a_layers[2], a_layers[3]};
-    tn_model d = {"deep", 3, deep, 120, 3, 0, 0, 0};
+    tn_model d = {"deep", 3, deep, 120, 3, 0, 0, 0, 128u, 0u};
     CHECK_EQ(tn_start(&nv, &d, 0u, 1u, input), TN_ERR_ARENA);
     CHECK(nv.magic != TN_MAGIC); /* a rejected model leaves no run behind */
     return CHECK_OK;
@@ -335,9 +349,9 @@ static check_status test_rejects_what_does_not_fit(void) {
 
 /* DynInfer: E = C (V^2 - Vcut^2) / 2. With 10 mF and a 2 V cut, 3.3 V holds 34.45 mJ. */
 static check_status test_choose_variant(void) {
-    const tn_model cheap = {"cheap", 0, 0, 0, 0, 0, 1000000u, 800u};
-    const tn_model mid = {"mid", 0, 0, 0, 0, 0, 20000000u, 900u};
-    const tn_model best = {"best", 0, 0, 0, 0, 0, 50000000u, 950u};
+    const tn_model cheap = {"cheap", 0, 0, 0, 0, 0, 1000000u, 800u, 0u, 0u};
+    const tn_model mid = {"mid", 0, 0, 0, 0, 0, 20000000u, 900u, 0u, 0u};
+    const tn_model best = {"best", 0, 0, 0, 0, 0, 50000000u, 950u, 0u, 0u};
     const tn_model *const variants[3] = {&best, &mid, &cheap};
     CHECK_EQ(tn_choose_variant(variants, 3u, 3300u, 2000u, 10000u), 1u);  /* best does not fit */
     CHECK_EQ(tn_choose_variant(variants, 3u, 5000u, 2000u, 10000u), 0u);  /* 105 mJ: everything fits */
