@@ -28,6 +28,24 @@ test vectors run; they are data-independent but for branches). Keys of bench/res
 
 Each model's ``variants`` lists every 8-bit variant's instructions per MAC, with a per-layer
 split from a profiling build (``trickle flash --record``'s numbers).
+
+The MLPerf Tiny reference models (issue 47; read from $TRICKLE_DATA/mlperf-tiny, never copied into
+the repository; the benchmark stops with a line naming the folder when they are absent), each
+imported with test vectors spanning its int8 input and checked against TFLite Micro:
+
+- mlperf_tiny_bit_exact_models / mlperf_tiny_stm32f405_bit_exact_models: how many of the five give
+  TFLite Micro's outputs on every test vector on mps2-an386 / on the stm32f405 under QEMU (with the
+  policy ``trickle flash`` chooses: tiles where the arena fits the backup SRAM, else atomic).
+- mlperf_tiny_power_cut_trials_bit_exact: random cuts inside an inference, each followed by a
+  restart, per model and board; the fewest identical to the uncut run.
+- mlperf_tiny_instructions_per_mac: each model's on mps2-an386.
+- arena_bytes_vs_tflm_planner_max: the memory plan's arena over the head of TFLite Micro's arena
+  (its planner's tensors and scratch) for the same model; the largest. The int32 results, which the
+  firmware keeps beside the progress word rather than in the arena, are listed per model
+  (``outputs_bytes``).
+
+``trickle bench firmware --part mlperf`` runs one part and keeps the others' keys from the
+committed JSON; ``measured`` names the commit each part was measured at.
 """
 
 from __future__ import annotations
@@ -46,6 +64,7 @@ from export.bundle import export_bundle
 from export.firmware.cgen import generate
 from export.firmware.flash import (
     build,
+    choose_policy,
     code_size,
     flash,
     fresh_nv,
@@ -67,6 +86,10 @@ GOALS = {
     "power_cut_trials_bit_exact": (">=", 200),
     "stm32f405_bit_exact": (">=", 1),
     "tflite_instructions_per_mac_max": ("<=", 3.0),
+    "mlperf_tiny_bit_exact_models": (">=", 5),  # issue 47: of the five, on mps2-an386
+    "mlperf_tiny_stm32f405_bit_exact_models": (">=", 5),
+    "mlperf_tiny_power_cut_trials_bit_exact": (">=", 100),  # the fewest over the five models and both boards
+    "arena_bytes_vs_tflm_planner_max": ("<=", 1.0),
 }
 BOARDS = ("mps2-an386", "stm32f405")
 
@@ -98,8 +121,9 @@ def bench_model(dataset: str, epochs: int, vectors: int, cuts: int, work: Path) 
     if len(ran) != 1:
         raise RuntimeError(f"DynInfer ran variants {sorted(ran)}; expected one")
     chosen = info["variants"][ran.pop()]
+    policy = choose_policy("stm32f405", info["config"], info["input_bytes"])
     stm32 = build(work / "gen", "stm32f405", work / "stm32-cut", vectors=vectors, dyninfer=True,
-                  arena=info["arena_bytes"])
+                  atomic=policy.name == "atomic", keep_input=policy.keep_input)
     trials = {board: _power_cuts(elf, board, cuts) for board, elf in (("mps2-an386", builds["shipped"]),
                                                                         ("stm32f405", stm32))}
     on_stm32 = flash(bundle, "stm32f405", work / "stm32", x_test=data.x_test)  # every test vector, every variant
@@ -167,21 +191,77 @@ def bench_tflite(work: Path, vectors: int) -> list[dict[str, Any]]:
     return out
 
 
-def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
-    epochs, vectors, cuts = (2, 3, 20) if quick else (30, 20, 100)
-    per = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for dataset in ("digits", "basic_motions"):
-            print(f"{dataset}: training, exporting, building four firmwares, {cuts} power cuts per board ...", flush=True)
-            work = Path(tmp) / dataset
-            per.append(bench_model(dataset, epochs, vectors, cuts, work))
-        print("imported TFLite models: converting, quantizing, importing, flashing ...", flush=True)
-        imported = bench_tflite(Path(tmp) / "tflite", vectors)
-    out: dict[str, Any] = {
-        "tflite_instructions_per_mac_max": max(m["instructions_per_mac"] for m in imported if not m["branches"]),
-        "tflite_branching_instructions_per_mac": max(m["instructions_per_mac"] for m in imported if m["branches"]),
-        "tflite_bit_exact": int(all(m["mismatches"] == 0 for m in imported)),
-        "tflite_models": imported,
+MLPERF_TINY = ("kws_ref_model", "pretrainedResnet_quant", "vww_96_int8", "ad01_int8", "str_ww_ref_model")
+
+
+def mlperf_inputs(model: Path, n: int, seed: int = 0) -> Any:
+    """``n`` model inputs spanning the int8 input's whole range (uniform codes, dequantized with the
+    model's own scale): the test vectors bit-exactness is checked on (TFLite Micro's outputs are the
+    oracle, so the inputs need not be the dataset's)."""
+    import numpy as np
+
+    from export.firmware.tflite_import import _Graph, read_model
+
+    data = model.read_bytes()
+    graph = _Graph(read_model(data), data)
+    t = int(graph.g.inputs[0])
+    scale, zp = graph.act(t)
+    codes = np.random.default_rng(seed).integers(-128, 128, size=(n, *graph.shape(t)[1:]))
+    return ((codes - zp) * scale).astype(np.float32)
+
+
+def bench_mlperf(work: Path, vectors: int, cuts: int, folder: Path | None = None) -> list[dict[str, Any]]:
+    """The five MLPerf Tiny reference models (``folder``: $TRICKLE_DATA/mlperf-tiny by default) as a
+    user brings them: imported, flashed to mps2-an386 (profiled) and the stm32f405 (the policy
+    ``trickle flash`` chooses), every test vector against TFLite Micro; ``cuts`` random power cuts
+    inside an inference on each board; the memory plan's arena against TFLite Micro's planner."""
+    import numpy as np
+
+    from edge.core.files import data_root
+    from export.firmware.tflite_import import import_tflite, tflm_planned_bytes
+
+    folder = folder or data_root() / "mlperf-tiny"
+    missing = [m for m in MLPERF_TINY if not (folder / f"{m}.tflite").exists()]
+    if missing:
+        raise FileNotFoundError(f"{folder}: no {', '.join(f'{m}.tflite' for m in missing)} (the MLPerf Tiny reference "
+                                "models; give the data folder with TRICKLE_DATA)")
+    out = []
+    for name in MLPERF_TINY:
+        print(f"  {name}: importing, flashing to mps2-an386 and stm32f405, {cuts} power cuts on each ...", flush=True)
+        model, here = folder / f"{name}.tflite", work / name
+        here.mkdir(parents=True)
+        np.savez(here / "x.npz", x=mlperf_inputs(model, max(8, vectors)))
+        bundle = read_bundle(import_tflite(model, here / "x.npz", here / "bundle", vectors=vectors))
+        on = {board: flash(bundle, board, here / board, profile=board == "mps2-an386") for board in BOARDS}
+        sources, info = generate(bundle, max_vectors=1)
+        write_sources(sources, here / "gen")
+        trials = {}
+        for board in BOARDS:
+            policy = choose_policy(board, info["config"], info["input_bytes"])
+            elf = build(here / "gen", board, here / f"{board}-cut", vectors=1, atomic=policy.name == "atomic",
+                        keep_input=policy.keep_input)
+            trials[board] = _power_cuts(elf, board, cuts)
+        (v,) = on["mps2-an386"]["variants"]
+        tflm = tflm_planned_bytes(model.read_bytes())
+        arena = info["arena_bytes"]
+        out.append({"model": name, "macs": v["macs"], "instructions_per_inference": v["instructions_per_inference"],
+                    "instructions_per_mac": v["instructions_per_mac"], "layers": v["layers"],
+                    "vectors": on["mps2-an386"]["vectors"],
+                    "mismatches": {b: on[b]["mismatches"] for b in BOARDS},
+                    "policy": {b: on[b]["policy"] for b in BOARDS}, "memory": {b: on[b]["memory"] for b in BOARDS},
+                    "power_cut_trials": cuts, "power_cut_identical": {b: t[0] for b, t in trials.items()},
+                    "max_boots": {b: t[1] for b, t in trials.items()},
+                    "arena_bytes": arena, "tensor_bytes": on["mps2-an386"]["plan"]["tensor_bytes"],
+                    "outputs_bytes": 4 * info["n_classes"],  # the int32 results, kept beside the progress word
+                    "tflm_planned_bytes": tflm, "arena_vs_tflm": arena / tflm})
+    return out
+
+
+PARTS = ("trained", "tflite", "mlperf")
+
+
+def _trained_keys(per: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
         "instructions_per_mac": max(m["instructions_per_mac"] for m in per),
         "reference_kernel_ratio": max(m["reference_kernel_ratio"] for m in per),
         "intermittency_overhead_ratio": max(m["intermittency_overhead_ratio"] for m in per),
@@ -189,9 +269,31 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
         "power_cut_trials_bit_exact": min(sum(m["power_cut_identical"][b] for m in per) for b in BOARDS),
         "power_cut_trials": sum(m["power_cut_trials"] for m in per),  # per board
         "stm32f405_bit_exact": int(all(m["stm32f405"]["mismatches"] == 0 for m in per)),
-        "models": per, "quick": quick,
-        "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
+        "models": per,
     }
+
+
+def _tflite_keys(imported: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "tflite_instructions_per_mac_max": max(m["instructions_per_mac"] for m in imported if not m["branches"]),
+        "tflite_branching_instructions_per_mac": max(m["instructions_per_mac"] for m in imported if m["branches"]),
+        "tflite_bit_exact": int(all(m["mismatches"] == 0 for m in imported)),
+        "tflite_models": imported,
+    }
+
+
+def _mlperf_keys(mlperf: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "mlperf_tiny_bit_exact_models": sum(m["mismatches"]["mps2-an386"] == 0 for m in mlperf),
+        "mlperf_tiny_stm32f405_bit_exact_models": sum(m["mismatches"]["stm32f405"] == 0 for m in mlperf),
+        "mlperf_tiny_power_cut_trials_bit_exact": min(t for m in mlperf for t in m["power_cut_identical"].values()),
+        "mlperf_tiny_instructions_per_mac": {m["model"]: m["instructions_per_mac"] for m in mlperf},
+        "arena_bytes_vs_tflm_planner_max": max(m["arena_vs_tflm"] for m in mlperf),
+        "mlperf_tiny_models": mlperf,
+    }
+
+
+def _print_trained(per: list[dict[str, Any]]) -> None:
     header = ("model", "variant", "instr/inference", "instr/MAC", "vs plain", "overhead", "cuts ok (mps2, stm32)",
               "stm32 mismatches", "text B")
     table = [(m["dataset"], m["variant"], f"{m['instructions_per_inference']:.0f}", f"{m['instructions_per_mac']:.2f}",
@@ -205,18 +307,74 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
                "  ".join(f"{layer['name']} {layer['instructions_per_mac']:.2f}" for layer in v["layers"]
                          if layer["instructions_per_mac"] is not None)) for m in per for v in m["variants"]]
     print(textwrap.indent(console_table(layers, align="llrl"), "  "))
+
+
+def _print_tflite(imported: list[dict[str, Any]]) -> None:
     print("\nimported int8 TFLite models (mps2-an386, against TFLite Micro):")
     rows = [(m["model"], m["macs"], f"{m['instructions_per_mac']:.2f}", f"{m['mismatches']} of {m['vectors']}",
              "  ".join(f"{layer['name']} {layer['instructions']}" for layer in m["layers"])) for m in imported]
     print(textwrap.indent(console_table(rows, headers=("model", "MACs", "instr/MAC", "mismatches", "per layer"),
                                         align="lrrrl"), "  "))
+
+
+def _print_mlperf(mlperf: list[dict[str, Any]]) -> None:
+    print("\nMLPerf Tiny reference models (against TFLite Micro; stm32f405 under QEMU's netduinoplus2):")
+    rows = [(m["model"], m["macs"], f"{m['instructions_per_mac']:.2f}",
+             " ".join(f"{m['mismatches'][b]}" for b in BOARDS),
+             " ".join(f"{m['power_cut_identical'][b]}/{m['power_cut_trials']}" for b in BOARDS),
+             m["policy"]["stm32f405"]["policy"], m["arena_bytes"], m["tflm_planned_bytes"], f"{m['arena_vs_tflm']:.3f}")
+            for m in mlperf]
+    print(textwrap.indent(console_table(rows, headers=("model", "MACs", "instr/MAC", "mismatches (mps2, stm32)",
+                                                       "cuts ok (mps2, stm32)", "stm32 policy", "arena B", "TFLM B",
+                                                       "ratio"), align="lrrrrlrrr"), "  "))
+
+
+def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    """Run the benchmark's ``parts`` (trained models, imported TFLite models, MLPerf Tiny). Running
+    some of them keeps the others' keys from the committed JSON, and ``measured`` says which part
+    each key set comes from (this run, or the one before)."""
+    import subprocess
+
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"parts {sorted(unknown)}: must be among {', '.join(PARTS)}")
+    epochs, vectors, cuts = (2, 3, 20) if quick else (30, 20, 100)
+    path = results_dir / ("firmware-quick.json" if quick else "firmware.json")
+    previous = json.loads(path.read_text()) if path.exists() and set(parts) != set(PARTS) else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    out: dict[str, Any] = {**previous, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()}}
+    measured = dict(previous.get("measured", {}))
+    with tempfile.TemporaryDirectory() as tmp:
+        if "trained" in parts:
+            per = []
+            for dataset in ("digits", "basic_motions"):
+                print(f"{dataset}: training, exporting, building four firmwares, {cuts} power cuts per board ...",
+                      flush=True)
+                per.append(bench_model(dataset, epochs, vectors, cuts, Path(tmp) / dataset))
+            out |= _trained_keys(per)
+            _print_trained(per)
+        if "tflite" in parts:
+            print("imported TFLite models: converting, quantizing, importing, flashing ...", flush=True)
+            imported = bench_tflite(Path(tmp) / "tflite", vectors)
+            out |= _tflite_keys(imported)
+            _print_tflite(imported)
+        if "mlperf" in parts:
+            print("MLPerf Tiny reference models:", flush=True)
+            mlperf = bench_mlperf(Path(tmp) / "mlperf", 4 if quick else 8, 10 if quick else 100)
+            out |= _mlperf_keys(mlperf)
+            _print_mlperf(mlperf)
+    measured |= dict.fromkeys(parts, commit)
+    out["measured"] = measured
     goals = []
     for key, (op, goal) in GOALS.items():
+        if key not in out:
+            continue
         ok = out[key] <= goal if op == "<=" else out[key] >= goal
         goals.append((key, f"{out[key]:.4g}", f"{'✔' if ok else '✘'} (goal {op} {goal:g})"))
-    goals.append(("reference_kernel_ratio", f"{out['reference_kernel_ratio']:.4g}", "(shipped / plain kernel)"))
+    if "reference_kernel_ratio" in out:
+        goals.append(("reference_kernel_ratio", f"{out['reference_kernel_ratio']:.4g}", "(shipped / plain kernel)"))
     print(console_table(goals, align="lrl"))
-    path = results_dir / ("firmware-quick.json" if quick else "firmware.json")
     write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}")
     return out

@@ -114,8 +114,8 @@ def run_export_onnx(args: argparse.Namespace) -> int:
                           "vectors" if tflite else "an ONNX model needs calibration data (.npz with 'x') for its int8 variant")
     if args.bundle_version < 1:
         raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
-    from export.onnx_import import import_onnx
     from export.firmware.tflite_import import import_tflite
+    from export.onnx_import import import_onnx
 
     labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
     importer = import_tflite if tflite else import_onnx
@@ -184,6 +184,11 @@ def add_flash_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --program: OpenOCD (Debian's openocd; default) or pyOCD (pip install pyocd)")
     p.add_argument("--interface", choices=("stlink", "cmsis-dap"), default="stlink",
                    help="with --program --programmer openocd: the probe (ST-Link, default, or CMSIS-DAP/DAPLink)")
+    p.add_argument("--policy", choices=("auto", "tiles", "atomic"), default="auto",
+                   help="how an inference survives power cuts: tiles (the activation arena in non-volatile memory, "
+                        "a commit per tile), atomic (the arena in RAM, progress and results in non-volatile memory, "
+                        "an inference cut by power redone from its input), or auto (default: tiles where the "
+                        "model's live tensors fit the board's non-volatile memory, else atomic)")
     p.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
 
 
@@ -203,7 +208,13 @@ def run_flash(args: argparse.Namespace) -> int:
     project's QEMU plugin), the code size and the flash, RAM and non-volatile memory used against
     the board's, and leaves OUT/BOARD/firmware.elf and firmware.bin for a real board; an image that
     does not fit is refused. stm32f405: 168 MHz from the internal oscillator, the results on
-    USART1 (PA9, 115200 8N1), the state in the 4 KB backup SRAM (kept by VBAT). With --record, a
+    USART1 (PA9, 115200 8N1), the state in the 4 KB backup SRAM (kept by VBAT).
+    Memory: one activation arena per model, each tensor at an offset planned from its lifetime
+    (TFLite Micro's greedy rule). Where the arena fits the board's non-volatile memory, tiles commit
+    and a power cut resumes mid-layer; where it does not (the stm32f405's backup SRAM for most
+    models), the board runs each inference atomically: the arena in RAM, progress and results (and
+    the input, where it fits) in the backup SRAM, an inference cut by power redone. The line
+    "policy:" says which and why (--policy chooses). With --record, a
     profiling build also splits each variant's count into its layers, and a copy of the bundle
     with those counts in its manifest (bundle_version + 1, signed with --key) is written for the
     simulator's cost model (workload.bundle).
@@ -235,7 +246,8 @@ def run_flash(args: argparse.Namespace) -> int:
     channels = raw.shape[0] if raw is not None else 1
     shape = (0, channels, early.horizon) if early is not None else bundle.manifest.input_shape
     x_test = _inputs(args.inputs, shape) if args.inputs is not None else None
-    report = flash(bundle, args.board, args.out, args.vectors, profile=args.record is not None, x_test=x_test)
+    report = flash(bundle, args.board, args.out, args.vectors, profile=args.record is not None, x_test=x_test,
+                   policy=args.policy)
     recorded = record(bundle, report, args.record, private) if args.record is not None and report["mismatches"] == 0 else None
     if args.json:
         print(json.dumps(_flash_json(report, recorded), default=lambda o: o.item() if hasattr(o, "item") else str(o)))
@@ -263,7 +275,7 @@ def _inputs(path: Path, shape: tuple[int, ...]) -> Any:
 
 
 def _flash_json(report: dict[str, Any], recorded: Path | None) -> dict[str, Any]:
-    keep = ("board", "binary", "bin", "vectors", "mismatches", "size", "memory")
+    keep = ("board", "binary", "bin", "vectors", "mismatches", "size", "memory", "policy", "plan")
     return {**{k: report[k] for k in keep if k in report}, "recorded": str(recorded) if recorded else None,
             "variants": report["variants"], "bit_exact": report["mismatches"] == 0 if report["mismatches"] is not None
             else None}
@@ -289,6 +301,10 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
         if v.get("instructions_per_inference"):
             line += f", {v['instructions_per_inference']} instructions ({v['instructions_per_mac']:.2f}/MAC)"
         print(line)
+    if "policy" in report:
+        plan = report["plan"]
+        print(f"  memory plan: a {plan['arena_bytes']} B arena for {plan['tensor_bytes']} B of activation tensors")
+        print(f"  policy: {report['policy']['why']}")
     if "size" in report:
         s = report["size"]
         print(f"  size: text {s['text']} B, data {s['data']} B, bss {s['bss']} B (text includes the test vectors)")

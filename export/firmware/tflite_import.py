@@ -567,9 +567,9 @@ class _Lowering:
         channel, computed by TFLite Micro on the operator alone (``lut_tables``)."""
         self._tabulate(op, [op.k], op.kind)
 
-    def _elementwise(self, k: int, here: str, running: int) -> bool:
-        """Whether operator ``k`` maps ``running`` value by value (its other operands constants, one
-        value or one per channel); raises for a residual connection. True: per channel."""
+    def _elementwise(self, k: int, here: str, running: int) -> list[np.ndarray]:
+        """The constant operands of operator ``k``, which maps ``running`` value by value, each
+        broadcast to its shape; raises for a residual connection or a shape the op changes."""
         graph, op = self.graph, self.g.operators[k]
         others = [int(t) for t in op.inputs if t >= 0 and int(t) != running]
         if running not in [int(t) for t in op.inputs]:
@@ -583,32 +583,48 @@ class _Lowering:
         if x_shape != y_shape:
             raise IntModelError(f"{here}: output shape {list(y_shape)} differs from the input's {list(x_shape)}; only "
                                 "value-by-value operators become a table")
-        channels = x_shape[-1] if len(x_shape) > 1 else 1
-        per_channel = False
+        constants = []
         for t in others:
-            c_shape = graph.shape(t)
-            if math.prod(c_shape) > 1:
-                if c_shape[-1] != channels or math.prod(c_shape) != channels:
-                    raise IntModelError(f"{here}: a constant of shape {list(c_shape)}; the firmware takes one value, "
-                                        "or one per channel (the last axis)")
-                per_channel = True
-        return per_channel
+            try:
+                constants.append(np.broadcast_to(graph.const(t), x_shape))
+            except ValueError:
+                raise IntModelError(f"{here}: a constant of shape {list(graph.shape(t))} does not broadcast to the "
+                                    f"input's {list(x_shape)}") from None
+        return constants
 
     def _tabulate(self, op: _Op, ops: list[int], name: str) -> None:
-        """Operators ``ops`` (a chain from the current int8 tensor to ``op``'s last output, int8) as one table."""
+        """Operators ``ops`` (a chain from the current int8 tensor to ``op``'s last output, int8) as one
+        table, or one per channel of the device's buffer where a constant differs by channel (a
+        BatchNorm left as MUL and ADD, on any axis the view puts the buffer's channels: a 1-D net's
+        [1, C, 1]). The buffer keeps its layout: the output is the input's view, value by value."""
         graph, here = self.graph, op.here
-        running, per_channel = self.cur, False
+        running, constants = self.cur, []
         for k in ops:
-            per_channel |= self._elementwise(k, here, running)
+            constants += self._elementwise(k, here, running)
             running = int(self.g.operators[k].outputs[0])
-        x_shape = graph.shape(self.cur)
         graph.act(self.cur)
         graph.act(running)
         if not self.computed:
             raise IntModelError(f"{here}: an elementwise operator on the model's input; put it after a layer")
-        self.place(op, x_shape)
-        table = lut_tables(self.graph.data, ops, per_channel)
-        self.produced(running, LutLayer(op=name, table=table, shape=_device_shape(x_shape)))
+        at = self.where.reshape(-1)
+        if sorted(at.tolist()) != list(range(math.prod(self.phys))):
+            raise IntModelError(f"{here}: its input is not the whole buffer (a slice or a repeat of it)")
+        channels = self.phys[-1]
+        channel = at % channels  # the buffer channel of each value of the tensor, in the tensor's order
+        pick = np.zeros(1, np.int64)  # one table for all
+        if any(np.any(c != c.reshape(-1)[0]) for c in constants):
+            pick = np.full(channels, -1, np.int64)
+            pick[channel[::-1]] = np.arange(len(at))[::-1]  # the first value of each channel
+            for c in constants:
+                flat = c.reshape(-1)
+                if np.any(flat != flat[pick][channel]):
+                    raise IntModelError(f"{here}: a constant that differs along positions, not only by channel; the "
+                                        "firmware's tables are one per channel")
+        view, phys = self.where, self.phys
+        table = lut_tables(self.graph.data, ops, pick)
+        shape = (phys[2], phys[0], phys[1]) if len(phys) == 3 else phys
+        self.emit(LutLayer(op=name, table=table, shape=shape))
+        self.cur, self.computed, self.where, self.phys = running, True, view.reshape(graph.shape(running)), phys
 
     def _float_island(self, k: int, here: str) -> int:
         """DEQUANTIZE, float operators value by value, QUANTIZE (what a quantizer leaves of an operator it
@@ -662,7 +678,7 @@ class _Lowering:
         graph.act(op.outs[0])
         self.emit(WindowPoolLayer(kind="max", kernel=(h, w_), stride=1, padding_h=0, padding=0,
                                   act_min=-128, act_max=127, in_shape=(c, h, w_), out_shape=(c, 1, 1)))
-        table = lut_tables(self.graph.data, [k, k + 1, j], per_channel=False)
+        table = lut_tables(self.graph.data, [k, k + 1, j], np.zeros(1, np.int64))
         self.emit(LutLayer(op="DEQUANTIZE+REDUCE_MAX+QUANTIZE", table=table, shape=(c, 1, 1)))
         self.cur, self.phys = op.outs[0], (c,)
         self.where = np.arange(c).reshape(graph.shape(op.outs[0]))
@@ -675,12 +691,13 @@ class _Lowering:
     }
 
 
-def lut_tables(data: bytes, ks: list[int], per_channel: bool) -> np.ndarray:
+def lut_tables(data: bytes, ks: list[int], pick: np.ndarray) -> np.ndarray:
     """The int8 outputs of operators ``ks`` (a chain) for each int8 input value, (tables, 256): the
     model cut down to those operators alone (their constants kept) and run by TFLite Micro on every
     value, so the firmware's lookup is TFLite Micro's own arithmetic (its LOGISTIC and TANH
     approximations, ADD's and MUL's rescaling, a float island's DEQUANTIZE and QUANTIZE) bit for
-    bit. One table, or one per channel (last axis) when ``per_channel``."""
+    bit. Table i is the output at flat index ``pick[i]`` of the input tensor (one table: [0]; one
+    per channel: a value of each channel)."""
     import flatbuffers
 
     try:
@@ -697,13 +714,11 @@ def lut_tables(data: bytes, ks: list[int], per_channel: bool) -> np.ndarray:
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     interpreter = runtime.Interpreter.from_bytes(bytes(builder.Output()))
     shape = graph.shape(x)
-    channels = shape[-1] if per_channel else 1
-    table = np.zeros((channels, 256), np.int8)
+    table = np.zeros((len(pick), 256), np.int8)
     for v in range(-128, 128):
         interpreter.set_input(np.full(shape, v, np.int8), 0)
         interpreter.invoke()
-        out = np.asarray(interpreter.get_output(0)).reshape(-1)
-        table[:, v + 128] = out[:channels]
+        table[:, v + 128] = np.asarray(interpreter.get_output(0)).reshape(-1)[pick]
     return table
 
 
@@ -737,6 +752,37 @@ def tflm_outputs(data: bytes, x_q: np.ndarray) -> np.ndarray:
         interpreter.invoke()
         rows.append(np.asarray(interpreter.get_output(0)).reshape(-1).astype(np.int32))
     return np.stack(rows)
+
+
+def tflm_planned_bytes(data: bytes) -> int:
+    """The bytes TFLite Micro's own planner gives the model's tensors and scratch buffers: the head of
+    its arena, as its recording allocator reports it (``print_allocations``, read from the process's
+    standard output). The anchor ``export.firmware.plan``'s arena is measured against."""
+    import ctypes
+    import os
+    import re
+    import tempfile
+
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except ImportError:
+        raise TfliteImportError("measuring TFLite Micro's arena needs tflite-micro: pip install 'trickle[export]'") from None
+    interpreter = runtime.Interpreter.from_bytes(data)
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(1)
+        os.dup2(sink.fileno(), 1)
+        try:
+            interpreter.print_allocations()
+            ctypes.CDLL(None).fflush(None)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        sink.seek(0)
+        text = sink.read().decode(errors="replace")
+    found = re.search(r"Arena allocation head (\d+) bytes", text)
+    if found is None:
+        raise TfliteImportError(f"TFLite Micro did not report its arena: {text[-300:]!r}")
+    return int(found.group(1))
 
 
 def _macs(data: bytes) -> list[dict[str, Any]]:

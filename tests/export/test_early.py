@@ -84,8 +84,8 @@ def test_the_firmware_decides_as_the_edge_does_bit_for_bit(fitted: FirmboundClas
     frame model against onnxruntime's exact integer graph; and the int8 rule against the float one."""
     import onnxruntime as ort
 
-    from export.firmware.cgen import generate_early
     from export.early import quantize_frame, standardized_frames
+    from export.firmware.cgen import generate_early
     from export.firmware.flash import build, flash, run_board, write_sources
     from export.firmware.intmodel import integer_onnx
 

@@ -4,6 +4,7 @@ identical after power cuts at every progress point (host) and at random instruct
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -120,7 +121,7 @@ def _firmware_boots(stdout: str) -> int:
 @needs_arm
 def test_stm32f405_is_bit_exact_on_every_test_vector(generated: tuple[Path, dict]) -> None:
     root, info = generated
-    elf = build(root / "gen", "stm32f405", root / "stm32", arena=info["arena_bytes"])
+    elf = build(root / "gen", "stm32f405", root / "stm32")
     run = run_board(elf, "stm32f405", root / "stm32")
     assert run.mismatches == 0 and run.boots == 1
     assert len(run.outputs) == info["vectors"] * len(info["variants"])
@@ -149,8 +150,8 @@ def test_the_image_is_the_chips(generated: tuple[Path, dict], board: str) -> Non
     from export.firmware.flash import memory_use
 
     regions, stack_top, nv_at, nv_name = CHIPS[board]
-    root, info = generated
-    elf = build(root / "gen", board, root / f"{board}-elf", arena=info["arena_bytes"])
+    root, _ = generated
+    elf = build(root / "gen", board, root / f"{board}-elf")
     flash_at, flash_size = regions["flash"]
     with open(elf, "rb") as fh:
         image = ELFFile(fh)
@@ -165,9 +166,12 @@ def test_the_image_is_the_chips(generated: tuple[Path, dict], board: str) -> Non
         assert image.get_section_by_name(".noinit")["sh_addr"] == nv_at
     use = memory_use(elf, board)
     assert all(0 < u["used"] <= u["size"] for u in use.values())
-    big = 8192 if board == "nrf52840" else 4096
+    big = root / f"{board}-big-gen"  # the same model with an arena larger than the board's non-volatile memory
+    shutil.copytree(root / "gen", big, dirs_exist_ok=True)
+    config = (big / "tn_config.h").read_text()
+    (big / "tn_config.h").write_text(re.sub(r"TN_ARENA_BYTES \d+", f"TN_ARENA_BYTES {use['non-volatile']['size']}", config))
     with pytest.raises(FlashError, match=rf"does not fit the {board}: its {nv_name} overflows by \d+ bytes"):
-        build(root / "gen", board, root / f"{board}-big", arena=big)
+        build(big, board, root / f"{board}-big")
 
 
 @pytest.mark.skipif(shutil.which("openocd") is None, reason="apt-get install openocd")
@@ -196,8 +200,8 @@ def test_program_without_a_probe_is_one_clear_error(generated: tuple[Path, dict]
 def test_stm32f405_power_cuts_at_random_instructions(generated: tuple[Path, dict]) -> None:
     """The state in the backup SRAM (RAM under QEMU, saved at the cut) survives: the firmware's own
     boot count says so, and the logits are the uncut run's."""
-    root, info = generated
-    elf = build(root / "gen", "stm32f405", root / "stm32-cut", vectors=1, dyninfer=True, arena=info["arena_bytes"])
+    root, _ = generated
+    elf = build(root / "gen", "stm32f405", root / "stm32-cut", vectors=1, dyninfer=True)
     nv = root / "stm32-cut" / "nv.bin"
     fresh_nv(nv, board="stm32f405")
     rc, out, marks, total = qemu(elf, nv, root / "stm32-cut", board="stm32f405")
