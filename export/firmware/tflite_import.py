@@ -28,8 +28,10 @@ class): the firmware's outputs are the int8 tensor before it, checked against th
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,6 +68,16 @@ SUPPORTED = ("CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN, FU
              "positions, RESHAPE, SQUEEZE, "
              "TRANSPOSE, PAD and a last SOFTMAX")
 ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}
+_RECURRENT = " (a recurrent layer; the firmware has no GRU or LSTM kernels yet: LiteRT runs the bundle on a Linux device)"
+MISSING = {  # what to do about an operator the firmware lacks, where there is something to say
+    "UNIDIRECTIONAL_SEQUENCE_LSTM": _RECURRENT, "BIDIRECTIONAL_SEQUENCE_LSTM": _RECURRENT,
+    "UNIDIRECTIONAL_SEQUENCE_RNN": _RECURRENT, "BIDIRECTIONAL_SEQUENCE_RNN": _RECURRENT,
+    "SLICE": " (a slice of a tensor: what a GRU or LSTM unrolled over time reads its gates with)",
+    "STRIDED_SLICE": " (a slice of a tensor)", "SPLIT": " (a split of a tensor: a GRU's or LSTM's gates)",
+    "BATCH_MATMUL": " (a product of two computed tensors: attention; fold a constant operand into a dense layer)",
+    "GATHER": " (an embedding lookup)", "RESIZE_NEAREST_NEIGHBOR": " (upsampling)", "RESIZE_BILINEAR": " (upsampling)",
+    "TRANSPOSE_CONV": " (a transposed convolution: upsampling)",
+}
 
 
 class TfliteImportError(BundleError):
@@ -280,8 +292,10 @@ class _Lowering:
                 continue
             handler = self.HANDLERS.get(kind)
             if handler is None:
+                hint = MISSING.get(kind, "")
                 raise IntModelError(f"operator {kind} (operator {k + 1} of {len(g.operators)} in the graph, output "
-                                    f"{self.graph.name(outs[0])!r}) has no firmware kernel: the firmware runs {SUPPORTED}")
+                                    f"{self.graph.name(outs[0])!r}) has no firmware kernel{hint}: the firmware runs "
+                                    f"{SUPPORTED}")
             handler(self, _Op(k, kind, ins, outs, op.builtinOptions, here))
         if self.routes != chain_routes(len(self.routes)):
             out.routes = self.routes
@@ -473,6 +487,12 @@ class _Lowering:
         graph, ins, outs, opts, here = self.graph, op.ins, op.outs, op.opts, op.here
         n_out, n_in = graph.const(ins[1]).shape
         if self.where.size != n_in:
+            if self.where.size % n_in == 0:
+                raise IntModelError(f"{here}: a dense layer applied to each of {self.where.size // n_in} rows of {n_in} "
+                                    "(what a GRU's or LSTM's input projection becomes, one row per time step); the "
+                                    "firmware's fully connected layer reads one row, and recurrent layers have no "
+                                    "firmware kernels yet: flatten before the dense layer, or leave the recurrent "
+                                    "layer to a Linux device (LiteRT runs the bundle)")
             raise IntModelError(f"{here}: {self.where.size} inputs for {n_in} weight columns")
         order = self.where.reshape(-1)
         if not self.computed:
@@ -535,14 +555,12 @@ class _Lowering:
                                            shape=_device_shape(graph.shape(a))), src2=src2)
 
     def _concat(self, op: _Op) -> None:
-        """CONCATENATION along channels of layers' outputs, one scale for all (TFLite's int8 rule): one
-        copy layer per input into the output's buffer."""
+        """CONCATENATION along the buffers' channels of layers' outputs, one scale for all (TFLite's
+        int8 rule): one copy layer per input into the output's buffer. The axis is the tensors' last
+        in an NHWC graph, or any axis a view puts the buffers' channels on (a 1-D net's [1, C, L])."""
         graph, here = self.graph, op.here
         shape = graph.shape(op.outs[0])
         axis = int(op.opts.axis) % len(shape)
-        if axis != len(shape) - 1:
-            raise IntModelError(f"{here}: concatenates along axis {axis} of {list(shape)}; the firmware's buffers are "
-                                "channels last, so it concatenates along the last axis only")
         if op.opts.fusedActivationFunction != 0:
             raise IntModelError(f"{here}: a fused activation on a CONCATENATION has no firmware kernel")
         q_y = graph.act(op.outs[0])
@@ -550,17 +568,46 @@ class _Lowering:
             if graph.act(t) != q_y:
                 raise IntModelError(f"{here}: input {graph.name(t)!r} is quantized differently from the output; "
                                     "TFLite's int8 CONCATENATION takes one scale and zero point for all")
-        srcs = [self._stored(op, t) for t in op.ins]
+        views = [self._channel_view(op, t, axis) for t in op.ins]
+        positions = views[0][1]
+        if any(not np.array_equal(p, positions) for _, p, _ in views[1:]):
+            raise IntModelError(f"{here}: its inputs lie in their buffers in different orders; the firmware "
+                                "concatenates buffers position by position")
         dst = self._new_tensor()
-        h, w_ = (shape[1], shape[2]) if len(shape) == 4 else (1, 1)
-        channels = [graph.shape(t)[-1] for t in op.ins]
-        layers = [ConcatLayer(channels=c, offset=sum(channels[:i]), out_channels=shape[-1], positions=(h, w_))
+        hw = views[0][2][:-1]
+        channels = [phys[-1] for _, _, phys in views]
+        c_out = sum(channels)
+        layers = [ConcatLayer(channels=c, offset=sum(channels[:i]), out_channels=c_out,
+                              positions=(hw[0], hw[1]) if len(hw) == 2 else (1, 1))
                   for i, c in enumerate(channels)]
-        for src, layer in zip(srcs[:-1], layers[:-1]):
+        for (src, _, _), layer in zip(views, layers):
             self.buffer = src
             self.emit(layer, dst=dst)
-        self.buffer = srcs[-1]
-        self.produced(op.outs[0], layers[-1], dst=dst)
+        # the output as its own view of the new buffer: position p, channel c at p * c_out + c
+        pos = np.expand_dims(positions, axis)
+        where = np.concatenate([pos * c_out + (np.arange(c) + sum(channels[:i])).reshape(
+            [c if d == axis else 1 for d in range(len(shape))]) for i, c in enumerate(channels)], axis=axis)
+        self.cur, self.computed, self.where = op.outs[0], True, where
+        self.phys = (*hw, c_out) if len(hw) == 2 else (c_out,)
+
+    def _channel_view(self, op: _Op, t: int, axis: int) -> tuple[int, np.ndarray, tuple[int, ...]]:
+        """(tensor id, the buffer position of each index along the other axes, the buffer's shape) of a
+        computed tensor whose ``axis`` runs over its buffer's channels, in order."""
+        if t not in self.values:
+            raise IntModelError(f"{op.here}: reads {self.graph.name(t)!r}, which no operator the firmware runs has "
+                                "computed")
+        buffer, where, phys, computed = self.values[t]
+        channels = phys[-1]
+        if not computed:
+            raise IntModelError(f"{op.here}: concatenates the model input; the firmware concatenates layers' outputs")
+        if sorted(where.reshape(-1).tolist()) != list(range(math.prod(phys))):
+            raise IntModelError(f"{op.here}: input {self.graph.name(t)!r} is not a whole buffer")
+        moved = np.moveaxis(where, axis, -1)
+        if moved.shape[-1] != channels or np.any(moved % channels != np.arange(channels)):
+            raise IntModelError(f"{op.here}: concatenates along axis {axis} of {list(self.graph.shape(t))}, which is "
+                                "not the buffers' channels (a concatenation along time or space has no firmware "
+                                "kernel; the firmware's buffers are channels last)")
+        return buffer, moved[..., 0] // channels, phys
 
     def _lut(self, op: _Op) -> None:
         """An elementwise int8 operator of the current tensor and constants: its 256 outputs per
@@ -739,13 +786,55 @@ def logits_model(data: bytes) -> bytes:
     return bytes(builder.Output())
 
 
-def tflm_outputs(data: bytes, x_q: np.ndarray) -> np.ndarray:
-    """TFLite Micro's int8 outputs (as int32), one row per int8 input, of the model the firmware runs."""
+@contextlib.contextmanager
+def _native_stdout() -> Iterator[list[str]]:
+    """What C code prints to the process's standard output and error meanwhile (TFLite Micro's
+    MicroPrintf), kept from the terminal: the list holds it once the block ends."""
+    import ctypes
+    import os
+    import tempfile
+
+    said: list[str] = []
+    with tempfile.TemporaryFile() as sink:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield said
+        finally:
+            ctypes.CDLL(None).fflush(None)
+            for fd, kept in zip((1, 2), saved):
+                os.dup2(kept, fd)
+                os.close(kept)
+            sink.seek(0)
+            said.append(sink.read().decode(errors="replace"))
+
+
+def _tflm(data: bytes) -> Any:
+    """TFLite Micro's interpreter of ``data``, or one TfliteImportError saying why it cannot run it."""
     try:
         from tflite_micro.python.tflite_micro import runtime
     except ImportError:
         raise TfliteImportError("checking against TFLite Micro needs tflite-micro: pip install 'trickle[export]'") from None
-    interpreter = runtime.Interpreter.from_bytes(logits_model(data))
+    try:
+        with _native_stdout() as said:
+            return runtime.Interpreter.from_bytes(data)
+    except RuntimeError as e:
+        model = read_model(data)
+        wide = [f"{name} of {len(op.inputs)} inputs" for name, op in zip(op_names(model), model.subgraphs[0].operators)
+                if name == "CONCATENATION" and len(op.inputs) > 10]
+        why = f" (its {wide[0]}: TFLite Micro's CONCATENATION takes at most 10)" if wide else ""
+        printed = " ".join("".join(said).split())
+        raise TfliteImportError(f"TFLite Micro cannot run the model{why}: {str(e).strip()}"
+                                + (f" ({printed})" if printed else "")) from None
+
+
+def tflm_outputs(data: bytes, x_q: np.ndarray, full: bool = False) -> np.ndarray:
+    """TFLite Micro's int8 outputs (as int32), one row per int8 input, of the model the firmware runs
+    (``full``: of the whole model, a last SOFTMAX included)."""
+    interpreter = _tflm(data if full else logits_model(data))
     rows = []
     for x in x_q:
         interpreter.set_input(x[None], 0)
@@ -758,27 +847,12 @@ def tflm_planned_bytes(data: bytes) -> int:
     """The bytes TFLite Micro's own planner gives the model's tensors and scratch buffers: the head of
     its arena, as its recording allocator reports it (``print_allocations``, read from the process's
     standard output). The anchor ``export.firmware.plan``'s arena is measured against."""
-    import ctypes
-    import os
     import re
-    import tempfile
 
-    try:
-        from tflite_micro.python.tflite_micro import runtime
-    except ImportError:
-        raise TfliteImportError("measuring TFLite Micro's arena needs tflite-micro: pip install 'trickle[export]'") from None
-    interpreter = runtime.Interpreter.from_bytes(data)
-    with tempfile.TemporaryFile() as sink:
-        saved = os.dup(1)
-        os.dup2(sink.fileno(), 1)
-        try:
-            interpreter.print_allocations()
-            ctypes.CDLL(None).fflush(None)
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-        sink.seek(0)
-        text = sink.read().decode(errors="replace")
+    interpreter = _tflm(data)
+    with _native_stdout() as said:
+        interpreter.print_allocations()
+    text = "".join(said)
     found = re.search(r"Arena allocation head (\d+) bytes", text)
     if found is None:
         raise TfliteImportError(f"TFLite Micro did not report its arena: {text[-300:]!r}")
@@ -827,25 +901,44 @@ def import_tflite(model_path: Path, examples: Path, out: Path, labels: list[str]
         raise TfliteImportError(f"{model_path}: input shape {in_shape}; the batch (first) dimension must be 1")
     x, y = _calibration(examples, in_shape[1:])
     layers = _macs(data)
-    try:
-        backend = LiteRtBackend(data)
-    except BackendError as e:
-        raise TfliteImportError(f"{model_path}: {e}") from None
-    logits = np.concatenate([backend.run(x[i : i + 1]) for i in range(len(x))])
-    names = class_names(model_path, logits, labels, TfliteImportError)
-    n_classes = len(names)
-    # LiteRT's optimized kernels against TFLite Micro's reference ones, on the same int8 inputs
-    scale, zp = graph.act(int(g.inputs[0]))
     from edge.classify.backends import quantize_tflite
 
-    reference = tflm_outputs(data, quantize_tflite(x, scale, zp))
-    agreement = float((reference.argmax(1) == logits.argmax(1)).mean())
-    if agreement < MIN_AGREEMENT:
-        raise TfliteImportError(f"{model_path}: LiteRT and TFLite Micro agree on the top class of {agreement:.1%} of "
-                                f"the examples (need {MIN_AGREEMENT:.0%})")
+    scale, zp = graph.act(int(g.inputs[0]))
+    x_q = quantize_tflite(x, scale, zp)
+    # LiteRT (what a Linux device runs) and TFLite Micro (what the firmware is checked against): a model
+    # one of them cannot load is still imported with the other as its oracle, and says so
+    try:
+        backend = LiteRtBackend(data)
+        lite_error = None
+    except BackendError as e:
+        backend, lite_error = None, str(e)
+    try:
+        reference = tflm_outputs(data, x_q)
+        micro_error = None
+    except TfliteImportError as e:
+        reference, micro_error = None, str(e)
+    if backend is None and reference is None:
+        raise TfliteImportError(f"{model_path}: neither LiteRT ({lite_error}) nor TFLite Micro ({micro_error}) runs it")
+    if backend is not None:
+        logits = np.concatenate([backend.run(x[i : i + 1]) for i in range(len(x))])
+    else:  # an older converter's model: TFLite Micro's own outputs, dequantized, stand for LiteRT's
+        out_scale, out_zp = graph.act(int(g.outputs[0]))
+        logits = ((tflm_outputs(data, x_q, full=True) - out_zp) * out_scale).astype(np.float32)
+    names = class_names(model_path, logits, labels, TfliteImportError)
+    n_classes = len(names)
+    if backend is not None and reference is not None:  # LiteRT's optimized kernels against TFLM's reference ones
+        agreement = float((reference.argmax(1) == logits.argmax(1)).mean())
+        if agreement < MIN_AGREEMENT:
+            raise TfliteImportError(f"{model_path}: LiteRT and TFLite Micro agree on the top class of {agreement:.1%} "
+                                    f"of the examples (need {MIN_AGREEMENT:.0%})")
+        said = f"LiteRT and TFLite Micro agree on the top class of {agreement:.1%} of {len(x)} examples"
+    elif backend is None:
+        said = (f"LiteRT cannot load it ({lite_error}); TFLite Micro alone is its oracle (a device running LiteRT "
+                "cannot run this bundle; trickle flash can)")
+    else:
+        said = f"{micro_error}; LiteRT runs it (trickle flash cannot: the firmware is checked against TFLite Micro)"
     if progress:
-        progress(f"int8 model read; LiteRT and TFLite Micro agree on the top class of {agreement:.1%} of "
-                 f"{len(x)} examples")
+        progress(f"int8 model read; {said}")
     n = min(vectors, len(x))
     truth = y if y is not None else logits.argmax(1)
     files = {"int8-d00.tflite": data,
