@@ -294,7 +294,8 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
     if report["mismatches"] is None:
         print(f"{model} for {board}: built, not run (no emulator for this chip here); --program writes it to a board")
     else:
-        print(f"{model} on {board}: {report['vectors']} test vectors x {len(report['variants'])} variants")
+        n = len(report["variants"])
+        print(f"{model} on {board}: {report['vectors']} test vectors x {n} variant{'s' if n != 1 else ''}")
     for k, v in enumerate(report["variants"]):
         first = report["outputs"].get((0, k))
         line = f"  {v['name']}: {v['macs']} MACs, vector 0 -> {first[:4]}..." if first else f"  {v['name']}"
@@ -305,6 +306,13 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
         plan = report["plan"]
         print(f"  memory plan: a {plan['arena_bytes']} B arena for {plan['tensor_bytes']} B of activation tensors")
         print(f"  policy: {report['policy']['why']}")
+        whole = [v for v in report["variants"] if v.get("energy_per_inference_j")]
+        if report["policy"]["policy"] == "atomic" and whole:
+            v = max(whole, key=lambda v: v["energy_per_inference_j"])
+            print(f"  an inference must run whole: {v['instructions_per_inference']} instructions, "
+                  f"{1e3 * v['time_per_inference_s']:.1f} ms and {1e6 * v['energy_per_inference_j']:.0f} uJ on the "
+                  "cortex-m4 profile; whether a capacitor carries it: --record the counts on mps2-an386, then "
+                  "trickle simulate --set workload.bundle=... --set workload.policy='\"restart\"'")
     if "size" in report:
         s = report["size"]
         print(f"  size: text {s['text']} B, data {s['data']} B, bss {s['bss']} B (text includes the test vectors)")

@@ -33,6 +33,7 @@ from edge.contract.bundle import Bundle
 from edge.contract.manifest import Measured, MeasuredLayer
 from edge.core.errors import FlashError
 from export.formats import BOARDS
+from simulator.devices import MCUS
 
 FIRMWARE = Path(__file__).resolve().parents[2] / "firmware"
 
@@ -345,17 +346,21 @@ def _ram_state_power_on(exe: str, spec: Board, common: list[str], plugin_args: s
                         cut: int | None, timeout: float) -> subprocess.CompletedProcess[str]:
     """The board with ``nv`` loaded where the firmware keeps its state under QEMU; at a cut the plugin
     holds the CPU, the monitor saves that RAM back to ``nv`` and QEMU is killed (exit status CUT_EXIT)."""
+    import tempfile
+
     assert spec.state_in_ram is not None and spec.machine is not None
-    hold, monitor = work / "cut.hold", work / "monitor.sock"
+    hold = work / "cut.hold"
     hold.unlink(missing_ok=True)
-    monitor.unlink(missing_ok=True)
     addr = spec.state_in_ram[0]
-    cmd = [exe, "-M", spec.machine, "-monitor", f"unix:{monitor},server=on,wait=off", "-serial", "stdio", *common,
-           "-device", f"loader,file={nv},addr={addr:#x},force-raw=on",
-           "-plugin", plugin_args + (f",hold={hold}" if cut is not None else "")]
-    console = work / "console.txt"  # a file, not a pipe: a full pipe would stall QEMU
-    with open(console, "w") as sink:
-        code = _hold_or_finish(cmd, sink, hold, monitor, nv, spec.state_in_ram, cut is not None, timeout)
+    # a UNIX socket's path must be below 108 bytes: in a short temporary folder, not the (deep) build folder
+    with tempfile.TemporaryDirectory(prefix="tn-") as short:
+        monitor = Path(short) / "monitor.sock"
+        cmd = [exe, "-M", spec.machine, "-monitor", f"unix:{monitor},server=on,wait=off", "-serial", "stdio", *common,
+               "-device", f"loader,file={nv},addr={addr:#x},force-raw=on",
+               "-plugin", plugin_args + (f",hold={hold}" if cut is not None else "")]
+        console = work / "console.txt"  # a file, not a pipe: a full pipe would stall QEMU
+        with open(console, "w") as sink:
+            code = _hold_or_finish(cmd, sink, hold, monitor, nv, spec.state_in_ram, cut is not None, timeout)
     return subprocess.CompletedProcess(cmd, code, console.read_text(errors="replace"), "")
 
 
@@ -565,6 +570,10 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
             counts = per[k::n_var]
             v["instructions_per_inference"] = int(np.median(counts)) if counts else None
             v["instructions_per_mac"] = v["instructions_per_inference"] / v["macs"] if counts else None
+            if counts:  # what the storage must carry whole under the atomic policy (instructions taken as cycles)
+                mcu = MCUS[BOARD_SPECS[board].cpu]
+                v["energy_per_inference_j"] = v["instructions_per_inference"] * mcu.energy_per_cycle_j()
+                v["time_per_inference_s"] = v["instructions_per_inference"] / mcu.clock_hz
         report["size"] = code_size(exe)
         report["memory"] = memory_use(exe, board)
         report["bin"] = str(exe.with_suffix(".bin"))
