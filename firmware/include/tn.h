@@ -149,6 +149,10 @@ typedef struct {
 #endif
 } tn_nv;
 
+#ifdef TN_ATOMIC
+extern int8_t tn_volatile_arena[TN_ARENA_BYTES]; /* the arena under TN_ATOMIC: volatile RAM, lost at a cut */
+#endif
+
 /* Scratch in volatile RAM (contents need not survive a power failure): a tile's im2col columns. */
 typedef struct {
     int16_t column[TN_MAX_COLUMN] __attribute__((aligned(8))); /* or a depthwise window's bytes */

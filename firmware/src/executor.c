@@ -14,7 +14,7 @@ static uint32_t layer_tiles(const tn_layer *l) {
 
 #ifdef TN_ATOMIC
 /* Atomic inference: the arena in volatile RAM (.bss); a cut loses it and the run starts over. */
-static int8_t tn_volatile_arena[TN_ARENA_BYTES] __attribute__((aligned(16)));
+int8_t tn_volatile_arena[TN_ARENA_BYTES] __attribute__((aligned(16)));
 #define ARENA(nv) ((void)(nv), tn_volatile_arena)
 #else
 #define ARENA(nv) ((nv)->arena)

@@ -6,8 +6,9 @@
  * called after every commit, longjmps back to "power-on"; volatile state (the scratch) is
  * scrambled, and `nv` (standing for FRAM) is left as the cut found it.
  *
- * Built three ways by the Makefile: the shipped kernel, -DTN_REFERENCE_KERNEL (the plain conv)
- * and -DTN_NO_PROGRESS (no commits: only the uninterrupted results are checked). */
+ * Built four ways by the Makefile: the shipped kernel, -DTN_REFERENCE_KERNEL (the plain conv),
+ * -DTN_NO_PROGRESS (no commits: only the uninterrupted results are checked) and -DTN_ATOMIC (the
+ * arena in volatile RAM, scrambled at every cut: a run cut short starts again from its input). */
 #include <setjmp.h>
 #include <string.h>
 
@@ -150,6 +151,9 @@ static tn_status run(const tn_model *m, uint32_t run_id, const int8_t *input) {
             lose_commit = 0;
         }
         memset(&scratch, 0xA5, sizeof scratch);
+#ifdef TN_ATOMIC
+        memset(tn_volatile_arena, 0x3C, sizeof tn_volatile_arena); /* RAM holds nothing of the run */
+#endif
         if (nv.progress >= tn_total_tiles(m)) {
             cut_every = 0; /* nothing left to cut: the last power-on only finds the run done */
         }
@@ -197,6 +201,29 @@ static check_status resume_everywhere(const tn_model *m, const int8_t *input, ui
 #ifdef TN_NO_PROGRESS
     CHECK_EQ(n_commits, 0u);
     (void)commits_are;
+#elif defined(TN_ATOMIC)
+    if (commits_are(1u, tiles, 0u) != CHECK_OK) {
+        return CHECK_FAIL;
+    }
+    for (uint32_t k = 1; k < tiles; k++) {
+        /* a cut after commit k: the arena is gone, the next power-on starts the run over */
+        power_up_fresh();
+        cut_at = k;
+        CHECK_EQ(run(m, 1u, input), TN_OK);
+        CHECK_EQ(boots, 2u);
+        CHECK_MSG(memcmp(nv.logits, whole, bytes) == 0, "model %s: atomic, cut after commit %lu", m->name,
+                  (unsigned long)k);
+        CHECK_EQ(n_commits, k + tiles);
+        CHECK_EQ(commits[k - 1u], k);
+        CHECK_EQ(commits[k], 1u); /* from the first tile again */
+    }
+    /* a cut after the last commit finds the run done: its results survive, nothing is redone */
+    power_up_fresh();
+    cut_at = tiles;
+    CHECK_EQ(run(m, 1u, input), TN_OK);
+    CHECK_EQ(boots, 2u);
+    CHECK_EQ(n_commits, tiles);
+    CHECK(memcmp(nv.logits, whole, bytes) == 0);
 #else
     if (commits_are(1u, tiles, 0u) != CHECK_OK) {
         return CHECK_FAIL;

@@ -68,7 +68,7 @@ def test_make_check_runs_the_c_unit_tests(tmp_path: Path) -> None:
     proc = subprocess.run(["make", "-s", "-C", str(FIRMWARE), f"OUT={tmp_path}", "check"], capture_output=True,
                           text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "check: all 5 test programs passed" in proc.stdout
+    assert "check: all 6 test programs passed" in proc.stdout
     assert "FAIL" not in proc.stdout
 
 
@@ -80,7 +80,7 @@ def test_make_check_m4_runs_the_c_unit_tests_on_the_cortex_m4(tmp_path: Path) ->
     proc = subprocess.run(["make", "-s", "-C", str(FIRMWARE), f"OUT={tmp_path}", "check-m4"], capture_output=True,
                           text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "check-m4: all 5 test programs passed on mps2-an386" in proc.stdout
+    assert "check-m4: all 6 test programs passed on mps2-an386" in proc.stdout
     assert "test_kernels: 0 failed" in proc.stdout and "FAIL" not in proc.stdout
 
 
