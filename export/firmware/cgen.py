@@ -30,6 +30,7 @@ from export.firmware.intmodel import (
     Layer,
     LutLayer,
     MeanLayer,
+    MulLayer,
     PoolLayer,
     WindowPoolLayer,
     from_qdq,
@@ -161,6 +162,8 @@ def add_tables(layer: AddLayer) -> np.ndarray:
         high = (((v + offset) << 20) * m + (1 << 30)) >> 31  # |x m| < 2^59: never saturates
         mask = (1 << shift) - 1
         rows.append((high >> shift) + ((high & mask) > (mask >> 1) + (high < 0)))
+    if layer.subtract:  # TFLite's SUB: the same rescaling, the second input's value subtracted
+        rows[1] = -rows[1]
     return np.stack(rows).astype(np.int32)
 
 
@@ -233,7 +236,8 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      out_offset=layer.output_offset, arrays=arrays, refs=("0", "0", f"{prefix}_m", f"{prefix}_s"))
     if isinstance(layer, FCLayer):
         n_out, n_in = layer.weight.shape
-        return _init("TN_FC", n_in, 1, 1, n_out, 1, 1, in_offset=layer.input_offset, out_offset=layer.output_offset,
+        return _init("TN_FC", n_in, layer.rows, 1, n_out, layer.rows, 1, in_offset=layer.input_offset,
+                     out_offset=layer.output_offset,
                      act_min=layer.act_min, act_max=layer.act_max,
                      arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs=refs)
     if isinstance(layer, ConvLayer):
@@ -263,6 +267,15 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         return _init("TN_ADD", c, h, w, c, h, w, in_offset=layer.input_offset, out_offset=layer.output_offset,
                      act_min=layer.act_min, act_max=layer.act_max, arrays=arrays,
                      refs=("0", f"{prefix}_b", f"{prefix}_m", f"{prefix}_s"), in2_offset=layer.input2_offset)
+    if isinstance(layer, MulLayer):
+        c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
+        if not 0 <= layer.multiplier < 2**31 or not -32 < layer.shift < 32:
+            raise IntModelError(f"{prefix}: a MUL's multiplier must be a Q31 value of 0 to 1, its shift within 31 bits")
+        arrays = (_array("int32_t", f"{prefix}_m", np.array([layer.multiplier]))
+                  + _array("int32_t", f"{prefix}_s", np.array([layer.shift])))
+        return _init("TN_MUL", c, h, w, c, h, w, in_offset=layer.input_offset, out_offset=layer.output_offset,
+                     act_min=layer.act_min, act_max=layer.act_max, arrays=arrays,
+                     refs=("0", "0", f"{prefix}_m", f"{prefix}_s"), in2_offset=layer.input2_offset)
     if isinstance(layer, ConcatLayer):
         h, w = layer.positions
         return _init("TN_CONCAT", layer.channels, h, w, layer.out_channels, h, w, in2_offset=layer.offset)
@@ -305,7 +318,7 @@ def n_outputs(model: IntModel) -> int:
     last = model.layers[-1] if model.layers else None
     if not isinstance(last, (DenseLayer, FCLayer)):
         raise IntModelError("the model must end in a fully connected layer: its outputs are the device's results")
-    return int(last.weight.shape[0])
+    return int(last.weight.shape[0]) * (last.rows if isinstance(last, FCLayer) else 1)
 
 
 def flash_refusal(tflite: bytes) -> str | None:

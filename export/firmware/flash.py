@@ -456,6 +456,7 @@ def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
         FCLayer,
         LutLayer,
         MeanLayer,
+        MulLayer,
         PoolLayer,
         WindowPoolLayer,
     )
@@ -479,16 +480,18 @@ def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
         elif isinstance(layer, LutLayer):
             out.append((name(layer.op.lower()), 1, math.prod(layer.shape)))
         elif isinstance(layer, AddLayer):
-            out.append((name("add"), 1, math.prod(layer.shape)))
+            out.append((name("sub" if layer.subtract else "add"), 1, math.prod(layer.shape)))
+        elif isinstance(layer, MulLayer):
+            out.append((name("mul"), 1, math.prod(layer.shape)))
         elif isinstance(layer, ConcatLayer):
             out.append((name("concat"), 1, layer.channels * math.prod(layer.positions)))
         elif isinstance(layer, PoolLayer):
             out.append(("pool", 1, 4 * layer.in_shape[0]))
         elif isinstance(layer, FCLayer) and k + 1 < len(model.layers):
-            out.append((name("fc"), 1, layer.weight.shape[0]))
+            out.append((name("fc"), 1, layer.weight.shape[0] * layer.rows))
         else:
             assert isinstance(layer, (DenseLayer, FCLayer))
-            out.append(("classifier", 1, 4 * layer.weight.shape[0]))
+            out.append(("classifier", 1, 4 * layer.weight.shape[0] * getattr(layer, "rows", 1)))
     return out
 
 

@@ -139,10 +139,11 @@ class FCLayer:  # TFLite's FULLY_CONNECTED, int8 in and out; the last one's outp
     act_min: int
     act_max: int
     output_scale: float  # float logits = (int8 output - output_offset) * output_scale
+    rows: int = 1  # rows of inputs, each multiplied by the weights (a dense layer applied per time step)
 
     @property
     def macs(self) -> int:
-        return int(self.weight.size)
+        return int(self.weight.size) * self.rows
 
 
 
@@ -187,10 +188,10 @@ class LutLayer:  # int8 -> int8, value by value: LOGISTIC, TANH, ADD/SUB/MUL wit
 
 
 @dataclass
-class AddLayer:  # TFLite's quantized ADD of two computed tensors of one shape (a residual connection)
-    """An int8 ADD of two tensors as TFLite computes it: each input's offset added and shifted left by 20,
-    rescaled by its own multiplier, the sum requantized by a third (``multiplier``/``shift``: inputs 1 and 2,
-    then the output), clamped."""
+class AddLayer:  # TFLite's quantized ADD (or SUB) of two computed tensors of one shape (a residual connection)
+    """An int8 ADD (or SUB) of two tensors as TFLite computes it: each input's offset added and shifted left
+    by 20, rescaled by its own multiplier, the sum (or difference) requantized by a third
+    (``multiplier``/``shift``: inputs 1 and 2, then the output), clamped."""
 
     multiplier: tuple[int, int, int]  # Q31
     shift: tuple[int, int, int]  # right shifts
@@ -200,10 +201,30 @@ class AddLayer:  # TFLite's quantized ADD of two computed tensors of one shape (
     act_min: int
     act_max: int
     shape: tuple[int, ...]  # (C, H, W), or (N,) after a vector layer
+    subtract: bool = False  # TFLite's SUB: the second input's rescaled value subtracted
 
     @property
     def macs(self) -> int:
         return 0
+
+
+@dataclass
+class MulLayer:  # TFLite's quantized MUL of two computed tensors of one size (a recurrent layer's gates)
+    """An int8 product of two tensors as TFLite computes it: (x1 + offset1) (x2 + offset2), requantized
+    by one multiplier (s1 s2 / s_out), plus the output zero point, clamped."""
+
+    multiplier: int  # Q31
+    shift: int  # a right shift, negative for a left one
+    input_offset: int
+    input2_offset: int
+    output_offset: int
+    act_min: int
+    act_max: int
+    shape: tuple[int, ...]  # (C, H, W), or (N,)
+
+    @property
+    def macs(self) -> int:
+        return int(math.prod(self.shape))
 
 
 @dataclass
@@ -221,7 +242,7 @@ class ConcatLayer:  # one input of TFLite's CONCATENATION along channels (int8: 
 
 
 Layer = (ConvLayer | PoolLayer | DenseLayer | DepthwiseLayer | WindowPoolLayer | MeanLayer | FCLayer | LutLayer
-         | AddLayer | ConcatLayer)
+         | AddLayer | MulLayer | ConcatLayer)
 
 
 @dataclass
@@ -239,6 +260,9 @@ class IntModel:
     # model input 0 (export.firmware.plan places them in the arena); None: a chain, layer i reading
     # tensor i and writing tensor i + 1
     routes: list[tuple[int, int, int]] | None = None
+    # where in its input tensors each layer reads, (src, src2) bytes from the tensors' starts (a slice of
+    # a tensor, e.g. one time step of a recurrent layer's projections); None: every layer reads whole tensors
+    views: list[tuple[int, int]] | None = None
 
     @property
     def macs(self) -> int:

@@ -12,7 +12,8 @@ the first time. What stays outside the arena: the logits (the last layer's outpu
 trained models' int32 pooled sums, which the executor keeps beside the progress word.
 
 The tensors are the model's ``routes`` (``IntModel.routes``: each layer's input, second input and
-output tensor ids, the input 0); a model without routes is a chain.
+output tensor ids, the input 0); a model without routes is a chain. A layer may read a slice of a
+tensor (``IntModel.views``: bytes from the tensor's start), which keeps the whole tensor live.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from export.firmware.intmodel import (
     Layer,
     LutLayer,
     MeanLayer,
+    MulLayer,
     PoolLayer,
     WindowPoolLayer,
 )
@@ -89,8 +91,8 @@ def output_bytes(layer: Layer, last: bool) -> int:
     if isinstance(layer, MeanLayer):
         return layer.in_shape[0]
     if isinstance(layer, FCLayer):
-        return int(layer.weight.shape[0])
-    if isinstance(layer, (LutLayer, AddLayer)):
+        return int(layer.weight.shape[0]) * layer.rows
+    if isinstance(layer, (LutLayer, AddLayer, MulLayer)):
         return math.prod(layer.shape)
     if isinstance(layer, ConcatLayer):
         return layer.out_channels * math.prod(layer.positions)
@@ -135,6 +137,8 @@ def plan(model: IntModel) -> MemoryPlan:
             offset = max(offset, _aligned(other.offset + other.bytes))
         placed.append(Tensor(t, size[t], first[t], last[t], offset, names[t]))
     at = {p.tensor: p.offset for p in placed}
-    offsets = [(at.get(src, 0), at.get(src2, 0) if src2 >= 0 else 0, at.get(dst, 0)) for src, src2, dst in routes]
+    views = model.views if model.views is not None else [(0, 0)] * n
+    offsets = [(at.get(src, 0) + a, at.get(src2, 0) + b if src2 >= 0 else 0, at.get(dst, 0))
+               for (src, src2, dst), (a, b) in zip(routes, views)]
     arena = _aligned(max([p.offset + p.bytes for p in placed] + [ALIGN]))
     return MemoryPlan(arena, at[0], offsets, sorted(placed, key=lambda p: (p.first, p.tensor)))

@@ -54,6 +54,7 @@ from export.firmware.intmodel import (
     Layer,
     LutLayer,
     MeanLayer,
+    MulLayer,
     WindowPoolLayer,
 )
 from export.firmware.plan import chain_routes
@@ -207,6 +208,15 @@ def _same_pad(n: int, k: int, stride: int, out: int) -> int:
     return max((out - 1) * stride + k - n, 0) // 2
 
 
+def _contiguous(order: np.ndarray) -> int | None:
+    """The first buffer offset where ``order`` (buffer offsets, in the tensor's order) is a run of
+    consecutive offsets; None where it is not."""
+    if order.size == 0:
+        return None
+    start = int(order[0])
+    return start if np.array_equal(order, np.arange(start, start + order.size)) else None
+
+
 def from_tflite(data: bytes) -> IntModel:
     """The integer model of a fully-int8 TFLite flatbuffer, as the firmware runs it."""
     return _Lowering(data).run()
@@ -260,6 +270,7 @@ class _Lowering:
         self.buffer, self.k, self.tensors = 0, 0, 0  # the current tensor's id (the input's: 0); the operator lowered
         self.values: dict[int, tuple[int, np.ndarray, tuple[int, ...], bool]] = {}
         self.routes: list[tuple[int, int, int]] = []
+        self.views: list[tuple[int, int]] = []  # where in its input tensors each layer reads (IntModel.views)
 
     def run(self) -> IntModel:
         g, out = self.g, self.out
@@ -299,6 +310,8 @@ class _Lowering:
             handler(self, _Op(k, kind, ins, outs, op.builtinOptions, here))
         if self.routes != chain_routes(len(self.routes)):
             out.routes = self.routes
+        if any(self.views):
+            out.views = self.views
         if not out.layers or not isinstance(out.layers[-1], FCLayer):
             raise IntModelError("the model must end in a FULLY_CONNECTED layer (optionally then a SOFTMAX): its outputs "
                                 "are the device's logits")
@@ -330,16 +343,19 @@ class _Lowering:
         self.tensors += 1
         return self.tensors
 
-    def emit(self, layer: Layer, src2: int = -1, dst: int | None = None) -> None:
-        """A layer reading the current tensor (and ``src2``), writing ``dst`` or a new tensor."""
+    def emit(self, layer: Layer, src2: int = -1, dst: int | None = None, at: tuple[int, int] = (0, 0)) -> None:
+        """A layer reading the current tensor (and ``src2``), ``at`` bytes into each, writing ``dst``
+        or a new tensor."""
         src = self.buffer
         dst = self._new_tensor() if dst is None else dst
         self.out.layers.append(layer)
         self.routes.append((src, src2, dst))
+        self.views.append(at)
         self.buffer = dst
 
-    def produced(self, t: int, layer: Layer, src2: int = -1, dst: int | None = None) -> None:
-        self.emit(layer, src2, dst)
+    def produced(self, t: int, layer: Layer, src2: int = -1, dst: int | None = None, at: tuple[int, int] = (0, 0)
+                 ) -> None:
+        self.emit(layer, src2, dst, at)
         self.cur, self.computed = t, True
         shape = self.graph.shape(t)
         self.phys = shape[1:] if len(shape) == 4 else (math.prod(shape),)
@@ -484,27 +500,26 @@ class _Lowering:
         self.where = channels.reshape(graph.shape(outs[0]))
 
     def _fully_connected(self, op: _Op) -> None:
+        """FULLY_CONNECTED of one row (its columns in any order of the buffer, or a slice of it), or of
+        rows one after another (a dense layer applied per time step: a GRU's or LSTM's input
+        projection), as TFLite Micro computes it."""
         graph, ins, outs, opts, here = self.graph, op.ins, op.outs, op.opts, op.here
         n_out, n_in = graph.const(ins[1]).shape
-        if self.where.size != n_in:
-            if self.where.size % n_in == 0:
-                raise IntModelError(f"{here}: a dense layer applied to each of {self.where.size // n_in} rows of {n_in} "
-                                    "(what a GRU's or LSTM's input projection becomes, one row per time step); the "
-                                    "firmware's fully connected layer reads one row, and recurrent layers have no "
-                                    "firmware kernels yet: flatten before the dense layer, or leave the recurrent "
-                                    "layer to a Linux device (LiteRT runs the bundle)")
+        if self.where.size % n_in:
             raise IntModelError(f"{here}: {self.where.size} inputs for {n_in} weight columns")
-        order = self.where.reshape(-1)
+        rows, order, base = self.where.size // n_in, self.where.reshape(-1), 0
         if not self.computed:
             self._gather(op, order)
-            order = np.arange(n_in)
-        elif sorted(order.tolist()) != list(range(math.prod(self.phys))):
-            raise IntModelError(f"{here}: its input is not a permutation of the buffer")
+            order = np.arange(n_in * rows)
+        elif (start := _contiguous(order)) is not None:
+            order, base = np.arange(n_in * rows), start  # in order, from ``start`` on: a slice or the whole buffer
+        elif rows > 1 or sorted(order.tolist()) != list(range(math.prod(self.phys))):
+            raise IntModelError(f"{here}: its input is not a slice of the buffer in order, nor a permutation of it")
         s_x, zp_x = graph.act(ins[0])
         s_y, zp_y = graph.act(outs[0])
         w, s_w, bias = self._weights(op, n_out)
         w_dev = np.empty_like(w)
-        w_dev[:, order] = w  # column i reads buffer offset order[i]
+        w_dev[:, order[:n_in]] = w  # column i reads buffer offset order[i]
         if s_w.size == 1:  # TFLite Micro's per-tensor path: the scales' product in float32, then double
             real = [float(np.float32(s_x) * s_w[0]) / float(s_y)] * n_out
         else:
@@ -513,7 +528,8 @@ class _Lowering:
         act_min, act_max = _activation_range(opts.fusedActivationFunction, s_y, zp_y, here)
         self.produced(outs[0], FCLayer(weight=np.ascontiguousarray(w_dev), bias=bias, multiplier=np.array(m0, np.int32),
                                        shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,
-                                       act_min=act_min, act_max=act_max, output_scale=s_y))
+                                       act_min=act_min, act_max=act_max, output_scale=s_y, rows=rows), at=(base, 0))
+        self.phys = (n_out * rows,)
 
     def _stored(self, op: _Op, t: int) -> int:
         """The buffer holding tensor ``t`` in order (a layer's output, not a view of it)."""
@@ -528,18 +544,42 @@ class _Lowering:
                                 "it must read layers' outputs as they lie in the buffer")
         return buffer
 
+    def _operand(self, op: _Op, t: int) -> tuple[int, int, tuple[int, ...]]:
+        """(buffer, first byte, its buffer's shape) of a computed tensor lying in order in its buffer,
+        whole or a slice of it: an operand of a value-by-value operator of two tensors."""
+        if t not in self.values:
+            raise IntModelError(f"{op.here}: reads {self.graph.name(t)!r}, which no operator the firmware runs has "
+                                "computed")
+        buffer, where, phys, computed = self.values[t]
+        start = _contiguous(where.reshape(-1))
+        if not computed or start is None:
+            raise IntModelError(f"{op.here}: reads {self.graph.name(t)!r} as the model input or a transposed view; "
+                                "it must read layers' outputs as they lie in the buffer")
+        return buffer, start, phys
+
+    def _two_operands(self, op: _Op, what: str) -> tuple[int, int, int, int, tuple[int, ...]]:
+        """(buffer, first byte) of each operand of a value-by-value operator of two computed tensors of
+        one size (shapes may differ by ones: [1, 8] and [1, 1, 8]), and the output's device shape."""
+        graph, a, b = self.graph, op.ins[0], op.ins[1]
+        shapes = [graph.shape(t) for t in (a, b, op.outs[0])]
+        if len({math.prod(sh) for sh in shapes}) != 1:
+            raise IntModelError(f"{op.here}: {what} shapes {list(shapes[0])} and {list(shapes[1])}; the firmware "
+                                f"{what} two computed tensors of one size (no broadcasting)")
+        (src, at, phys), (src2, at2, _) = self._operand(op, a), self._operand(op, b)
+        whole = at == 0 and len(shapes[0]) == 4 and phys == shapes[0][1:] and shapes[0] == shapes[1] == shapes[2]
+        return src, at, src2, at2, _device_shape(shapes[0]) if whole else (math.prod(shapes[0]),)
+
     def _add(self, op: _Op) -> None:
-        """ADD of a constant: a table; of two computed tensors (a residual connection): TFLite's
-        quantized ADD, with Prepare's multipliers (add_common's CalculateOpDataAdd)."""
+        """ADD (or SUB) of a constant: a table; of two computed tensors (a residual connection, a
+        recurrent layer's gates): TFLite's quantized ADD (SUB), with Prepare's multipliers (add_common's
+        CalculateOpDataAdd, sub_common's CalculateOpDataSub: the same)."""
         graph, here = self.graph, op.here
         a, b = op.ins[0], op.ins[1]
         if graph.has_data(a) or graph.has_data(b):
             self._lut(op)
             return
-        if not graph.shape(a) == graph.shape(b) == graph.shape(op.outs[0]):
-            raise IntModelError(f"{here}: adds shapes {list(graph.shape(a))} and {list(graph.shape(b))}; the "
-                                "firmware adds two computed tensors of one shape (no broadcasting)")
-        src, src2 = self._stored(op, a), self._stored(op, b)
+        subtract = op.kind == "SUB"
+        src, at, src2, at2, shape = self._two_operands(op, "subtracts" if subtract else "adds")
         (s1, z1), (s2, z2), (s_y, z_y) = graph.act(a), graph.act(b), graph.act(op.outs[0])
         twice_max = 2.0 * max(s1, s2)  # the float32 scales, in double
         m1, sh1 = quantize_multiplier(s1 / twice_max)
@@ -550,9 +590,50 @@ class _Lowering:
                                 "below one)")
         act_min, act_max = _activation_range(op.opts.fusedActivationFunction, s_y, z_y, here)
         self.buffer = src
-        self.produced(op.outs[0], AddLayer(multiplier=(m1, m2, m_y), shift=(sh1, sh2, sh_y), input_offset=-z1,
-                                           input2_offset=-z2, output_offset=z_y, act_min=act_min, act_max=act_max,
-                                           shape=_device_shape(graph.shape(a))), src2=src2)
+        self._produced_as(op.outs[0], shape, AddLayer(multiplier=(m1, m2, m_y), shift=(sh1, sh2, sh_y),
+                                                      input_offset=-z1, input2_offset=-z2, output_offset=z_y,
+                                                      act_min=act_min, act_max=act_max, shape=shape,
+                                                      subtract=subtract),
+                          src2=src2, at=(at, at2))
+
+    def _mul(self, op: _Op) -> None:
+        """MUL by a constant: a table; of two computed tensors (a recurrent layer's gate times its
+        candidate or state): TFLite's quantized MUL, one multiplier s1 s2 / s_out (mul_common's
+        CalculateOpDataMul, in double from the float32 scales)."""
+        graph, here = self.graph, op.here
+        a, b = op.ins[0], op.ins[1]
+        if graph.has_data(a) or graph.has_data(b):
+            self._lut(op)
+            return
+        src, at, src2, at2, shape = self._two_operands(op, "multiplies")
+        (s1, z1), (s2, z2), (s_y, z_y) = graph.act(a), graph.act(b), graph.act(op.outs[0])
+        m, sh = quantize_multiplier(float(np.float64(s1) * np.float64(s2) / np.float64(s_y)))
+        act_min, act_max = _activation_range(op.opts.fusedActivationFunction if op.opts else 0, s_y, z_y, here)
+        self.buffer = src
+        self._produced_as(op.outs[0], shape, MulLayer(multiplier=m, shift=sh, input_offset=-z1, input2_offset=-z2,
+                                                      output_offset=z_y, act_min=act_min, act_max=act_max, shape=shape),
+                          src2=src2, at=(at, at2))
+
+    def _produced_as(self, t: int, shape: tuple[int, ...], layer: Layer, src2: int, at: tuple[int, int]) -> None:
+        """``layer`` wrote tensor ``t`` in order, its buffer of device shape ``shape`` ((C, H, W) or (N,))."""
+        self.emit(layer, src2, at=at)
+        self.cur, self.computed = t, True
+        self.phys = (shape[1], shape[2], shape[0]) if len(shape) == 3 else shape
+        self.where = np.arange(math.prod(shape)).reshape(self.graph.shape(t))
+
+    def _slice(self, op: _Op) -> None:
+        """SLICE moves no data: the tensor becomes a view of part of the buffer (a recurrent layer's
+        time step or gate); the layer reading it reads there."""
+        begin = self.graph.const(op.ins[1]).astype(int).reshape(-1).tolist()
+        size = self.graph.const(op.ins[2]).astype(int).reshape(-1).tolist()
+        dims = self.where.shape
+        if len(begin) != len(dims) or len(size) != len(dims):
+            raise IntModelError(f"{op.here}: begin {begin} and size {size} for a tensor of shape {list(dims)}")
+        self.where = self.where[tuple(slice(b, d if n < 0 else b + n) for b, n, d in zip(begin, size, dims))]
+        if self.where.shape != self.graph.shape(op.outs[0]):
+            raise IntModelError(f"{op.here}: a slice of shape {list(self.where.shape)}, the model says "
+                                f"{list(self.graph.shape(op.outs[0]))}")
+        self.cur = op.outs[0]
 
     def _concat(self, op: _Op) -> None:
         """CONCATENATION along the buffers' channels of layers' outputs, one scale for all (TFLite's
@@ -568,6 +649,9 @@ class _Lowering:
             if graph.act(t) != q_y:
                 raise IntModelError(f"{here}: input {graph.name(t)!r} is quantized differently from the output; "
                                     "TFLite's int8 CONCATENATION takes one scale and zero point for all")
+        if all(d == 1 for d in shape[:axis]):  # each input one block of the output, one after another
+            self._concat_blocks(op, shape)
+            return
         views = [self._channel_view(op, t, axis) for t in op.ins]
         positions = views[0][1]
         if any(not np.array_equal(p, positions) for _, p, _ in views[1:]):
@@ -589,6 +673,20 @@ class _Lowering:
             [c if d == axis else 1 for d in range(len(shape))]) for i, c in enumerate(channels)], axis=axis)
         self.cur, self.computed, self.where = op.outs[0], True, where
         self.phys = (*hw, c_out) if len(hw) == 2 else (c_out,)
+
+    def _concat_blocks(self, op: _Op, shape: tuple[int, ...]) -> None:
+        """A CONCATENATION whose inputs are consecutive blocks of its output (a recurrent layer's
+        outputs stacked over time): each input, in order in its buffer, copied after the one before."""
+        operands = [self._operand(op, t) for t in op.ins]
+        sizes = [math.prod(self.graph.shape(t)) for t in op.ins]
+        total = sum(sizes)
+        dst = self._new_tensor()
+        for (src, start, _), size, offset in zip(operands, sizes, np.cumsum([0, *sizes[:-1]])):
+            self.buffer = src
+            self.emit(ConcatLayer(channels=size, offset=int(offset), out_channels=total, positions=(1, 1)), dst=dst,
+                      at=(start, 0))
+        self.cur, self.computed, self.phys = op.outs[0], True, (total,)
+        self.where = np.arange(total).reshape(shape)
 
     def _channel_view(self, op: _Op, t: int, axis: int) -> tuple[int, np.ndarray, tuple[int, ...]]:
         """(tensor id, the buffer position of each index along the other axes, the buffer's shape) of a
@@ -627,13 +725,13 @@ class _Lowering:
                                     "(ADD) but has no kernel for another operator of two (one operand must be a "
                                     "constant)")
         x_shape, y_shape = graph.shape(running), graph.shape(int(op.outputs[0]))
-        if x_shape != y_shape:
+        if math.prod(x_shape) != math.prod(y_shape):  # [1, 8] + a [1, 1, 8] constant is [1, 1, 8]: the same values
             raise IntModelError(f"{here}: output shape {list(y_shape)} differs from the input's {list(x_shape)}; only "
                                 "value-by-value operators become a table")
         constants = []
         for t in others:
             try:
-                constants.append(np.broadcast_to(graph.const(t), x_shape))
+                constants.append(np.broadcast_to(graph.const(t), y_shape).reshape(x_shape))
             except ValueError:
                 raise IntModelError(f"{here}: a constant of shape {list(graph.shape(t))} does not broadcast to the "
                                     f"input's {list(x_shape)}") from None
@@ -653,10 +751,15 @@ class _Lowering:
         graph.act(running)
         if not self.computed:
             raise IntModelError(f"{here}: an elementwise operator on the model's input; put it after a layer")
-        at = self.where.reshape(-1)
+        at, base, view, phys = self.where.reshape(-1), 0, self.where, self.phys
         if sorted(at.tolist()) != list(range(math.prod(self.phys))):
-            raise IntModelError(f"{here}: its input is not the whole buffer (a slice or a repeat of it)")
-        channels = self.phys[-1]
+            start = _contiguous(at)
+            if start is None:
+                raise IntModelError(f"{here}: its input is part of a buffer out of order (a strided slice or a repeat)")
+            # a slice in order: a vector of its own, written to a new tensor
+            at, base, phys = at - start, start, (at.size,)
+            view = self.where - start
+        channels = phys[-1]
         channel = at % channels  # the buffer channel of each value of the tensor, in the tensor's order
         pick = np.zeros(1, np.int64)  # one table for all
         if any(np.any(c != c.reshape(-1)[0]) for c in constants):
@@ -667,10 +770,9 @@ class _Lowering:
                 if np.any(flat != flat[pick][channel]):
                     raise IntModelError(f"{here}: a constant that differs along positions, not only by channel; the "
                                         "firmware's tables are one per channel")
-        view, phys = self.where, self.phys
         table = lut_tables(self.graph.data, ops, pick)
         shape = (phys[2], phys[0], phys[1]) if len(phys) == 3 else phys
-        self.emit(LutLayer(op=name, table=table, shape=shape))
+        self.emit(LutLayer(op=name, table=table, shape=shape), at=(base, 0))
         self.cur, self.computed, self.where, self.phys = running, True, view.reshape(graph.shape(running)), phys
 
     def _float_island(self, k: int, here: str) -> int:
@@ -734,7 +836,7 @@ class _Lowering:
         "RESHAPE": _reshape, "SQUEEZE": _reshape, "TRANSPOSE": _transpose, "PAD": _pad, "PADV2": _pad,
         "CONV_2D": _conv, "DEPTHWISE_CONV_2D": _conv, "AVERAGE_POOL_2D": _pool, "MAX_POOL_2D": _pool,
         "MEAN": _mean, "FULLY_CONNECTED": _fully_connected,
-        **dict.fromkeys(LUT_OPS, _lut), "ADD": _add, "CONCATENATION": _concat,
+        **dict.fromkeys(LUT_OPS, _lut), "ADD": _add, "SUB": _add, "MUL": _mul, "CONCATENATION": _concat, "SLICE": _slice,
     }
 
 

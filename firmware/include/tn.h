@@ -50,15 +50,19 @@ typedef enum {
     TN_AVGPOOL = 5, /* int8 -> int8: windowed average, TFLite's rounding, same scale in and out */
     TN_MAXPOOL = 6, /* int8 -> int8: windowed maximum */
     TN_MEAN = 7,    /* int8 -> int8: mean over positions, as TFLite Micro's MEAN */
-    TN_FC = 8,      /* int8 -> int8: fully connected, requantized; the last layer writes its int8
-                     * outputs as int32 logits */
+    TN_FC = 8,      /* int8 -> int8: fully connected, requantized, applied to each of hin rows of cin inputs
+                     * (hout = hin rows of cout outputs); the last layer writes its int8 outputs as int32
+                     * logits */
     TN_LUT = 9,     /* int8 -> int8 value by value through 256-entry tables (weight: cin tables, one per
                      * channel of cout, or one for all): LOGISTIC, TANH, ADD/MUL by constants */
     TN_ADD = 10,    /* int8 + int8 -> int8, value by value, TFLite's quantized ADD (a residual connection):
                      * src and src2 rescaled (multiplier/shift [0] and [1], after a left shift of 20), summed,
                      * requantized ([2]); cin = cout channels, hin x win positions */
-    TN_CONCAT = 11  /* int8 -> int8: the cin channels of src into channels in2_offset... of dst's cout (one
+    TN_CONCAT = 11, /* int8 -> int8: the cin channels of src into channels in2_offset... of dst's cout (one
                      * input of a CONCATENATION along channels; each input is one such layer) */
+    TN_MUL = 12     /* int8 x int8 -> int8, value by value, TFLite's quantized MUL: (src + in_offset)
+                     * (src2 + in2_offset) requantized by multiplier/shift [0], plus out_offset, clamped;
+                     * cin = cout channels, hin x win positions (a recurrent layer's gate products) */
 } tn_kind;
 
 typedef struct {
@@ -248,6 +252,7 @@ void tn_mean(const tn_layer *l, const int8_t *in, int8_t *out);
 void tn_fc(const tn_layer *l, const int8_t *in, int8_t *out8, int32_t *out32);
 void tn_lut(const tn_layer *l, const int8_t *in, int8_t *out);
 void tn_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out);
+void tn_mul(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out);
 void tn_concat(const tn_layer *l, const int8_t *in, int8_t *out);
 int32_t tn_requantize(int32_t acc, int32_t multiplier, int32_t shift);
 

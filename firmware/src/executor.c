@@ -67,11 +67,13 @@ static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_
     case TN_POOL:
         tn_pool(l, in, nv->pooled);
         return TN_OK;
-    case TN_FC:
-        if (li + 1u == model->n_layers) {
-            tn_fc(l, in, 0, nv->logits);
-        } else {
-            tn_fc(l, in, out, 0);
+    case TN_FC: /* each row of hin */
+        for (uint32_t r = 0; r < l->hin; r++) {
+            if (li + 1u == model->n_layers) {
+                tn_fc(l, in + r * l->cin, 0, nv->logits + r * l->cout);
+            } else {
+                tn_fc(l, in + r * l->cin, out + r * l->cout, 0);
+            }
         }
         return TN_OK;
     case TN_DENSE:
@@ -82,6 +84,9 @@ static tn_status run_tile(tn_nv *nv, const tn_model *model, uint32_t li, uint32_
         return TN_OK;
     case TN_ADD:
         tn_add(l, in, arena + l->src2, out);
+        return TN_OK;
+    case TN_MUL:
+        tn_mul(l, in, arena + l->src2, out);
         return TN_OK;
     case TN_CONCAT:
         tn_concat(l, in, out);
@@ -125,7 +130,7 @@ static tn_status check_plan(const tn_model *model) {
     for (uint32_t i = 0; i < model->n_layers; i++) {
         const tn_layer *l = &model->layers[i];
         const uint32_t n_in = in_bytes(l), n_out = out_bytes(l), n_arena = model->arena_bytes;
-        const int two = l->kind == TN_ADD;
+        const int two = l->kind == TN_ADD || l->kind == TN_MUL;
         if ((reads_arena(l) && (l->src > n_arena || n_in > n_arena - l->src)) ||
             (two && (l->src2 > n_arena || n_in > n_arena - l->src2))) {
             return TN_ERR_ARENA;
@@ -155,12 +160,13 @@ static tn_status check(const tn_model *model) {
         if (l->kind == TN_LUT && l->cin > 1u && l->cin != l->cout) {
             return TN_ERR_MODEL; /* a table per channel, or one for all */
         }
-        if ((l->kind == TN_ADD && (l->cin != l->cout || l->hin != l->hout || l->win != l->wout)) ||
+        if (((l->kind == TN_ADD || l->kind == TN_MUL) && (l->cin != l->cout || l->hin != l->hout || l->win != l->wout)) ||
+            (l->kind == TN_FC && (l->hin != l->hout || l->win != 1u || l->wout != 1u)) ||
             (l->kind == TN_CONCAT && (l->in2_offset < 0 || (uint32_t)l->in2_offset + l->cin > l->cout ||
                                       l->hin != l->hout || l->win != l->wout))) {
             return TN_ERR_MODEL;
         }
-        if (l->kind < TN_CONV || l->kind > TN_CONCAT ||
+        if (l->kind < TN_CONV || l->kind > TN_MUL ||
             (l->kind == TN_DWCONV && (l->cin == 0 || l->cout % l->cin != 0))) {
             return TN_ERR_MODEL;
         }
@@ -175,7 +181,7 @@ static tn_status check(const tn_model *model) {
     if (last->kind != TN_DENSE && last->kind != TN_FC) {
         return TN_ERR_MODEL;
     }
-    return last->cout > TN_MAX_CLASSES ? TN_ERR_ARENA : check_plan(model);
+    return (uint32_t)last->cout * last->hout > TN_MAX_CLASSES ? TN_ERR_ARENA : check_plan(model);
 }
 
 tn_status tn_start(tn_nv *nv, const tn_model *model, uint32_t variant, uint32_t run, const int8_t *input) {

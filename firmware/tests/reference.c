@@ -230,6 +230,20 @@ tn_status ref_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *o
     return TN_OK;
 }
 
+tn_status ref_mul(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out) {
+    if (l->kind != TN_MUL) {
+        return TN_ERR_MODEL;
+    }
+    const int32_t shift = l->shift[0];
+    for (uint32_t i = 0; i < (uint32_t)l->cin * l->hin * l->win; i++) {
+        const int64_t product = (int64_t)(a[i] + l->in_offset) * (b[i] + l->in2_offset);
+        const int32_t x = (int32_t)(shift < 0 ? product * (INT64_C(1) << -shift) : product); /* TFLite's left shift */
+        const int32_t v = gemmlowp_rdbpot(gemmlowp_srdhm(x, l->multiplier[0]), shift < 0 ? 0 : shift);
+        out[i] = clamped((int64_t)v + l->out_offset, l);
+    }
+    return TN_OK;
+}
+
 tn_status ref_concat(const tn_layer *l, const int8_t *in, int8_t *out) {
     if (l->kind != TN_CONCAT) {
         return TN_ERR_MODEL;

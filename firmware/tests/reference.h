@@ -31,6 +31,9 @@ tn_status ref_pool(const tn_layer *l, const int8_t *in, int32_t *out);
 tn_status ref_dense(const tn_layer *l, const int32_t *in, int32_t *out);
 /* TFLite's quantized ADD of src and src2 (gemmlowp's two roundings at each rescaling). */
 tn_status ref_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out);
+/* TFLite's quantized MUL of src and src2: the product of the offset values requantized once (a
+ * negative shift multiplies first, as MultiplyByQuantizedMultiplier does). */
+tn_status ref_mul(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out);
 /* One input of a concatenation along channels. */
 tn_status ref_concat(const tn_layer *l, const int8_t *in, int8_t *out);
 /* A whole model, layer by layer, into `logits` (n_classes values): each layer reads its src (and

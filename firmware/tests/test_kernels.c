@@ -287,6 +287,39 @@ static check_status test_fc_matches_reference(void) {
     return CHECK_OK;
 }
 
+/* TFLite's MUL of two tensors (a recurrent layer's gates): random offsets, clamps, multipliers and
+ * shifts both ways (a product scale above one half shifts left first). */
+static check_status test_mul_matches_reference(void) {
+    static int8_t a[97], b[97], got[97], expect[97];
+    check_rng rng = {4242u};
+    unsigned left = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = TN_MUL;
+        l.cin = l.cout = (uint16_t)check_range(&rng, 1, 97);
+        l.hin = l.win = l.hout = l.wout = 1;
+        l.in_offset = check_range(&rng, -127, 128);
+        l.in2_offset = check_range(&rng, -127, 128);
+        l.out_offset = check_range(&rng, -128, 127);
+        random_clamp(&rng, &l);
+        multiplier[0] = check_range(&rng, 1 << 30, INT32_MAX);
+        shift[0] = check_range(&rng, -3, 14);
+        l.multiplier = multiplier;
+        l.shift = shift;
+        for (uint32_t i = 0; i < l.cin; i++) {
+            a[i] = (int8_t)check_range(&rng, -128, 127);
+            b[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        CHECK_EQ(ref_mul(&l, a, b, expect), TN_OK);
+        tn_mul(&l, a, b, got);
+        CHECK_MSG(memcmp(got, expect, l.cin) == 0, "case %u (n %u, shift %ld)", c, l.cin, (long)shift[0]);
+        left += shift[0] < 0 ? 1u : 0u;
+    }
+    CHECK(left > 10u);
+    return CHECK_OK;
+}
+
 static check_status test_window_pools_match_reference(void) {
     static int8_t in_store[MAX_HIN * MAX_WIN * 12], got_store[MAX_HIN * MAX_WIN * 12];
     check_rng rng = {8642u};
@@ -435,6 +468,7 @@ int main(void) {
     RUN(failures, test_pool_matches_reference);
     RUN(failures, test_window_pools_match_reference);
     RUN(failures, test_fc_matches_reference);
+    RUN(failures, test_mul_matches_reference);
     RUN(failures, test_dense_matches_reference);
     RUN(failures, test_argmax);
     printf("test_kernels: %d failed\n", failures);

@@ -219,33 +219,68 @@ def test_1d_nets_with_batchnorm_and_a_channel_concatenation_are_bit_exact(tmp_pa
     _bit_exact(bundle, tmp_path, ("host", "mps2-an386"))
 
 
-class Gru(nn.Module):
-    def __init__(self) -> None:
+class Recurrent(nn.Module):
+    """A GRU or an LSTM over the sequence, a dense layer on its last output."""
+
+    def __init__(self, cell: type[nn.GRU] | type[nn.LSTM]) -> None:
         super().__init__()
-        self.rnn = nn.GRU(3, 8, batch_first=True)
+        self.rnn = cell(3, 8, batch_first=True)
         self.fc = nn.Linear(8, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.rnn(x)[0][:, -1])
 
 
+@needs_arm
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+def test_a_gru_and_an_lstm_over_8_steps_are_bit_exact(tmp_path: Path, cell: type[nn.GRU] | type[nn.LSTM]) -> None:
+    """386fc45: "FULLY_CONNECTED ...: 24 inputs for 3 weight columns". litert-torch unrolls the layer:
+    a dense layer per time step (one FC over 8 rows), SLICEs of its gates (views of the buffer, no
+    copies), ADD, SUB and MUL of two computed tensors (TFLite's, the MUL a kernel of its own),
+    LOGISTIC and TANH as tables, the outputs stacked by a CONCATENATION along time."""
+    from export.firmware.intmodel import FCLayer, MulLayer
+    from export.firmware.tflite_import import from_tflite
+
+    bundle = _bundle(Recurrent(cell), (8, 3), tmp_path)
+    model = from_tflite((tmp_path / "m.tflite").read_bytes())
+    assert any(isinstance(layer, FCLayer) and layer.rows == 8 for layer in model.layers)
+    assert any(isinstance(layer, MulLayer) for layer in model.layers) and model.views is not None
+    _bit_exact(bundle, tmp_path, ("host", "mps2-an386"))
+
+
 def test_a_gru_over_16_steps_is_a_bundle_for_litert_and_one_line_for_the_firmware(tmp_path: Path) -> None:
     """386fc45: `trickle export` ended in a traceback (TFLite Micro's CONCATENATION of 16 inputs) and
-    wrote no bundle. Now LiteRT's bundle is written, and the export and flash say in one line why
-    the firmware cannot run it and what to do."""
+    wrote no bundle. TFLite Micro, the firmware's oracle, cannot run the model: LiteRT's bundle is
+    written, and export and flash say so in one line."""
     torch.manual_seed(0)
-    np.savez(tmp_path / "x.npz", x=int8_tflite(Gru(), (16, 3), tmp_path / "gru.tflite"))
+    np.savez(tmp_path / "x.npz", x=int8_tflite(Recurrent(nn.GRU), (16, 3), tmp_path / "gru.tflite"))
     proc = trickle("export", str(tmp_path / "gru.tflite"), "--calibration", str(tmp_path / "x.npz"), "--out",
                    str(tmp_path / "b"), "--json")
     assert proc.returncode == 0, proc.stderr
     said = json.loads(proc.stdout)  # nothing TFLite Micro prints gets onto standard output
-    assert said["flashable"] is False
-    assert "recurrent layers have no firmware kernels yet" in said["flash_refusal"]
-    assert "16 rows of 3" in said["flash_refusal"]
-    assert "Traceback" not in proc.stderr
+    assert said["flashable"] is False and "Traceback" not in proc.stderr
+    assert "its CONCATENATION of 16 inputs: TFLite Micro's CONCATENATION takes at most 10" in said["flash_refusal"]
     proc = trickle("flash", str(tmp_path / "b"), "--board", "host", "--out", str(tmp_path / "fw"))
     assert proc.returncode == 1
-    assert len(proc.stderr.strip().splitlines()) == 1 and "GRU's or LSTM's" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "CONCATENATION of 16 inputs" in proc.stderr
+
+
+def test_a_fused_lstm_is_refused_naming_what_it_is(tmp_path: Path) -> None:
+    """TFLite's UNIDIRECTIONAL_SEQUENCE_LSTM (what TensorFlow's converter writes for a Keras LSTM) has no
+    kernel here: one line saying it is a recurrent layer and where it runs instead."""
+    from export.firmware.intmodel import IntModelError
+    from export.firmware.tflite_import import _schema, from_tflite, read_model
+
+    torch.manual_seed(0)
+    int8_tflite(Recurrent(nn.LSTM), (4, 3), tmp_path / "m.tflite")
+    model = read_model((tmp_path / "m.tflite").read_bytes())
+    code = model.operatorCodes[model.subgraphs[0].operators[0].opcodeIndex]  # the first operator, as if fused
+    code.builtinCode = code.deprecatedBuiltinCode = _schema().BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM
+    builder = flatbuffers.Builder(1 << 16)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    with pytest.raises(IntModelError, match=r"operator UNIDIRECTIONAL_SEQUENCE_LSTM \(operator 1 of .*\) has no "
+                                            r"firmware kernel \(a recurrent layer; .*LiteRT runs the bundle"):
+        from_tflite(bytes(builder.Output()))
 
 
 def test_a_model_litert_refuses_is_imported_with_tflite_micro_alone_as_the_oracle(tmp_path: Path) -> None:
