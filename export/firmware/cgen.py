@@ -112,13 +112,13 @@ def conv_rows(weight: np.ndarray) -> np.ndarray:
 def depthwise_weights(layer: DepthwiseLayer) -> np.ndarray:
     """A depthwise conv's weights as the firmware stores them, widened to int16 (the kernel loads a
     tap's four weights with one LDRD instead of unpacking a word with two SXTB16 per window and
-    position): where four channels are computed together (a depth multiplier of 1 or a multiple of
-    4), each quad's taps in turn, [cout / 4][kh][kw][w0, w2, w1, w3] (the lane pairs the input's
+    position): where four channels are computed together (a depth multiplier of 1, 2 or a multiple
+    of 4), each quad's taps in turn, [cout / 4][kh][kw][w0, w2, w1, w3] (the lane pairs the input's
     SXTAB16 words meet), so the kernel walks a quad's window with one post-incremented load; then
     the other channels in TFLite's order, [kh][kw][rest]."""
     kh, kw, cout = layer.weight.shape
     mult = cout // layer.in_shape[0]
-    quads = cout // 4 * 4 if mult == 1 or mult % 4 == 0 else 0
+    quads = cout // 4 * 4 if mult in (1, 2) or mult % 4 == 0 else 0
     grouped = layer.weight[:, :, :quads].reshape(kh * kw, quads // 4, 4).transpose(1, 0, 2)[:, :, [0, 2, 1, 3]]
     return np.concatenate([grouped.reshape(-1), layer.weight[:, :, quads:].reshape(-1)]).astype(np.int16)
 

@@ -4,7 +4,8 @@
  * tap one word of channels-last input, widened two lanes at a time (SXTAB16 adds the input offset),
  * and the quad's two words of weights, stored widened (int16: w0, w2, w1, w3 per tap, what SXTB16
  * would unpack; export.cgen's depthwise_weights), multiplied lane by lane (SMLABB, SMLATT),
- * CMSIS-NN's manner. Other depth multipliers than 1 and multiples of 4 take a channel at a time. */
+ * CMSIS-NN's manner; a depth multiplier of 2 reads two input values for the quad, a multiple of 4
+ * one. Other depth multipliers take a channel at a time. */
 #include "kernel.h"
 #include "simd.h"
 
@@ -26,9 +27,11 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
 /* A whole 3 x 3 window for four channels on a Cortex-M4, written out (what gcc makes of the C
  * below spills its pointers around every tap): per tap the quad's two words of widened weights
  * (stored tap after tap, so a post-incremented LDRD walks them), one word of input (or, with
- * ``shared``, one input value all four channels read) at x, x + x_tap or x + 2 x_tap, widened
- * (SXTAB16 adds the input offset; shared: LDRSB and an add), four 16 x 16 MACs; x_row bytes between
- * rows. The same arithmetic as TN_DW_TAP: 74 instructions for 36 MACs. */
+ * ``shared``, one input value all four channels read, or the two values a depth multiplier of 2
+ * has channels 0, 1 and 2, 3 read) at x, x + x_tap or x + 2 x_tap, widened (SXTAB16 adds the input
+ * offset; one value: LDRSB and an add; two: LDRH, two SXTAB16 and a PKHBT), four 16 x 16 MACs;
+ * x_row bytes between rows. The same arithmetic as TN_DW_TAP: 74 instructions for 36 MACs (83 for
+ * two values). */
 #define TN_DW_ASM_WEIGHTS "ldrd %[t3], %[t1], [%[w]], #8\n\t"
 #define TN_DW_ASM_TAP(xaddr)                                                                                          \
     TN_DW_ASM_WEIGHTS                                                                                                \
@@ -40,6 +43,12 @@ static void inside(int32_t origin, uint32_t taps, uint32_t dilation, uint32_t n,
     "ldrsb %[t0], " xaddr "\n\tadd %[t0], %[t0], %[off]\n\t"                                                           \
     "smlabb %[a0], %[t0], %[t3], %[a0]\n\tsmlabt %[a2], %[t0], %[t3], %[a2]\n\t"                                       \
     "smlabb %[a1], %[t0], %[t1], %[a1]\n\tsmlabt %[a3], %[t0], %[t1], %[a3]\n\t"
+#define TN_DW_ASM_PAIR_TAP(xaddr) /* two input values, (v0 + off, v1 + off) packed: channels 0, 1 read v0 */       \
+    TN_DW_ASM_WEIGHTS                                                                                                \
+    "ldrh %[t0], " xaddr "\n\tsxtab16 %[t2], %[off], %[t0]\n\tsxtab16 %[t0], %[off], %[t0], ror #8\n\t"              \
+    "pkhbt %[t2], %[t2], %[t0], lsl #16\n\t"                                                                         \
+    "smlabb %[a0], %[t2], %[t3], %[a0]\n\tsmlatt %[a2], %[t2], %[t3], %[a2]\n\t"                                       \
+    "smlabb %[a1], %[t2], %[t1], %[a1]\n\tsmlatt %[a3], %[t2], %[t1], %[a3]\n\t"
 #define TN_DW_ASM_ROW(TAP) TAP("[%[x]]") TAP("[%[x], %[xt]]") TAP("[%[x], %[xt], lsl #1]")
 #define TN_DW_ASM_WINDOW(TAP)                                                                                         \
     TN_DW_ASM_ROW(TAP) "add %[x], %[x], %[xr]\n\t" TN_DW_ASM_ROW(TAP) "add %[x], %[x], %[xr]\n\t" TN_DW_ASM_ROW(TAP)
@@ -52,7 +61,9 @@ static inline __attribute__((always_inline)) void window3(int32_t *a, const int8
                                                           uint32_t x_row, uint32_t off, int shared) {
     int32_t s0 = a[0], s1 = a[1], s2 = a[2], s3 = a[3];
     uint32_t t0, t1, t2, t3;
-    if (shared) {
+    if (shared == 2) {
+        __asm__(TN_DW_ASM_WINDOW(TN_DW_ASM_PAIR_TAP) TN_DW_ASM_OPERANDS);
+    } else if (shared) {
         __asm__(TN_DW_ASM_WINDOW(TN_DW_ASM_SHARED_TAP) TN_DW_ASM_OPERANDS);
     } else {
         __asm__(TN_DW_ASM_WINDOW(TN_DW_ASM_TAP) TN_DW_ASM_OPERANDS);
@@ -65,25 +76,26 @@ static inline __attribute__((always_inline)) void window3(int32_t *a, const int8
 #undef TN_DW_ASM_WEIGHTS
 #undef TN_DW_ASM_TAP
 #undef TN_DW_ASM_SHARED_TAP
+#undef TN_DW_ASM_PAIR_TAP
 #undef TN_DW_ASM_ROW
 #undef TN_DW_ASM_WINDOW
 #undef TN_DW_ASM_OPERANDS
 #endif
 
 /* One output position's channels c..c+3 over a window of `rows` x `cols` taps inside the input:
- * x at the first tap's channel c (the input word of channels c..c+3, or with ``shared`` the one
- * value all four read), x_tap and x_row bytes to the next tap and row; w at the first tap's
- * weights of channels c..c+3 (the quad's taps stored in turn, 4 int16 apart), w_row int16 to the
- * next row. The sums start at *a and stay in registers; a whole 3 x 3 window is written out on a
- * Cortex-M4 (window3), a row of three taps unrolled elsewhere. Inlined with ``shared`` constant, so
- * each caller gets its own loop. */
+ * x at the first tap's input for channel c (``shared`` 0: the input word of channels c..c+3, a
+ * depth multiplier of 1; 1: the one value all four read, a multiplier of 4k; 2: the two values
+ * channels c, c+1 and c+2, c+3 read, a multiplier of 2), x_tap and x_row bytes to the next tap and
+ * row; w at the first tap's weights of channels c..c+3 (the quad's taps stored in turn, 4 int16
+ * apart), w_row int16 to the next row. The sums start at *a and stay in registers; a whole 3 x 3
+ * window is written out on a Cortex-M4 (window3), a row of three taps unrolled elsewhere. Inlined with ``shared`` constant, so each caller gets its own loop. */
 static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t *x, const int16_t *w, uint32_t rows,
                                                        uint32_t cols, uint32_t x_tap, uint32_t x_row, uint32_t w_row,
                                                        int32_t offset, int shared) {
     const uint32_t offsets = (uint32_t)(uint16_t)offset * 0x00010001u;
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
     if (rows == 3u && cols == 3u && w_row == 12u) { /* a whole 3 x 3 window (12 int16 a row) */
-        window3(a, x, w, x_tap, x_row, shared ? (uint32_t)offset : offsets, shared);
+        window3(a, x, w, x_tap, x_row, shared == 1 ? (uint32_t)offset : offsets, shared);
         return;
     }
 #endif
@@ -92,12 +104,18 @@ static inline __attribute__((always_inline)) void quad(int32_t *a, const int8_t 
     do {                                                                                                             \
         const uint32_t we = read_u32(wp), wo = read_u32((wp) + 2); /* (w0, w2), (w1, w3) */                          \
         uint32_t xe, xo;                                                                                             \
-        if (shared) { /* one value: its low half is all SMLABB/SMLABT read */                                        \
+        if (shared == 1) { /* one value: its low half is all SMLABB/SMLABT read */                                   \
             xe = xo = (uint32_t)(*(xp) + offset);                                                                    \
             a0 = smlabb(xe, we, a0);                                                                                 \
             a2 = smlabt(xe, we, a2);                                                                                 \
             a1 = smlabb(xo, wo, a1);                                                                                 \
             a3 = smlabt(xo, wo, a3);                                                                                 \
+        } else if (shared == 2) { /* (v0, v1): channels 0 and 1 read v0, 2 and 3 read v1 */                         \
+            xe = (uint32_t)(uint16_t)((xp)[0] + offset) | (uint32_t)((xp)[1] + offset) << 16;                        \
+            a0 = smlabb(xe, we, a0);                                                                                 \
+            a2 = smlatt(xe, we, a2);                                                                                 \
+            a1 = smlabb(xe, wo, a1);                                                                                 \
+            a3 = smlatt(xe, wo, a3);                                                                                 \
         } else { /* (x0, x2), (x1, x3), the offset added */                                                          \
             const uint32_t xs = read_u32(xp);                                                                        \
             xe = sxtab16(offsets, xs);                                                                               \
@@ -231,25 +249,29 @@ typedef struct {
     "ldrd r7, r5, [r9], #8\n\t"                                                                                  \
     "ldr r4, " xaddr "\n\tsxtab16 r6, r12, r4\n\tsxtab16 r4, r12, r4, ror #8\n\t"                                 \
     "smlabb r0, r6, r7, r0\n\tsmlatt r2, r6, r7, r2\n\tsmlabb r1, r4, r5, r1\n\tsmlatt r3, r4, r5, r3\n\t"
-#define TN_DW_M4_ROW TN_DW_M4_TAP("[r8]") TN_DW_M4_TAP("[r8, r10]") TN_DW_M4_TAP("[r8, r10, lsl #1]")
+#define TN_DW_M4_PAIR_TAP(xaddr) /* a depth multiplier of 2: two input values, channels 0 and 1 read the first */ \
+    "ldrd r7, r5, [r9], #8\n\t"                                                                                  \
+    "ldrh r4, " xaddr "\n\tsxtab16 r6, r12, r4\n\tsxtab16 r4, r12, r4, ror #8\n\tpkhbt r6, r6, r4, lsl #16\n\t"       \
+    "smlabb r0, r6, r7, r0\n\tsmlatt r2, r6, r7, r2\n\tsmlabb r1, r6, r5, r1\n\tsmlatt r3, r6, r5, r3\n\t"
+#define TN_DW_M4_ROW(TAP) TAP("[r8]") TAP("[r8, r10]") TAP("[r8, r10, lsl #1]")
 #define TN_DW_M4_OUT(acc)                                                                                              \
     "ldm r9!, {r4, r5, r6}\n\tand r7, " acc ", #0x80000000\n\torr r7, r7, #0x40000000\n\t"                           \
     "add r8, r5, " acc ", asr #31\n\tsmlal r7, r8, " acc ", r4\n\tasr " acc ", r8, r6\n\tssat " acc ", #8, " acc "\n\t"
 #define TN_DW_M4_CLAMP /* the fused activation's range, per byte */                                                    \
     "ldrd r4, r5, [lr, #36]\n\tssub8 r6, r0, r4\n\tsel r0, r0, r4\n\tssub8 r6, r5, r0\n\tsel r0, r0, r5\n\t"
-#define TN_DW_QUADS3_ASM(CLAMP)                                                                                        \
+#define TN_DW_QUADS3_ASM(CLAMP, TAP, X_STEP)                                                                           \
     "push {r4-r11, lr}\n\t"                                                                                            \
     "mov lr, r0\n\t"                                                                                                   \
     "ldrd r10, r11, [lr, #24]\n\t"                                                                                     \
     "ldr r12, [lr, #32]\n"                                                                                             \
     "1:\n\t"                                                                                                           \
     "ldrd r8, r9, [lr, #0]\n\t"                                                                                        \
-    "add r4, r8, #4\n\t"                                                                                               \
+    "add r4, r8, #" X_STEP "\n\t"                                                                                      \
     "str r4, [lr, #0]\n\t"                                                                                             \
     "ldr r4, [lr, #8]\n\t"                                                                                             \
     "ldmia r4!, {r0-r3}\n\t"                                                                                           \
     "str r4, [lr, #8]\n\t"                                                                                             \
-    TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW "add r8, r8, r11\n\t" TN_DW_M4_ROW                                 \
+    TN_DW_M4_ROW(TAP) "add r8, r8, r11\n\t" TN_DW_M4_ROW(TAP) "add r8, r8, r11\n\t" TN_DW_M4_ROW(TAP)                   \
     "str r9, [lr, #4]\n\t"                                                                                             \
     "ldr r9, [lr, #12]\n\t"                                                                                            \
     TN_DW_M4_OUT("r0") TN_DW_M4_OUT("r1") TN_DW_M4_OUT("r2") TN_DW_M4_OUT("r3")                                        \
@@ -267,23 +289,37 @@ typedef struct {
 
 __attribute__((naked, noinline)) static void dw_quads3(dw_job *job) {
     (void)job;
-    __asm__(TN_DW_QUADS3_ASM(TN_DW_M4_CLAMP));
+    __asm__(TN_DW_QUADS3_ASM(TN_DW_M4_CLAMP, TN_DW_M4_TAP, "4"));
 }
 
 /* The same where the activation's range is all of int8: SSAT's clamp is the whole clamp. */
 __attribute__((naked, noinline)) static void dw_quads3_int8(dw_job *job) {
     (void)job;
-    __asm__(TN_DW_QUADS3_ASM(""));
+    __asm__(TN_DW_QUADS3_ASM("", TN_DW_M4_TAP, "4"));
+}
+
+/* Both for a depth multiplier of 2: a quad reads two input values (LDRH, two SXTAB16 and a PKHBT a
+ * tap: 83 instructions for 36 MACs), the next quad the next two. */
+__attribute__((naked, noinline)) static void dw_pairs3(dw_job *job) {
+    (void)job;
+    __asm__(TN_DW_QUADS3_ASM(TN_DW_M4_CLAMP, TN_DW_M4_PAIR_TAP, "2"));
+}
+
+__attribute__((naked, noinline)) static void dw_pairs3_int8(dw_job *job) {
+    (void)job;
+    __asm__(TN_DW_QUADS3_ASM("", TN_DW_M4_PAIR_TAP, "2"));
 }
 #undef TN_DW_QUADS3_ASM
 #undef TN_DW_M4_CLAMP
 #undef TN_DW_M4_TAP
+#undef TN_DW_M4_PAIR_TAP
 #undef TN_DW_M4_ROW
 #undef TN_DW_M4_OUT
 #endif
 
-/* A tile's positions through the whole 3 x 3 window (mult 1, cin a multiple of 4, a requantization
- * table): a window inside the input read where it lies, one at the padding gathered first. Apart
+/* A tile's positions through the whole 3 x 3 window (a depth multiplier of 1 or 2, cin a multiple of
+ * 4, a requantization table): a window inside the input read where it lies, one at the padding
+ * gathered first. Apart
  * from the general loop below, so that what stays fixed over the tile is worked out once and the
  * compiler keeps it in registers. */
 __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window,
@@ -299,6 +335,10 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
     dw_job job = {0, 0, 0, 0, 0, 0, 0, 0, offsets, (uint8_t)s->act_min * 0x01010101u,
                   (uint8_t)s->act_max * 0x01010101u};
     const int int8_range = s->act_min == -128 && s->act_max == 127;
+    void (*const quads)(dw_job *) = l->cout == cin ? (int8_range ? dw_quads3_int8 : dw_quads3)
+                                                   : (int8_range ? dw_pairs3_int8 : dw_pairs3);
+#else
+    const uint32_t mult = l->cout / cin;
 #endif
     for (uint32_t pos = tile * TN_TILE_POSITIONS; pos < end; pos++) {
         const uint32_t oy = pos / wout, ox = pos - oy * wout;
@@ -322,15 +362,15 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
         job.out_end = o + l->cout;
         job.x_tap = xt;
         job.x_row = xr;
-        if (int8_range) {
-            dw_quads3_int8(&job);
-        } else {
-            dw_quads3(&job);
-        }
+        quads(&job);
 #else
         for (uint32_t c = 0; c < l->cout; c += 4u) {
             int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
-            quad(a, x + c, (const int16_t *)l->weight + c * 9u, 3u, 3u, xt, xr, 12u, l->in_offset, 0);
+            if (mult == 1u) {
+                quad(a, x + c, (const int16_t *)l->weight + c * 9u, 3u, 3u, xt, xr, 12u, l->in_offset, 0);
+            } else {
+                quad(a, x + c / 2u, (const int16_t *)l->weight + c * 9u, 3u, 3u, xt, xr, 12u, l->in_offset, 2);
+            }
             quad_out(s, a, o + c, c);
         }
 #endif
@@ -338,8 +378,8 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
 }
 
 void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window) {
-    if (l->cout == l->cin && l->cin % 4u == 0u && l->kh == 3u && l->kw == 3u && 9u * l->cin <= WINDOW_BYTES &&
-        l->requant != 0) { /* a 3 x 3 window of whole quads with a requantization table */
+    if ((l->cout == l->cin || l->cout == 2u * l->cin) && l->cin % 4u == 0u && l->kh == 3u && l->kw == 3u &&
+        9u * l->cin <= WINDOW_BYTES && l->requant != 0) { /* a 3 x 3 window of whole quads, a requantization table */
         const out_stage s = stage_of(l);
         dw_whole_tile(l, in, out, tile, window, &s);
         return;
@@ -348,7 +388,8 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
     const uint32_t dh = dil_rows(l), dw = dil_cols(l);
     const int32_t offset = l->in_offset;
     const out_stage s = stage_of(l);
-    const int quads = mult == 1u || mult % 4u == 0u; /* four channels read one input word, or one input value */
+    /* four channels read one input word, two input values or one */
+    const int quads = mult == 1u || mult == 2u || mult % 4u == 0u;
     /* the weights, int16: each quad's taps in turn ([cout / 4][kh][kw][w0, w2, w1, w3], export.cgen's
      * depthwise_weights), then the other channels' in TFLite's order ([kh][kw][rest]) */
     const uint32_t taps = (uint32_t)l->kh * l->kw, c_rest = quads ? cout / 4u * 4u : 0u, rest = cout - c_rest;
@@ -370,6 +411,12 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
             for (; c + 4u <= cout; c += 4u) {
                 int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
                 quad(a, in + first + c, w0 + c * taps, rows, cols, x_tap, x_row, w_row, offset, 0);
+                quad_out(&s, a, o + c, c);
+            }
+        } else if (quads && mult == 2u) {
+            for (; c + 4u <= cout; c += 4u) {
+                int32_t a[4] = {l->bias[c], l->bias[c + 1u], l->bias[c + 2u], l->bias[c + 3u]};
+                quad(a, in + first + c / 2u, w0 + c * taps, rows, cols, x_tap, x_row, w_row, offset, 2);
                 quad_out(&s, a, o + c, c);
             }
         } else if (quads) {

@@ -98,7 +98,7 @@ tn_status ref_pack_dwconv(const tn_layer *l, const int8_t *taps, int16_t *packed
         return TN_ERR_MODEL;
     }
     const uint32_t n = (uint32_t)l->kh * l->kw, cout = l->cout, mult = cout / l->cin;
-    const uint32_t quads = mult == 1u || mult % 4u == 0u ? cout / 4u * 4u : 0u, rest = cout - quads;
+    const uint32_t quads = mult == 1u || mult == 2u || mult % 4u == 0u ? cout / 4u * 4u : 0u, rest = cout - quads;
     for (uint32_t t = 0; t < n; t++) {
         for (uint32_t oc = 0; oc < cout; oc++) {
             const uint32_t slot = oc < quads ? (oc / 4u * n + t) * 4u + group_order[oc % 4u]

@@ -15,7 +15,7 @@ tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed);
  * geometry (pad on rows only when kh > 1) gives. */
 tn_status ref_conv(const tn_layer *l, const int8_t *in, int8_t *out);
 /* depthwise: TFLite's taps [kh][kw][cout] -> the firmware's int16 weights (export.cgen's
- * depthwise_weights): where four channels are computed together (a depth multiplier of 1 or a
+ * depthwise_weights): where four channels are computed together (a depth multiplier of 1, 2 or a
  * multiple of 4) each quad's taps in turn, a tap's four as w0, w2, w1, w3; then the other channels
  * in TFLite's order. `packed` holds kh * kw * cout. TN_ERR_MODEL for a layer that is not one. */
 tn_status ref_pack_dwconv(const tn_layer *l, const int8_t *taps, int16_t *packed);
