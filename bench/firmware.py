@@ -24,7 +24,9 @@ test vectors run; they are data-independent but for branches). Keys of bench/res
   depthwise + average-pool net, a dilated Conv1d net), the largest; each bit-exact with TFLite
   Micro (``tflite_models``).
 - tflite_branching_instructions_per_mac (beside them, no goal): the same for a graph that
-  branches (a residual ADD and a CONCATENATION along channels, three activation buffers).
+  branches (a residual ADD and a CONCATENATION along channels).
+- depthwise_multiplier2_vs_1 (issue 47, reported): a 3 x 3 depthwise layer of depth multiplier 2
+  over one of multiplier 1, instructions per MAC at the same geometry (16 x 16, 16 outputs).
 
 Each model's ``variants`` lists every 8-bit variant's instructions per MAC, with a per-layer
 split from a profiling build (``trickle flash --record``'s numbers).
@@ -171,11 +173,11 @@ def bench_tflite(work: Path, vectors: int) -> list[dict[str, Any]]:
     import numpy as np
     import torch
 
-    from bench.tflite_models import BENCH_MODELS, BRANCHING_MODELS, int8_tflite
+    from bench.tflite_models import BENCH_MODELS, BRANCHING_MODELS, DEPTHWISE_MODELS, int8_tflite
     from export.firmware.tflite_import import import_tflite
 
     out = []
-    for name, (module, shape) in (BENCH_MODELS | BRANCHING_MODELS).items():
+    for name, (module, shape) in (BENCH_MODELS | BRANCHING_MODELS | DEPTHWISE_MODELS).items():
         torch.manual_seed(0)
         folder = work / name
         folder.mkdir(parents=True)
@@ -187,8 +189,15 @@ def bench_tflite(work: Path, vectors: int) -> list[dict[str, Any]]:
         (v,) = report["variants"]
         out.append({"model": name, "macs": v["macs"], "instructions_per_inference": v["instructions_per_inference"],
                     "instructions_per_mac": v["instructions_per_mac"], "mismatches": report["mismatches"],
-                    "vectors": report["vectors"], "layers": v["layers"], "branches": name in BRANCHING_MODELS})
+                    "vectors": report["vectors"], "layers": v["layers"],
+                    "branches": name in BRANCHING_MODELS or name in DEPTHWISE_MODELS})
     return out
+
+
+def depthwise_instructions_per_mac(imported: list[dict[str, Any]], name: str) -> float:
+    """The depthwise layer's instructions per MAC in one of DEPTHWISE_MODELS (16 x 16 x 16 x 9 MACs)."""
+    model = next(m for m in imported if m["model"] == name)
+    return next(layer["instructions"] for layer in model["layers"] if layer["name"].startswith("dwconv")) / (16 * 16 * 16 * 9)
 
 
 MLPERF_TINY = ("kws_ref_model", "pretrainedResnet_quant", "vww_96_int8", "ad01_int8", "str_ww_ref_model")
@@ -274,9 +283,13 @@ def _trained_keys(per: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _tflite_keys(imported: list[dict[str, Any]]) -> dict[str, Any]:
+    mult1, mult2 = (depthwise_instructions_per_mac(imported, f"depthwise_mult{k}") for k in (1, 2))
     return {
         "tflite_instructions_per_mac_max": max(m["instructions_per_mac"] for m in imported if not m["branches"]),
-        "tflite_branching_instructions_per_mac": max(m["instructions_per_mac"] for m in imported if m["branches"]),
+        "tflite_branching_instructions_per_mac": next(m["instructions_per_mac"] for m in imported
+                                                      if m["model"] == "residual_concat2d"),
+        "depthwise_multiplier2_vs_1": mult2 / mult1,  # the depthwise layers' instructions per MAC, same geometry
+        "depthwise_multiplier_instructions_per_mac": {"1": mult1, "2": mult2},
         "tflite_bit_exact": int(all(m["mismatches"] == 0 for m in imported)),
         "tflite_models": imported,
     }

@@ -113,5 +113,25 @@ def int8_tflite(net: nn.Module, shape: tuple[int, ...], path: Path, per_tensor_f
         calibration = qt.calibrate({key: [{name: x[i : i + 1]} for i in range(len(x))]}, num_threads=1)
         path.write_bytes(qt.quantize(calibration, enable_progress_report=False).quantized_model)
     return x
+class Depthwise2d(nn.Module):
+    """A conv, then a 3 x 3 depthwise conv of depth multiplier ``mult`` (``groups`` = its input
+    channels), 16 output channels either way, on 16 x 16: the same geometry for multipliers 1 and 2."""
+
+    def __init__(self, mult: int = 1) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16 // mult, 3, padding=1)
+        self.dw = nn.Conv2d(16 // mult, 16, 3, padding=1, groups=16 // mult)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.dw(torch.relu(self.c1(x)))).mean((2, 3)))
+
+
+class Depthwise2dMult2(Depthwise2d):
+    def __init__(self) -> None:
+        super().__init__(mult=2)
+
+
 # measured beside them, not in tflite_instructions_per_mac_max (whose three models the issue names)
 BRANCHING_MODELS = {"residual_concat2d": (ResidualConcat2d, (2, 8, 8))}
+DEPTHWISE_MODELS = {"depthwise_mult1": (Depthwise2d, (3, 16, 16)), "depthwise_mult2": (Depthwise2dMult2, (3, 16, 16))}

@@ -307,3 +307,21 @@ def test_a_model_litert_refuses_is_imported_with_tflite_micro_alone_as_the_oracl
                                        progress=notes.append))
     assert "TFLite Micro alone is its oracle" in notes[0]
     assert flash(bundle, "host", tmp_path / "fw")["mismatches"] == 0
+
+
+@needs_arm
+def test_a_depthwise_multiplier_of_2_runs_at_the_speed_of_1(tmp_path: Path) -> None:
+    """386fc45 ran a depthwise conv of depth multiplier 2 a channel at a time: 18.3 instructions per
+    MAC in that layer. Its quads now read two input values a tap through the whole-window path;
+    the layer's count against multiplier 1's at the same geometry (counted, not timed)."""
+    from bench.tflite_models import DEPTHWISE_MODELS
+    from export.firmware.flash import flash
+
+    per_mac = {}
+    for name, (module, shape) in DEPTHWISE_MODELS.items():
+        bundle = _bundle(module(), shape, tmp_path / name, vectors=2)
+        report = flash(bundle, "mps2-an386", tmp_path / name / "fw", profile=True)
+        assert report["mismatches"] == 0
+        layer = next(la for la in report["variants"][0]["layers"] if la["name"].startswith("dwconv"))
+        per_mac[name] = layer["instructions"] / (16 * 16 * 16 * 9)
+    assert per_mac["depthwise_mult2"] <= 1.15 * per_mac["depthwise_mult1"], per_mac
