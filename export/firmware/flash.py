@@ -208,8 +208,11 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
         region, extra = overflow.groups()
         names = {"FLASH": "flash", "RAM": "RAM", "BKPSRAM": "backup SRAM (the non-volatile state)",
                  "NVRAM": "non-volatile region"}
+        advice = {"FLASH": "fewer --vectors (the test vectors are in flash), or a smaller model",
+                  "RAM": "a smaller model: the arena and scratch are in RAM"}.get(
+            region, "--policy atomic keeps only the progress and results there")
         raise FlashError(f"the image does not fit the {board}: its {names.get(region, region)} overflows by {extra} "
-                         "bytes (fewer --vectors, or a smaller model)") from None
+                         f"bytes ({advice})") from None
     _tool("arm-none-eabi-objcopy", "binutils-arm-none-eabi")
     _make("objcopy", *args, "bin")
     return out / "firmware.elf"

@@ -649,8 +649,8 @@ class _Lowering:
             if graph.act(t) != q_y:
                 raise IntModelError(f"{here}: input {graph.name(t)!r} is quantized differently from the output; "
                                     "TFLite's int8 CONCATENATION takes one scale and zero point for all")
-        if all(d == 1 for d in shape[:axis]):  # each input one block of the output, one after another
-            self._concat_blocks(op, shape)
+        if all(d == 1 for d in shape[:axis]) and all(self._in_order(t) for t in op.ins):
+            self._concat_blocks(op, shape)  # each input one block of the output, one after another
             return
         views = [self._channel_view(op, t, axis) for t in op.ins]
         positions = views[0][1]
@@ -674,9 +674,14 @@ class _Lowering:
         self.cur, self.computed, self.where = op.outs[0], True, where
         self.phys = (*hw, c_out) if len(hw) == 2 else (c_out,)
 
+    def _in_order(self, t: int) -> bool:
+        """Whether computed tensor ``t`` lies in its buffer in its own order (whole, or a slice)."""
+        return t in self.values and self.values[t][3] and _contiguous(self.values[t][1].reshape(-1)) is not None
+
     def _concat_blocks(self, op: _Op, shape: tuple[int, ...]) -> None:
         """A CONCATENATION whose inputs are consecutive blocks of its output (a recurrent layer's
-        outputs stacked over time): each input, in order in its buffer, copied after the one before."""
+        outputs stacked over time, NHWC tensors stacked along rows): each input, in order in its
+        buffer, copied after the one before."""
         operands = [self._operand(op, t) for t in op.ins]
         sizes = [math.prod(self.graph.shape(t)) for t in op.ins]
         total = sum(sizes)
@@ -685,7 +690,8 @@ class _Lowering:
             self.buffer = src
             self.emit(ConcatLayer(channels=size, offset=int(offset), out_channels=total, positions=(1, 1)), dst=dst,
                       at=(start, 0))
-        self.cur, self.computed, self.phys = op.outs[0], True, (total,)
+        self.cur, self.computed = op.outs[0], True
+        self.phys = shape[1:] if len(shape) == 4 else (total,)  # the output tensor itself, in order
         self.where = np.arange(total).reshape(shape)
 
     def _channel_view(self, op: _Op, t: int, axis: int) -> tuple[int, np.ndarray, tuple[int, ...]]:
@@ -703,8 +709,8 @@ class _Lowering:
         moved = np.moveaxis(where, axis, -1)
         if moved.shape[-1] != channels or np.any(moved % channels != np.arange(channels)):
             raise IntModelError(f"{op.here}: concatenates along axis {axis} of {list(self.graph.shape(t))}, which is "
-                                "not the buffers' channels (a concatenation along time or space has no firmware "
-                                "kernel; the firmware's buffers are channels last)")
+                                "neither the buffers' channels nor their outermost axis (a concatenation along the "
+                                "columns of an image has no firmware kernel; concatenate along channels or rows)")
         return buffer, moved[..., 0] // channels, phys
 
     def _lut(self, op: _Op) -> None:

@@ -325,3 +325,37 @@ def test_a_depthwise_multiplier_of_2_runs_at_the_speed_of_1(tmp_path: Path) -> N
         layer = next(la for la in report["variants"][0]["layers"] if la["name"].startswith("dwconv"))
         per_mac[name] = layer["instructions"] / (16 * 16 * 16 * 9)
     assert per_mac["depthwise_mult2"] <= 1.15 * per_mac["depthwise_mult1"], per_mac
+
+
+class Stacked(nn.Module):
+    """Two conv outputs concatenated along rows (dim 2) or columns (dim 3) of the image."""
+
+    def __init__(self, dim: int = 2) -> None:
+        super().__init__()
+        self.dim = dim
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(x))
+        return self.fc(torch.cat([y, torch.relu(self.c2(y))], dim=self.dim).mean((2, 3)))
+
+
+class StackedColumns(Stacked):
+    def __init__(self) -> None:
+        super().__init__(dim=3)
+
+
+@needs_arm
+def test_a_concatenation_along_rows_runs_and_along_columns_is_one_line_saying_what_to_do(tmp_path: Path) -> None:
+    """Along rows each input is one block of the NHWC output, copied after the other; along columns
+    the inputs interleave row by row, which no kernel does: the refusal says so and what runs."""
+    from export.firmware.intmodel import IntModelError
+    from export.firmware.tflite_import import from_tflite
+
+    _bit_exact(_bundle(Stacked(), (3, 8, 8), tmp_path / "rows"), tmp_path / "rows", ("host", "mps2-an386"))
+    torch.manual_seed(0)
+    int8_tflite(StackedColumns(), (3, 8, 8), tmp_path / "columns.tflite")
+    with pytest.raises(IntModelError, match=r"CONCATENATION.*a concatenation along the columns of an image has no "
+                                            r"firmware kernel; concatenate along channels or rows"):
+        from_tflite((tmp_path / "columns.tflite").read_bytes())
