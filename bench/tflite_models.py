@@ -128,6 +128,8 @@ class Depthwise2d(nn.Module):
 
 
 class Depthwise2dMult2(Depthwise2d):
+    """Depthwise2d with a depth multiplier of 2: 8 channels in, 16 out."""
+
     def __init__(self) -> None:
         super().__init__(mult=2)
 

@@ -9,21 +9,25 @@ compute, and checks every test vector bit for bit against TFLite Micro's own int
 (``tflm_outputs``, PyPI ``tflite-micro``).
 
 What the reader takes: CONV_2D and DEPTHWISE_CONV_2D (per-tensor or per-channel weights; SAME,
-VALID or a PAD before them; any strides and dilation; a depthwise conv of one input channel, what
-a converter writes for a first Conv2d on a one-channel image, runs as the conv it is), AVERAGE_POOL_2D, MAX_POOL_2D (a PAD of
--128 before it folds into its padding), MEAN over
-all positions, FULLY_CONNECTED, with NONE/RELU/RELU6/RELU_N1_TO_1 fused; ADD of two computed
-tensors of one shape (a residual connection) and CONCATENATION along channels, in graphs that
-branch (each tensor read later keeps an activation buffer of its own); LOGISTIC, TANH,
-ADD/SUB/MUL by a constant (a BatchNorm left as MUL and ADD), QUANTIZE from int8 to int8, RELU,
-RELU6, LEAKY_RELU and HARD_SWISH, and a float island a quantizer leaves (DEQUANTIZE, float
-operators value by value, QUANTIZE; or DEQUANTIZE, REDUCE_MAX over all positions, QUANTIZE: an
-int8 maximum, then a table), as tables of their 256 outputs (per channel where a constant
-differs by channel) that TFLite Micro computes on those operators alone;
-RESHAPE, SQUEEZE and TRANSPOSE, which move no data on the device (the firmware's buffer stays
-channels-last; a transposed or reshaped tensor only reorders the next layer's weights or the
-input's bytes); and a last SOFTMAX, which the device leaves out (it does not change the top
-class): the firmware's outputs are the int8 tensor before it, checked against that tensor.
+VALID or a PAD before them; any strides, dilation and depth multiplier; a depthwise conv of one
+input channel, what a converter writes for a first Conv2d on a one-channel image, runs as the conv
+it is), AVERAGE_POOL_2D, MAX_POOL_2D (a PAD of -128 before it folds into its padding), MEAN over
+all positions, FULLY_CONNECTED (of one row, or of rows: a dense layer applied per time step), with
+NONE/RELU/RELU6/RELU_N1_TO_1 fused; ADD, SUB and MUL of two computed tensors of one size (a
+residual connection, a recurrent layer's gates) and CONCATENATION along channels or of
+consecutive blocks (rows of an image, outputs stacked over time), in graphs that branch (each
+layer's output a tensor of its own, placed in the arena by ``export.firmware.plan``); LOGISTIC,
+TANH, ADD/SUB/MUL by a constant (a BatchNorm left as MUL and ADD, on any axis), QUANTIZE from int8
+to int8, RELU, RELU6, LEAKY_RELU and HARD_SWISH, and a float island a quantizer leaves
+(DEQUANTIZE, float operators value by value, QUANTIZE; or DEQUANTIZE, REDUCE_MAX over all
+positions, QUANTIZE: an int8 maximum, then a table), as tables of their 256 outputs (per channel
+of the buffer where a constant differs by channel) that TFLite Micro computes on those operators
+alone; RESHAPE, SQUEEZE, TRANSPOSE and SLICE, which move no data on the device (the firmware's
+buffer stays channels-last; a transposed or reshaped tensor only reorders the next layer's
+weights or the input's bytes, a slice is read where it lies); and a last SOFTMAX, which the device
+leaves out (it does not change the top class): the firmware's outputs are the int8 tensor before
+it, checked against that tensor. So litert-torch's ``nn.GRU`` and ``nn.LSTM``, unrolled over time,
+run as they are.
 """
 
 from __future__ import annotations
@@ -63,18 +67,20 @@ from simulator.devices import MCUS
 MIN_AGREEMENT = 0.95  # LiteRT's optimized kernels against TFLite Micro's reference ones, top class
 LUT_OPS = ("LOGISTIC", "TANH", "ADD", "SUB", "MUL", "QUANTIZE", "RELU", "RELU6", "LEAKY_RELU", "HARD_SWISH")
 SUPPORTED = ("CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN, FULLY_CONNECTED, "
-             "ADD of two tensors, CONCATENATION along channels, LOGISTIC, TANH, ADD/SUB/MUL by a constant, "
+             "ADD, SUB and MUL of two tensors, CONCATENATION along channels or rows, SLICE, LOGISTIC, TANH, "
+             "ADD/SUB/MUL by a constant, "
              "QUANTIZE (int8 to int8), RELU, RELU6, LEAKY_RELU, "
              "HARD_SWISH, DEQUANTIZE ... QUANTIZE around value-by-value float operators or a REDUCE_MAX over "
              "positions, RESHAPE, SQUEEZE, "
              "TRANSPOSE, PAD and a last SOFTMAX")
 ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}
-_RECURRENT = " (a recurrent layer; the firmware has no GRU or LSTM kernels yet: LiteRT runs the bundle on a Linux device)"
+_RECURRENT = (" (a recurrent layer fused into one operator; the firmware runs recurrent layers unrolled over time, "
+              "as litert-torch writes nn.GRU and nn.LSTM: convert it so, or let LiteRT run the bundle on a Linux "
+              "device)")
 MISSING = {  # what to do about an operator the firmware lacks, where there is something to say
     "UNIDIRECTIONAL_SEQUENCE_LSTM": _RECURRENT, "BIDIRECTIONAL_SEQUENCE_LSTM": _RECURRENT,
     "UNIDIRECTIONAL_SEQUENCE_RNN": _RECURRENT, "BIDIRECTIONAL_SEQUENCE_RNN": _RECURRENT,
-    "SLICE": " (a slice of a tensor: what a GRU or LSTM unrolled over time reads its gates with)",
-    "STRIDED_SLICE": " (a slice of a tensor)", "SPLIT": " (a split of a tensor: a GRU's or LSTM's gates)",
+    "STRIDED_SLICE": " (a strided slice of a tensor; a SLICE runs)", "SPLIT": " (a split of a tensor; SLICEs run)",
     "BATCH_MATMUL": " (a product of two computed tensors: attention; fold a constant operand into a dense layer)",
     "GATHER": " (an embedding lookup)", "RESIZE_NEAREST_NEIGHBOR": " (upsampling)", "RESIZE_BILINEAR": " (upsampling)",
     "TRANSPOSE_CONV": " (a transposed convolution: upsampling)",

@@ -279,7 +279,8 @@ def test_a_fused_lstm_is_refused_naming_what_it_is(tmp_path: Path) -> None:
     builder = flatbuffers.Builder(1 << 16)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     with pytest.raises(IntModelError, match=r"operator UNIDIRECTIONAL_SEQUENCE_LSTM \(operator 1 of .*\) has no "
-                                            r"firmware kernel \(a recurrent layer; .*LiteRT runs the bundle"):
+                                            r"firmware kernel \(a recurrent layer fused into one operator; .*"
+                                            r"as litert-torch writes nn.GRU and nn.LSTM"):
         from_tflite(bytes(builder.Output()))
 
 
