@@ -354,8 +354,12 @@ def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...
     epochs, vectors, cuts = (2, 3, 20) if quick else (30, 20, 100)
     path = results_dir / ("firmware-quick.json" if quick else "firmware.json")
     previous = json.loads(path.read_text()) if path.exists() and set(parts) != set(PARTS) else {}
+    here = Path(__file__).parent
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+                            cwd=here).stdout.strip() or "unknown"
+    changed = subprocess.run(["git", "status", "--porcelain", "--", "firmware", "export", "bench"], capture_output=True,
+                             text=True, cwd=here.parent).stdout.strip()
+    commit += " with uncommitted changes" if changed else ""
     out: dict[str, Any] = {**previous, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()}}
     measured = dict(previous.get("measured", {}))
     with tempfile.TemporaryDirectory() as tmp:
