@@ -12,6 +12,7 @@ import json
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import flatbuffers
 import numpy as np
@@ -360,3 +361,28 @@ def test_a_concatenation_along_rows_runs_and_along_columns_is_one_line_saying_wh
     with pytest.raises(IntModelError, match=r"CONCATENATION.*a concatenation along the columns of an image has no "
                                             r"firmware kernel; concatenate along channels or rows"):
         from_tflite((tmp_path / "columns.tflite").read_bytes())
+
+
+class Stride2First(nn.Module):
+    """A padded stride-2 conv as the first layer (what 386fc45's report saw refused as "PAD ...: only
+    spatial zero padding of an NHWC tensor folds into the next conv"): 1-D or 2-D, one input channel
+    (a depthwise conv in TFLite, the PAD on the model input itself) or several (after a TRANSPOSE),
+    an even kernel's asymmetric SAME padding."""
+
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__()
+        self.conv, self.fc = conv, nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        return self.fc(y.mean(tuple(range(2, y.dim()))))
+
+
+@pytest.mark.parametrize(("conv", "shape"), [
+    (lambda: nn.Conv1d(3, 8, 3, stride=2, padding=1), (3, 32)),
+    (lambda: nn.Conv1d(1, 8, 5, stride=2, padding=2), (1, 64)),
+    (lambda: nn.Conv2d(1, 8, 3, stride=2, padding=1), (1, 16, 16)),
+    (lambda: nn.Conv2d(3, 8, 4, stride=2, padding=1), (3, 16, 16)),
+])
+def test_a_padded_stride_2_first_conv_is_bit_exact(tmp_path: Path, conv: Any, shape: tuple[int, ...]) -> None:
+    _bit_exact(_bundle(Stride2First(conv()), shape, tmp_path), tmp_path, ("host",))
