@@ -325,13 +325,13 @@ def flash_refusal(tflite: bytes) -> str | None:
     """Why ``trickle flash`` cannot run an int8 .tflite (the operator and its place, or a dimension
     the firmware's descriptor cannot hold), or None when it can: what ``trickle export`` says at
     export time. Whether it fits a board's memory is the board's question (``trickle flash``)."""
-    from export.firmware.tflite_import import TfliteImportError, _tflm, from_tflite, logits_model
+    from export.firmware.tflite_import import TfliteImportError, from_tflite, logits_model, tflm_interpreter
 
     try:
         model = from_tflite(tflite)
         for k, layer in enumerate(model.layers):
             _layer(f"layer {k + 1}", layer)
-        _tflm(logits_model(tflite))  # the oracle every flash is checked against must run it
+        tflm_interpreter(logits_model(tflite))  # the oracle every flash is checked against must run it
     except (IntModelError, TfliteImportError) as e:
         return str(e)
     return None

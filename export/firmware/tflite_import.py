@@ -926,7 +926,7 @@ def _native_stdout() -> Iterator[list[str]]:
             said.append(sink.read().decode(errors="replace"))
 
 
-def _tflm(data: bytes) -> Any:
+def tflm_interpreter(data: bytes) -> Any:
     """TFLite Micro's interpreter of ``data``, or one TfliteImportError saying why it cannot run it."""
     try:
         from tflite_micro.python.tflite_micro import runtime
@@ -948,7 +948,7 @@ def _tflm(data: bytes) -> Any:
 def tflm_outputs(data: bytes, x_q: np.ndarray, full: bool = False) -> np.ndarray:
     """TFLite Micro's int8 outputs (as int32), one row per int8 input, of the model the firmware runs
     (``full``: of the whole model, a last SOFTMAX included)."""
-    interpreter = _tflm(data if full else logits_model(data))
+    interpreter = tflm_interpreter(data if full else logits_model(data))
     rows = []
     for x in x_q:
         interpreter.set_input(x[None], 0)
@@ -963,7 +963,7 @@ def tflm_planned_bytes(data: bytes) -> int:
     standard output). The anchor ``export.firmware.plan``'s arena is measured against."""
     import re
 
-    interpreter = _tflm(data)
+    interpreter = tflm_interpreter(data)
     with _native_stdout() as said:
         interpreter.print_allocations()
     text = "".join(said)
