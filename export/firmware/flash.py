@@ -68,6 +68,7 @@ BOARD_SPECS = {
     "nrf52840": Board(None, {"flash": 1 << 20, "ram": 248 << 10, "non-volatile": 8 << 10},  # RAM's last 8 KB
                       probe=("target/nrf52.cfg", "nrf52840"), small_state=True, nv_name="retained RAM"),
 }
+PROGRAMMABLE = tuple(name for name, spec in BOARD_SPECS.items() if spec.probe)
 POLICIES = ("auto", "tiles", "atomic")
 STACK_BYTES = 4 << 10  # RAM left for the stack beside .data and .bss (the kernels' frames are small)
 
@@ -132,8 +133,6 @@ def choose_policy(board: str, config: dict[str, int], input_bytes: int, asked: s
                   else f"the {input_bytes} B input does not fit there: after a cut the sample is taken again")
     return Policy("atomic", keep, need, f"atomic inference ({why}): activations in RAM, progress and results "
                   f"({need} B) in {name}, {input_note}; an inference cut by power is redone from its input")
-
-PROGRAMMABLE = tuple(name for name, spec in BOARD_SPECS.items() if spec.probe)
 
 
 @dataclass
