@@ -211,6 +211,11 @@ def _hw(shape: tuple[int, ...]) -> tuple[int, int]:
     return (1, shape[1]) if len(shape) == 2 else (shape[1], shape[2])
 
 
+def _chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """An elementwise layer's (C, H, W) device shape, or (N,) as N channels of one position."""
+    return (shape[0], *_hw(shape)) if len(shape) == 3 else (shape[0], 1, 1)
+
+
 def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
     """(arrays, initializer) of one layer."""
     refs = (f"{prefix}_w", f"{prefix}_b", f"{prefix}_m", f"{prefix}_s")
@@ -254,11 +259,11 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      _array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer), refs,
                      _geometry(layer))
     if isinstance(layer, LutLayer):
-        c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
+        c, h, w = _chw(layer.shape)
         return _init("TN_LUT", len(layer.table), h, w, c, h, w, arrays=_array("int8_t", f"{prefix}_w", layer.table),
                      refs=(f"{prefix}_w", "0", "0", "0"))
     if isinstance(layer, AddLayer):
-        c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
+        c, h, w = _chw(layer.shape)
         if not all(0 <= m < 2**31 for m in layer.multiplier) or not all(0 <= sh < 32 for sh in layer.shift):
             raise IntModelError(f"{prefix}: an ADD's multipliers must be Q31 values of 0 to 1, its shifts right ones")
         arrays = (_array("int32_t", f"{prefix}_m", np.array(layer.multiplier))
@@ -268,7 +273,7 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      act_min=layer.act_min, act_max=layer.act_max, arrays=arrays,
                      refs=("0", f"{prefix}_b", f"{prefix}_m", f"{prefix}_s"), in2_offset=layer.input2_offset)
     if isinstance(layer, MulLayer):
-        c, h, w = (layer.shape[0], *_hw(layer.shape)) if len(layer.shape) == 3 else (layer.shape[0], 1, 1)
+        c, h, w = _chw(layer.shape)
         if not 0 <= layer.multiplier < 2**31 or not -32 < layer.shift < 32:
             raise IntModelError(f"{prefix}: a MUL's multiplier must be a Q31 value of 0 to 1, its shift within 31 bits")
         arrays = (_array("int32_t", f"{prefix}_m", np.array([layer.multiplier]))

@@ -448,20 +448,19 @@ def inference_instructions(marks: list[int]) -> list[int]:
 
 
 def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
-    """(name, tiles, output bytes) of each firmware layer, in the executor's order."""
+    """(name, tiles, output bytes) of each firmware layer, in the executor's order: the bytes it
+    writes into the arena (``export.firmware.plan.output_bytes``), a concatenation's own channels,
+    or the int32 pooled sums and logits."""
     from export.firmware.intmodel import (
         AddLayer,
         ConcatLayer,
         ConvLayer,
-        DenseLayer,
         DepthwiseLayer,
-        FCLayer,
         LutLayer,
-        MeanLayer,
-        MulLayer,
         PoolLayer,
         WindowPoolLayer,
     )
+    from export.firmware.plan import output_bytes
 
     out: list[tuple[str, int, int]] = []
     counts: dict[str, int] = {}
@@ -471,29 +470,27 @@ def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
         return f"{kind}{counts[kind]}"
 
     for k, layer in enumerate(model.layers):
+        nbytes = output_bytes(layer, last=False)
         if isinstance(layer, (ConvLayer, DepthwiseLayer)):
             positions = math.prod(layer.out_shape[1:])
             out.append((name("conv" if isinstance(layer, ConvLayer) else "dwconv"), -(-positions // TILE_POSITIONS),
-                        math.prod(layer.out_shape)))
-        elif isinstance(layer, WindowPoolLayer):
-            out.append((name(f"{layer.kind}pool"), 1, math.prod(layer.out_shape)))
-        elif isinstance(layer, MeanLayer):
-            out.append((name("mean"), 1, layer.in_shape[0]))
-        elif isinstance(layer, LutLayer):
-            out.append((name(layer.op.lower()), 1, math.prod(layer.shape)))
-        elif isinstance(layer, AddLayer):
-            out.append((name("sub" if layer.subtract else "add"), 1, math.prod(layer.shape)))
-        elif isinstance(layer, MulLayer):
-            out.append((name("mul"), 1, math.prod(layer.shape)))
-        elif isinstance(layer, ConcatLayer):
-            out.append((name("concat"), 1, layer.channels * math.prod(layer.positions)))
+                        nbytes))
         elif isinstance(layer, PoolLayer):
             out.append(("pool", 1, 4 * layer.in_shape[0]))
-        elif isinstance(layer, FCLayer) and k + 1 < len(model.layers):
-            out.append((name("fc"), 1, layer.weight.shape[0] * layer.rows))
+        elif k + 1 == len(model.layers):  # the classifier: int32 logits
+            out.append(("classifier", 1, 4 * int(layer.weight.shape[0]) * getattr(layer, "rows", 1)))
+        elif isinstance(layer, ConcatLayer):
+            out.append((name("concat"), 1, layer.channels * math.prod(layer.positions)))
         else:
-            assert isinstance(layer, (DenseLayer, FCLayer))
-            out.append(("classifier", 1, 4 * layer.weight.shape[0] * getattr(layer, "rows", 1)))
+            if isinstance(layer, WindowPoolLayer):
+                kind = f"{layer.kind}pool"
+            elif isinstance(layer, LutLayer):
+                kind = layer.op.lower()
+            elif isinstance(layer, AddLayer):
+                kind = "sub" if layer.subtract else "add"
+            else:  # MeanLayer, MulLayer, FCLayer
+                kind = type(layer).__name__.removesuffix("Layer").lower()
+            out.append((name(kind), 1, nbytes))
     return out
 
 

@@ -316,7 +316,7 @@ class _Lowering:
             handler(self, _Op(k, kind, ins, outs, op.builtinOptions, here))
         if self.routes != chain_routes(len(self.routes)):
             out.routes = self.routes
-        if any(self.views):
+        if any(a or b for a, b in self.views):
             out.views = self.views
         if not out.layers or not isinstance(out.layers[-1], FCLayer):
             raise IntModelError("the model must end in a FULLY_CONNECTED layer (optionally then a SOFTMAX): its outputs "
@@ -535,20 +535,6 @@ class _Lowering:
         self.produced(outs[0], FCLayer(weight=np.ascontiguousarray(w_dev), bias=bias, multiplier=np.array(m0, np.int32),
                                        shift=np.array(shift, np.int32), input_offset=-zp_x, output_offset=zp_y,
                                        act_min=act_min, act_max=act_max, output_scale=s_y, rows=rows), at=(base, 0))
-        self.phys = (n_out * rows,)
-
-    def _stored(self, op: _Op, t: int) -> int:
-        """The buffer holding tensor ``t`` in order (a layer's output, not a view of it)."""
-        if t not in self.values:
-            raise IntModelError(f"{op.here}: reads {self.graph.name(t)!r}, which no operator the firmware runs has "
-                                "computed")
-        buffer, where, phys, computed = self.values[t]
-        shape = self.graph.shape(t)
-        if (not computed or phys != (shape[1:] if len(shape) == 4 else (math.prod(shape),))
-                or not np.array_equal(where.reshape(-1), np.arange(where.size))):
-            raise IntModelError(f"{op.here}: reads {self.graph.name(t)!r} as the model input or a transposed view; "
-                                "it must read layers' outputs as they lie in the buffer")
-        return buffer
 
     def _operand(self, op: _Op, t: int) -> tuple[int, int, tuple[int, ...]]:
         """(buffer, first byte, its buffer's shape) of a computed tensor lying in order in its buffer,
