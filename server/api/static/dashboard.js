@@ -413,7 +413,9 @@ async function connect() {
     }
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     showError("");
-    setLive(true, "live");
+    // "live" once the first snapshot is on the page, not when the headers arrive: until then
+    // the cards still show "–", and a reader (or a test) told "live" would read stale numbers
+    setLive(false, "connecting…");
     const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     for (;;) {
@@ -425,7 +427,10 @@ async function connect() {
         const block = buffer.slice(0, cut);
         buffer = buffer.slice(cut + 2);
         const data = block.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
-        if (data) renderFleet(JSON.parse(data));
+        if (data) {
+          renderFleet(JSON.parse(data));
+          setLive(true, "live");
+        }
       }
     }
     throw new Error("stream closed");
