@@ -12,7 +12,7 @@ import itertools
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,12 +25,20 @@ from simulator.config import Scenario
 from simulator.data import resolve_data_file
 from simulator.harvesters import build_curves, build_trace
 from simulator.node import END, Node, NodeSpec, PowerPath, apply_event, next_event
-from simulator.power import curve_regions, mppt_point
+from simulator.power import Thresholds, curve_regions, load_terms, mppt_point
 from simulator.reference import run_fixed_step
 from simulator.results import NodeResult, SimulationResult
 from simulator.summary import sample_indices, summarize
 from simulator.trace import PowerTrace
-from simulator.workload import InferenceModel, Phase, build_plan, jit_load_phases, program_phases
+from simulator.workload import (
+    InferenceModel,
+    Phase,
+    boot_phase,
+    build_plan,
+    checkpoint_phase,
+    jit_load_phases,
+    program_phases,
+)
 
 _NODE_STREAM = 1  # rng stream of per-node draws; the network uses its own
 
@@ -49,6 +57,7 @@ class _Shared:
     path: PowerPath | None = None
     boot_seq: tuple[Phase, ...] = ()
     loop_at: int = -1
+    thresholds: Thresholds | None = None  # the power path's, the cut-off raised by the storage's ESR drop
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,10 @@ def tx_timing(scenario: Scenario) -> tuple[float, float, float]:
 
 
 def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
+    return _with_esr(_plans(scenario, model))
+
+
+def _plans(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
     run, st, work = scenario.run, scenario.storage, scenario.workload
     harvest = build_trace(scenario.harvester, run.duration_s, np.random.default_rng([run.seed, 0, 0]))
     airtime_s, on_s, tx_w = tx_timing(scenario)
@@ -126,6 +139,37 @@ def _shared(scenario: Scenario, model: InferenceModel | None = None) -> _Shared:
                       for v, plan in zip(model.variants, plans))
         chooser = DynInferChooser(costs, st.capacitance_f, v_cut, st.output_efficiency, model.margin)
     return _Shared(scenario, harvest, plans[0], airtime_s, _sense_times(scenario), plans, chooser, path=path)
+
+
+def _with_esr(shared: _Shared) -> _Shared:
+    """The thresholds with the storage's ESR: the terminals sag by I x esr_ohm under a load current I,
+    so the load stops at the cut-off plus the drop under the heaviest phase's current there (taken in
+    every mode, which is conservative in lighter ones; the I²R loss is not booked)."""
+    sc = shared.scenario
+    th, esr = sc.thresholds, sc.storage.esr_ohm
+    if esr == 0.0:
+        return replace(shared, thresholds=th)
+    work, eff = sc.workload, sc.storage.output_efficiency
+    phases = [*shared.plan, *itertools.chain.from_iterable(shared.variant_plans), *shared.boot_seq,
+              boot_phase(work), checkpoint_phase(work)]
+    if work.jit_load is not None:
+        phases += jit_load_phases(work.jit_load, sc.output.v_out_v)
+    # the current the capacitor gives a phase at the cut-off: eq. (1)'s constant power over v, plus its current
+    i_peak_a = max(t.p_w / th.v_cut + t.i_a for t in (load_terms(sc.output, eff, p.power_w, p.current_a, True)
+                                                        for p in phases))
+    v_cut = th.v_cut + i_peak_a * esr
+    sags = f"sags the terminals by {i_peak_a * esr:.3g} V under the peak load current ({i_peak_a * 1e3:.3g} mA)"
+    if v_cut >= th.v_on:
+        raise ConfigError("storage.esr_ohm", esr, f"{sags}: the load would stop at {v_cut:.3g} V, at or above where "
+                          f"it switches on ({th.v_on:g} V)")
+    jit_v = work.jit_load.threshold_v if work.jit_load is not None else work.jit_threshold_v
+    if (work.policy == "jit" or work.jit_load is not None) and jit_v <= v_cut:
+        raise ConfigError("storage.esr_ohm", esr, f"{sags}: the load would stop at {v_cut:.3g} V, at or above the "
+                          f"JIT checkpoint threshold ({jit_v:g} V), so no checkpoint could be taken")
+    chooser = shared.chooser
+    if isinstance(chooser, DynInferChooser):
+        chooser = replace(chooser, v_cut_v=v_cut)
+    return replace(shared, thresholds=Thresholds(th.v_on, v_cut, th.v_max), chooser=chooser)
 
 
 def _power_path(scenario: Scenario, harvest: PowerTrace) -> PowerPath | None:
@@ -183,7 +227,7 @@ def _node_spec(shared: _Shared, node_id: int) -> NodeSpec:
         node_id=node_id, storage=sc.storage, work=sc.workload, plan=shared.plan, harvest=shared.harvest,
         harvest_scale=scale, sense_times_s=shared.sense_times_s, sense_offset_s=offset,
         airtime_s=shared.airtime_s, record_trace=node_id < sc.nodes.record_traces,
-        variant_plans=shared.variant_plans, choose_variant=shared.chooser, thresholds=sc.thresholds,
+        variant_plans=shared.variant_plans, choose_variant=shared.chooser, thresholds=shared.thresholds,
         path=shared.path, boot_seq=shared.boot_seq, loop_at=shared.loop_at,
         jit_phases=None if jit is None else jit_load_phases(jit, v_out),
         jit_threshold_v=None if jit is None else jit.threshold_v,

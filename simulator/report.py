@@ -139,7 +139,7 @@ _SUMMARY_ROWS = (
     ("lost_off", "events lost (node off)", "{:.0f}"),
     ("dropped", "events dropped (queue full)", "{:.0f}"),
     ("unfinished", "tasks unfinished at the end", "{:.0f}"),
-    ("completed_fraction", "completed fraction", "{:.3f}"),
+    ("tasks_completed_ratio", "tasks completed within deadline / sensing events", "{:.3f}"),
     ("inferences_per_node_hour", "inferences per node-hour", "{:.2f}"),
     ("load_energy_per_result_j", "load energy per result (mJ)", "mJ"),
     ("lost_work_j", "energy of rolled-back work (J)", "{:.4g}"),
@@ -148,6 +148,7 @@ _SUMMARY_ROWS = (
     ("packets_delivered_in_time", "packets delivered in time", "{:.0f}"),
     ("packets_collided", "packets collided", "{:.0f}"),
     ("packets_below_sensitivity", "packets below sensitivity", "{:.0f}"),
+    ("packets_delivered_ratio", "packets delivered / packets sent", "{:.3f}"),
 )
 
 _ENERGY_ROWS = ("harvested_j", "input_loss_j", "wasted_j", "leaked_j", "load_j", "output_loss_j", "stored_delta_j",
@@ -186,7 +187,8 @@ def markdown(result: SimulationResult, images: list[Path]) -> str:
         "",
         f"Harvester `{sc.harvester.kind}` ({source} before per-node scaling) through `{sc.input.kind}`, "
         f"{sc.storage.capacitance_f * 1e3:g} mF switching the load on at {th.v_on:g} V and off at {th.v_cut:g} V "
-        f"through `{sc.output.kind}`, MCU `{sc.workload.mcu}`, {task}, radio `{sc.network.radio}`, "
+        + (f"(plus the drop across its {sc.storage.esr_ohm:g} Ω ESR under the peak load) " if sc.storage.esr_ohm else "")
+        + f"through `{sc.output.kind}`, MCU `{sc.workload.mcu}`, {task}, radio `{sc.network.radio}`, "
         f"seed {sc.run.seed}, engine `{sc.run.engine}`.",
         "",
         markdown_table(["quantity", "value"], [(label, _fmt(s.get(key), style)) for key, label, style in _SUMMARY_ROWS],

@@ -50,6 +50,11 @@ class StorageConfig(Config):
     """MPPT/boost converter efficiency, harvester → capacitor."""
     output_efficiency: float = Field(0.9, gt=0, le=1)
     """Buck/LDO efficiency, capacitor → load."""
+    esr_ohm: float = Field(0.0, ge=0, le=1e4)
+    """Equivalent series resistance: under a load current I the terminals sag I x esr_ohm below the
+    capacitor's voltage, so the load stops that much above the cut-off. Modelled as the drop under
+    the heaviest phase's current at the cut-off, applied in every mode (simulator.fleet; conservative
+    in lighter modes); its I²R loss is not booked. The bank's capacitors have none."""
     bank_f: tuple[float, ...] = ()
     """Reconfigurable storage (Capybara, ASPLOS 2018; REACT, 2024): capacitors switched onto the
     bus beside capacitance_f, in this order. In surplus each connects when the bus rises to
