@@ -208,6 +208,9 @@ class Node:
         self.task_done_s: list[float] = []  # when each logged task finished
         self.task_latency_s: list[float] = []  # and how long after its sensing event
         self.jit_armed = True
+        # the voltage has been above the JIT threshold since the firmware armed its comparator (a phase
+        # or idle after the boot): only then is a voltage at or below it a falling crossing
+        self.jit_above = False
         self.seg = 0
         self.seg_time_s = spec.harvest.time_s if path is None or path.source == "bq_power" else path.seg_time_s
         self.harvest_w = float(spec.harvest.power_w[0]) * spec.harvest_scale
@@ -468,11 +471,17 @@ class Node:
             self.record(int(kind))
 
     def _jit_due(self) -> None:
-        """Already below the JIT threshold as a phase runs (after a long boot, or a harvest that
-        stepped down), the voltage falling: the comparator's level is past its trip point, so the
-        checkpoint is taken at once."""
+        """The JIT comparator trips on a falling crossing of its threshold while the firmware runs: one in
+        a phase is the V_JIT event; one that fell while the node idled between tasks, or that ends on
+        another event's instant, is taken at once as a phase runs, the voltage falling. The firmware arms
+        the comparator when it starts work, after the boot and any restore: a boot that drains the
+        capacitor below the threshold is no crossing, and the phase after it runs on (a BQ25570 + JIT node
+        measured so: no checkpoint as it boots)."""
         # cheapest test first: every event passes here, and without JIT v_jit is -1
-        if (self.v <= self.v_jit and self.v_cut < self.v_jit and self.jit_armed and self.mode in (RUN, SEQ)
+        if self.v > self.v_jit:
+            if not self.jit_above and self.mode in (RUN, SEQ, IDLE):
+                self.jit_above = True
+        elif (self.jit_above and self.jit_armed and self.v_cut < self.v_jit and self.mode in (RUN, SEQ)
                 and self._falling()):
             self.jit_armed = False
             self._checkpoint()
@@ -570,6 +579,7 @@ class Node:
 
     def _power_on(self) -> None:
         self.stats.boots += 1
+        self.jit_above = False  # the comparator is armed again when the firmware starts work
         self.on_at.append(self.t)
         self._enter(BOOT, self.boot)
 
