@@ -191,6 +191,7 @@ class Bridge:
         self._requests = ThreadPoolExecutor(16, thread_name_prefix="trickle-verify-mqtt")  # rounds wait together: batched
         self.on_connected: list[Callable[[], None]] = []  # called (in paho's thread) after every (re)connect
         self._last_received = time.monotonic()
+        self._stopping = False  # stop() disconnects: that is no broker lost
 
     def start(self) -> None:
         self._writer.start()
@@ -199,6 +200,7 @@ class Bridge:
 
     def stop(self) -> None:
         """Disconnect, then store what was received (and acknowledge it)."""
+        self._stopping = True
         self._client.disconnect()
         self._client.loop_stop()
         self._requests.shutdown(wait=False, cancel_futures=True)
@@ -232,10 +234,13 @@ class Bridge:
 
     def _on_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason: mqtt.ReasonCode,
                        properties: object) -> None:
-        """The broker is gone (or closed the session): not ready until paho's reconnect succeeds."""
+        """The broker is gone (or closed the session): not ready until paho's reconnect succeeds. Or
+        the bridge is stopping, which is no news."""
         was = self.connected.is_set()
         self.connected.clear()
-        if was:
+        if self._stopping:
+            log.info("bridge disconnected from %s:%d (stopping)", self.address.host, self.address.port)
+        elif was:
             log.warning("bridge lost the broker %s:%d (%s); reconnecting", self.address.host, self.address.port, reason)
 
     def _reject(self, reason: str, where: str, err: ProtocolError) -> None:

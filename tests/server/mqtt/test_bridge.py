@@ -1,7 +1,9 @@
-"""The bridge's commit: a locked disk is tried again, bounded and logged; a bug surfaces at once."""
+"""The bridge's commit: a locked disk is tried again, bounded and logged; a bug surfaces at once. Its
+shutdown: a bridge being stopped says nothing of a lost broker."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 
@@ -9,6 +11,8 @@ import pytest
 from tenacity import stop_after_attempt
 
 from server.mqtt.bridge import Bridge
+from server.mqtt.broker import EmbeddedBroker
+from server.ports import free_port
 from server.store.store import Incoming, Store
 
 
@@ -67,3 +71,22 @@ def test_a_bug_in_the_writer_stops_it_and_shows_at_healthz(tmp_path: Path) -> No
         bridge._queue.put(item)
     bridge._write_loop()  # returns instead of spinning
     assert bridge.failure == "TypeError: a bug" and store.calls == 1
+
+
+@pytest.mark.needs_broker
+def test_a_bridge_being_stopped_is_quiet(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # `trickle demo` ended with "bridge lost the broker ... (Normal disconnection); reconnecting": the
+    # bridge's own disconnect, as it stopped, read as the broker going away
+    port = free_port()
+    broker = EmbeddedBroker("127.0.0.1", port, tmp_path / "db.sqlite", "token")
+    broker.start()
+    try:
+        bridge = Bridge(Store(tmp_path / "db.sqlite"), f"mqtt://127.0.0.1:{port}", "token")
+        bridge.start()
+        assert bridge.connected.wait(10)
+        with caplog.at_level(logging.INFO, logger="trickle.server.bridge"):
+            bridge.stop()
+    finally:
+        broker.stop()
+    lines = [r for r in caplog.records if r.name == "trickle.server.bridge"]
+    assert [r.getMessage() for r in lines] == [f"bridge disconnected from 127.0.0.1:{port} (stopping)"]
