@@ -41,9 +41,13 @@ class Dataset:
 
 def standardize_splits(train: np.ndarray, test: np.ndarray, axes: tuple[int, ...]
                  ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Both splits standardized with the training split's statistics, and the step that does it."""
+    """Both splits standardized with the training split's statistics, and the step that does it. A channel
+    constant in the training split (a gravity axis at 9.81) is centred, not scaled: its float32 std is
+    rounding noise, and dividing by it would turn a device's 9.80 into -1,000 (its std is recorded as 1)."""
     mean = train.mean(axis=axes, keepdims=True, dtype=np.float32)[0]
     std = train.std(axis=axes, keepdims=True, dtype=np.float32)[0] + np.float32(1e-6)
+    constant = (train.max(axis=axes, keepdims=True) == train.min(axis=axes, keepdims=True))[0]
+    std = np.where(constant, np.float32(1), std).astype(np.float32)
     step = {"op": "standardize", "mean": mean.squeeze().tolist() if mean.size == 1 else mean.tolist(),
             "std": std.squeeze().tolist() if std.size == 1 else std.tolist()}
     return standardize(train, step["mean"], step["std"]), standardize(test, step["mean"], step["std"]), step

@@ -85,7 +85,7 @@ def test_tables_wide_and_long_and_npz_and_ucr(tmp_path: Path) -> None:
     (lambda p: wide_table(p / "t.csv"), UserData(label_column="activity"),
      r"no label column 'activity' \(columns: 's0', 's1', 's2', 's3', 's4' and 20 more\)"),
     (lambda p: (np.savez(p / "one.npz", X=np.ones((10, 4)), y=np.zeros(10)), p / "one.npz")[1], None,
-     r"one class only \(0.0\)"),
+     r"one class only \(0\)"),
     (lambda p: (np.savez(p / "few.npz", X=np.ones((12, 4)), y=np.array([0] * 9 + [1] * 3)), p / "few.npz")[1], None,
      r"class '1' has 3 example\(s\); at least 5 per class"),
     (lambda p: write_audio(p / "mixed", rates=(8000, 16000)), None,
