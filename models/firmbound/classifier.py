@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,18 +37,19 @@ OBJECTIVES = ("auto", "accurate")  # cost chosen by internal validation: best ha
 
 
 def choose_cost(pi: np.ndarray, truth: np.ndarray, points: np.ndarray, method: str, loss: float,
-                seed: int, symmetric: bool, fit_pi: np.ndarray | None = None, objective: str = "auto"
-                ) -> tuple[float, dict[float, float]]:
+                seed: int, symmetric: bool, fit_pi: np.ndarray | None = None, objective: str = "auto",
+                progress: Callable[[str, int, int], None] | None = None) -> tuple[float, dict[float, float]]:
     """The sampling cost chosen on validation posteriors π (n, P, K) of series with class indices
     ``truth`` (the rule learned on ``fit_pi``, default π itself): ``auto``, the best harmonic mean
     of accuracy and 1 − earliness; ``accurate``, the earliest mean stop whose accuracy stays within
     1 point of the full-length accuracy on π, or of one series where there are fewer than 100
-    (scores: 1 − earliness there, −1 elsewhere)."""
+    (scores: 1 − earliness there, −1 elsewhere). ``progress("costs", done, costs)`` after each cost."""
     length = int(points[-1])
     full = float((pi[:, -1].argmax(1) == truth).mean())
     tolerance = max(0.01, 1.0 / len(pi))
     scores = {}
-    for cost in costs_for(length, loss):
+    costs = costs_for(length, loss)
+    for done, cost in enumerate(costs, 1):
         rule = backward_induction(pi if fit_pi is None else fit_pi, cost, method, loss, seed,
                                   np.diff(points) if len(points) > 1 else None, symmetric)
         tau, pred = rule.decide(pi)
@@ -56,6 +58,8 @@ def choose_cost(pi: np.ndarray, truth: np.ndarray, points: np.ndarray, method: s
             scores[cost] = 1.0 - earliness if accuracy >= full - tolerance - 1e-12 else -1.0
         else:
             scores[cost] = harmonic_mean(accuracy, earliness)
+        if progress is not None:
+            progress("costs", done, len(costs))
     best = max(scores, key=lambda c: scores[c])
     return (min(scores) if scores[best] < 0 else best), scores
 
@@ -143,6 +147,12 @@ class FirmboundClassifier(BaseEarlyClassifier):
 
     # ---- fitting ----------------------------------------------------------------------------
 
+    def with_progress(self, report: Callable[[str, int, int], None] | None) -> FirmboundClassifier:
+        """Have ``fit`` call ``report(stage, done, total)`` as it goes (stages: ``heads``, a decision
+        point's heads fitted; ``costs``, a cost validated; ``epochs``, a tandem epoch); returns self."""
+        self._progress = report
+        return self
+
     def _fit(self, X: np.ndarray, y: np.ndarray) -> FirmboundClassifier:
         if self.estimator not in ("rocket", "tandem"):
             raise ConfigError("estimator", self.estimator, "must be rocket or tandem")
@@ -157,7 +167,9 @@ class FirmboundClassifier(BaseEarlyClassifier):
         return self
 
     def _fit_rocket(self, X: np.ndarray, y: np.ndarray, cost: float | None) -> None:
-        est, oof = fit_prefix_posteriors(X, y, self.decision_points, self.n_features, seed=self.random_state)
+        progress = getattr(self, "_progress", None)
+        est, oof = fit_prefix_posteriors(X, y, self.decision_points, self.n_features, seed=self.random_state,
+                                         progress=progress)
         self.dre_: Any = est  # PrefixPosteriors, or DensityRatio for the tandem
         self.classes_ = est.classes
         self.points_ = est.points
@@ -165,7 +177,8 @@ class FirmboundClassifier(BaseEarlyClassifier):
         if cost is None:
             truth = np.searchsorted(est.classes, y)
             cost, self.validation_scores_ = choose_cost(oof, truth, est.points, self.method, self.loss,
-                                                        self.random_state, symmetric=True, objective=str(self.cost))
+                                                        self.random_state, symmetric=True, objective=str(self.cost),
+                                                        progress=progress)
         self.cost_ = cost
         self.rule_: StoppingRule = backward_induction(oof, cost, self.method, self.loss, self.random_state,
                                                       np.diff(est.points) if len(est.points) > 1 else None,
@@ -177,7 +190,8 @@ class FirmboundClassifier(BaseEarlyClassifier):
         if context == "auto" or cost is None:
             context, cost, self.context_scores_, self.validation_scores_ = self._validate_tandem(X, y, cost)
         self.context_ = int(context)
-        dre = fit_density_ratio(X, y, self.context_, self.hidden, self.epochs, self.batch_size, seed=self.random_state)
+        dre = fit_density_ratio(X, y, self.context_, self.hidden, self.epochs, self.batch_size, seed=self.random_state,
+                                progress=getattr(self, "_progress", None))
         self.dre_, self.classes_ = dre, dre.classes
         self.points_ = np.arange(1, X.shape[2] + 1)
         self.cost_ = float(cost)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,8 +109,10 @@ class DensityRatio:
 
 
 def fit_density_ratio(x: np.ndarray, y: np.ndarray, context: int = 1, hidden: int = 32, epochs: int = 60,
-                      batch_size: int = 64, lr: float = 3e-3, seed: int = 0) -> DensityRatio:
-    """Train the SPRT-TANDEM estimator on series X (n, channels, T) with labels y."""
+                      batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
+                      progress: Callable[[str, int, int], None] | None = None) -> DensityRatio:
+    """Train the SPRT-TANDEM estimator on series X (n, channels, T) with labels y;
+    ``progress("epochs", done, epochs)`` after each epoch."""
     torch.manual_seed(seed)
     classes, y_idx = np.unique(y, return_inverse=True)
     x = np.asarray(x, dtype=np.float32)  # float32 throughout, as on the device (edge.classify.preprocess)
@@ -122,11 +125,13 @@ def fit_density_ratio(x: np.ndarray, y: np.ndarray, context: int = 1, hidden: in
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=1e-4)
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    for _ in range(epochs):
+    for epoch in range(epochs):
         for idx in torch.randperm(len(frames), generator=gen).split(batch_size):
             opt.zero_grad()
             tandem_loss(net(frames[idx]), target[idx]).backward()
             opt.step()
+        if progress is not None:
+            progress("epochs", epoch + 1, epochs)
     net.eval()
     return DensityRatio(net, context, mean, std, classes, time.perf_counter() - start)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,10 +107,13 @@ class _Head:
 
 
 def fit_prefix_posteriors(x: np.ndarray, y: np.ndarray, decision_points_max: int = 64, n_features: int = 1000,
-                          c: float = 0.1, folds: int = 5, seed: int = 0
+                          c: float = 0.1, folds: int = 5, seed: int = 0,
+                          progress: Callable[[str, int, int], None] | None = None, points: np.ndarray | None = None
                           ) -> tuple[PrefixPosteriors, np.ndarray]:
     """The estimator on series x (n, channels, T), and out-of-fold posteriors of the training series
-    (n, points, K) to learn the rule on."""
+    (n, points, K) to learn the rule on; ``progress("heads", done, points)`` after each decision point.
+    ``points``: the decision points (increasing prefix lengths ending at T) instead of
+    ``decision_points_max`` of them spread over 1..T."""
     start = time.perf_counter()
     x = np.asarray(x, np.float32)
     classes, yi = np.unique(y, return_inverse=True)
@@ -122,7 +126,13 @@ def fit_prefix_posteriors(x: np.ndarray, y: np.ndarray, decision_points_max: int
     std = (x.std(axis=(0, 2), dtype=np.float64) + 1e-6).astype(np.float32)
     z = ((x - mean[None, :, None]) / std[None, :, None]).astype(np.float32)
     rocket = CausalRocket.fit(z, n_features=n_features, seed=seed)
-    points = decision_points(x.shape[2], decision_points_max)
+    if points is None:
+        points = decision_points(x.shape[2], decision_points_max)
+    else:
+        points = np.asarray(points, np.int64)
+        if points.ndim != 1 or not len(points) or points[0] < 1 or np.any(np.diff(points) <= 0) \
+                or points[-1] != x.shape[2]:
+            raise ConfigError("points", points.tolist(), f"increasing prefix lengths from 1 ending at {x.shape[2]}")
     feats = rocket.prefix_features(z, points)  # (n, P, F)
     splits = list(StratifiedKFold(folds, shuffle=True, random_state=seed).split(feats[:, 0], yi))
     heads = [_Head(c, seed) for _ in range(folds + 1)]
@@ -137,5 +147,7 @@ def fit_prefix_posteriors(x: np.ndarray, y: np.ndarray, decision_points_max: int
         for head, (fit_idx, val_idx) in zip(heads, splits):
             w, b = head.fold(f[fit_idx], yi[fit_idx])
             oof[val_idx, p] = head_posteriors(feats[val_idx, p : p + 1], w[None], b[None])[:, 0]
+        if progress is not None:
+            progress("heads", p + 1, len(points))
     est = PrefixPosteriors(rocket, points, mean, std, weights, biases, classes, time.perf_counter() - start)
     return est, oof
