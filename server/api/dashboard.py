@@ -1,13 +1,14 @@
 """The fleet dashboard, served by ``trickle serve`` at ``/``: a static page (``server/api/static``, no
 build step, no third-party script: its charts are SVG drawn by ``dashboard.js``) over three routes.
 
-- ``GET /v1/dashboard/fleet?page=&per_page=&q=``: one snapshot: totals (devices, online, results
-  received in the last hour, accuracy where verdicts are known, messages rejected by reason),
+- ``GET /v1/dashboard/fleet?page=&per_page=&q=``: one snapshot: totals (devices, online and signed
+  off, results in the last hour of the devices' own clocks and received in the server's last hour,
+  accuracy where verdicts are known, messages rejected by reason),
   results over the devices' own time (``Store.results_over_time``: a simulated fleet's virtual
   clock on an axis of its own, real clocks over the last day), one page of devices in natural
-  order (last seen, the bundle each reports running, its assignment and OTA state, results,
-  accuracy, power failures and time powered from its newest telemetry), the bundle registry and
-  the assignments.
+  order (last heard from by the server's clock, its newest report by its own, the bundle each
+  reports running, its assignment and OTA state, results, accuracy, power failures and time
+  powered from its newest telemetry), the bundle registry and the assignments.
 - ``GET /v1/dashboard/stream?...``: the same snapshot as server-sent events, pushed when something
   was stored, registered, uploaded or assigned (checked every ``interval`` seconds, in memory) and
   at least every 30 s; each viewer's snapshot is its own page's queries (devices paged first, then
@@ -19,8 +20,10 @@ build step, no third-party script: its charts are SVG drawn by ``dashboard.js``)
   failures), results timeline, variant choices and events (the last 5000 of each).
 
 A device token sees only its own device; the registry, assignments and the OTA form need the
-admin token. A device counts as online when it sent anything within ``ONLINE_S`` and its last
-status was not offline.
+admin token. Wall time and device time are kept apart: a device counts as online when the server
+received anything from it within ``ONLINE_S`` and its last status was not offline (it signed off);
+"last hour" figures say which clock they count by (a simulated fleet replays hours of its own
+time in seconds of the server's).
 """
 
 import asyncio
@@ -81,9 +84,9 @@ def fleet_snapshot(state: ServerState, who: Principal, page: int = 0, per_page: 
         jobs = [_job_row(j) for j in store.jobs(limit=JOBS_SHOWN)]
         llm_keys = store.llm_keys() if state.llm is not None else []
     else:
-        totals = {"devices": len(rows), "online": sum(r["online"] for r in rows),
-                  "results": sum(r["results"] for r in rows), "results_last_hour": sum(r["results_last_hour"] for r in rows),
-                  "labelled": sum(r["labelled"] for r in rows), "correct": sum(r["correct"] for r in rows)}
+        totals = {key: sum(r[key] for r in rows) for key in ("online", "signed_off", "results", "results_device_hour",
+                                                             "results_received_hour", "labelled", "correct")}
+        totals["devices"] = len(rows)
         over_time, bundles, assignments, jobs, llm_keys = [], [], {}, [], []
     return {"now_s": now, "admin": who.admin, "totals": totals, "rejected": _rejected(state) if who.admin else {},
             "results_over_time": over_time, "page": page, "per_page": per_page, "matching": matching, "devices": rows,

@@ -228,6 +228,15 @@ function fmtDuration(seconds) {
 }
 
 // ---- the fleet -----------------------------------------------------------------------------
+// Two clocks, kept apart: the server's (when a message was received: online, last heard) and the
+// device's own (when it measured: its last report, its last hour of results). A simulated fleet
+// replays hours of its own time in seconds of the server's, then signs off.
+function deviceState(d) {
+  if (d.online) return "online";
+  if (d.signed_off) return "offline (signed off)";
+  return d.last_seen_s == null ? "offline (never heard)" : "offline (silent)";
+}
+
 function cell(row, value, cls) {
   const td = document.createElement("td");
   if (value instanceof Node) td.appendChild(value); else td.textContent = value;
@@ -240,7 +249,9 @@ function renderFleet(snap) {
   const t = snap.totals;
   text(document.querySelector('[data-testid="devices-total"]'), t.devices);
   text(document.querySelector('[data-testid="devices-online"]'), t.online);
-  text(document.querySelector('[data-testid="results-hour"]'), t.results_last_hour);
+  text(document.querySelector('[data-testid="devices-signed-off"]'), t.signed_off);
+  text(document.querySelector('[data-testid="results-hour"]'), t.results_device_hour);
+  text(document.querySelector('[data-testid="results-received-hour"]'), t.results_received_hour);
   text(document.querySelector('[data-testid="results-total"]'), t.results);
   text(document.querySelector('[data-testid="accuracy"]'), fmtPct(t.correct, t.labelled));
   text(document.querySelector('[data-testid="labelled"]'), t.labelled);
@@ -265,12 +276,14 @@ function renderFleet(snap) {
     link.textContent = d.device;
     cell(tr, link);
     cell(tr, d.fleet);
-    cell(tr, d.online ? "online" : "offline", d.online ? "online" : "offline");
+    cell(tr, deviceState(d), d.online ? "online" : "offline");
     cell(tr, ago(d.last_seen_s, snap.now_s));
+    cell(tr, d.reported_s == null ? "–" : isVirtual(d.reported_s) ? `${fmtTime(d.reported_s)} (simulated)`
+                                                                   : ago(d.reported_s, snap.now_s));
     cell(tr, d.running_version ?? "–");
     cell(tr, d.assigned_version ?? "–");
     cell(tr, d.ota);
-    cell(tr, `${d.results_last_hour} / ${d.results}`);
+    cell(tr, `${d.results_device_hour} / ${d.results}`);
     cell(tr, fmtPct(d.correct, d.labelled));
     cell(tr, d.power_cycles ?? "–");
     cell(tr, fmtDuration(d.on_time_s));

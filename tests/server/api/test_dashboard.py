@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -97,12 +98,24 @@ def test_the_page_shows_what_the_database_holds_live_and_assigns_a_bundle(embedd
     assert total > 50
     wait_for(lambda: _number(page, "results-total") == str(total), 30, f"the page to show {total} results")
     assert _number(page, "devices-total") == str(len(server_devices(server)))
-    assert _number(page, "results-hour") == str(total)  # all of them arrived just now
+    # two clocks kept apart: 8 h of the devices' own time arrived in seconds of the server's, and every
+    # device signed off when it was done: offline, heard from seconds ago, its last report at 8 h
+    device_hour = {device: _last_device_hour(stored, server.messages(device, "telemetry"))
+                   for device, stored in results.items()}
+    assert 0 < sum(device_hour.values()) < total
+    wait_for(lambda: _number(page, "devices-signed-off") == "12", 30, "every device signed off")
+    assert _number(page, "results-hour") == str(sum(device_hour.values()))
+    assert "device time" in page.locator(".card", has=page.locator('[data-testid="results-hour"]')).inner_text()
+    assert _number(page, "results-received-hour") == str(total)  # all of them arrived just now
+    assert _number(page, "devices-online") == "0"
     assert _number(page, "accuracy") == f"{100 * sum(m['correct'] for m in labelled) / len(labelled):.1f} %"
     for device, stored in list(results.items())[:3]:
         row = page.locator(f'tr[data-device="{device}"] td')
-        assert row.nth(7).inner_text() == f"{len(stored)} / {len(stored)}"
-        assert row.nth(4).inner_text() == "1"  # the bundle its results report
+        assert row.nth(2).inner_text() == "offline (signed off)"
+        assert re.fullmatch(r"\d+ s ago", row.nth(3).inner_text())  # heard from: the server's clock
+        assert row.nth(4).inner_text() == "t = 8.00 h (simulated)"  # its last report: its own clock
+        assert row.nth(8).inner_text() == f"{device_hour[device]} / {len(stored)}"
+        assert row.nth(5).inner_text() == "1"  # the bundle its results report
     _screenshot(page, tmp_path, "dashboard.png")
 
     # an OTA assignment through the page, refused first for a fleet that does not exist
@@ -114,7 +127,7 @@ def test_the_page_shows_what_the_database_holds_live_and_assigns_a_bundle(embedd
     page.get_by_role("button", name="Assign").click()
     wait_for(lambda: "assigned v1 to fleet:dash" in page.locator("#ota-result").inner_text(), 20, "the assignment")
     assert httpx.get(server.url + "/v1/assignments", headers=server.admin).json() == {"fleet:dash": 1}
-    wait_for(lambda: page.locator('tr[data-device="dash-n0"] td').nth(6).inner_text() == "up to date", 30,
+    wait_for(lambda: page.locator('tr[data-device="dash-n0"] td').nth(7).inner_text() == "up to date", 30,
              "the OTA column")
 
     # a job (no workers here: it waits in the queue) shows up live and is cancelled from the page
@@ -142,6 +155,12 @@ def test_the_page_shows_what_the_database_holds_live_and_assigns_a_bundle(embedd
     _sign_in(page2, server, device_token)
     wait_for(lambda: _number(page2, "devices-total") == "1", 20, "the device's own view")
     assert page2.locator("tbody#devices tr").count() == 1 and page2.locator("#admin-only").is_hidden()
+
+
+def _last_device_hour(results: list[dict[str, Any]], telemetry: list[dict[str, Any]]) -> int:
+    """A simulated device's results within the hour up to its newest report, by its own clock."""
+    newest = max(m["ts_s"] for m in [*results, *telemetry])
+    return sum(m["ts_s"] > newest - 3600.0 for m in results)
 
 
 def server_devices(server: ServerProc) -> list[dict[str, Any]]:
@@ -203,9 +222,9 @@ def test_a_simulated_fleet_reads_in_its_own_time_and_matches_its_results_json(
     assert order == [f"dash-n{k}" for k in range(12)]  # n2 before n10
     for device, node in expected.items():
         row = page.locator(f'tr[data-device="{device}"] td')
-        wait_for(lambda: row.nth(9).inner_text() != "–", 20, f"{device}'s telemetry")
-        assert row.nth(9).inner_text() == str(node["power_cycles"])
-        assert float(row.nth(10).get_attribute("data-seconds")) == pytest.approx(node["on_time_s"], rel=1e-12)
+        wait_for(lambda: row.nth(10).inner_text() != "–", 20, f"{device}'s telemetry")
+        assert row.nth(10).inner_text() == str(node["power_cycles"])
+        assert float(row.nth(11).get_attribute("data-seconds")) == pytest.approx(node["on_time_s"], rel=1e-12)
     # results over the fleet's own 8 h, on a simulated-time axis
     figure = page.locator('#results-charts figure[data-clock="virtual"]')
     assert "simulated time" in figure.locator("figcaption").inner_text()

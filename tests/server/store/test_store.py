@@ -95,6 +95,33 @@ def test_results_are_counted_in_the_devices_own_time(store: Store) -> None:
     assert store.results_over_time(now)[0]["counts"][-1] == 11  # the last instant falls in the last bin
 
 
+def test_the_dashboard_keeps_the_servers_clock_and_the_devices_apart(store: Store) -> None:
+    # a simulated fleet replays 8 h of its own time in seconds of the server's, then signs off: it was
+    # "offline, last seen 0 s ago" on one row with "results received, last hour" counting all 8 h
+    now = 1_800_000_000.0
+    store.add_device("sim", "f")
+    store.add_device("real", "f")
+    store.add_device("quiet", "f")
+    sim = [Incoming(f"sim:r:{i}", "sim", "result", 60.0 * i + 1.0, now - 5.0, "{}") for i in range(480)]  # 1/min
+    sim += [Incoming("sim:t:final", "sim", "telemetry", 28800.0, now - 4.0, "{}"),
+            Incoming("sim:s:0", "sim", "status", now - 3.0, now - 3.0, "{}", state="offline")]  # its agent's clock
+    real = [Incoming(f"real:r:{i}", "real", "result", now - 600.0 * i - 1.0, now - 600.0 * i - 0.5, "{}")
+            for i in range(10)]
+    store.add_messages(sim + real)
+    totals = store.fleet_totals(now, 300.0)
+    assert (totals["devices"], totals["online"], totals["signed_off"]) == (3, 1, 1)
+    # by the devices' clocks: sim's last simulated hour (28,800 s back to 25,200 s) and real's last hour
+    assert (totals["results_device_hour"], totals["results_received_hour"], totals["results"]) == (60 + 6, 480 + 6, 490)
+    rows = {r["device"]: r for r in store.fleet_page(now, 300.0)[1]}
+    sim_row, real_row, quiet_row = rows["sim"], rows["real"], rows["quiet"]
+    assert (sim_row["online"], sim_row["signed_off"], sim_row["last_seen_s"]) == (False, True, now - 3.0)
+    assert (sim_row["reported_s"], sim_row["results_device_hour"], sim_row["results_received_hour"]) == (28800.0, 60, 480)
+    assert (real_row["online"], real_row["signed_off"], real_row["reported_s"]) == (True, False, now - 1.0)
+    assert (real_row["results_device_hour"], real_row["results_received_hour"]) == (6, 6)
+    assert (quiet_row["online"], quiet_row["signed_off"], quiet_row["reported_s"], quiet_row["results_device_hour"]) == (
+        False, False, None, 0)
+
+
 def test_devices_tokens_and_duplicates(store: Store) -> None:
     a = store.add_device("a", "north")
     store.add_device("b", "south")
