@@ -53,7 +53,6 @@ committed JSON; ``measured`` names the commit each part was measured at.
 from __future__ import annotations
 
 import json
-import random
 import tempfile
 import textwrap
 from pathlib import Path
@@ -69,11 +68,9 @@ from export.firmware.flash import (
     choose_policy,
     code_size,
     flash,
-    fresh_nv,
     inference_instructions,
-    qemu,
+    power_cut_trials,
     run_board,
-    run_with_cuts,
     write_sources,
 )
 from export.firmware.intmodel import PoolLayer
@@ -150,21 +147,10 @@ def bench_model(dataset: str, epochs: int, vectors: int, cuts: int, work: Path) 
 
 
 def _power_cuts(elf: Path, board: str, cuts: int) -> tuple[int, int]:
-    """Cuts at random instructions inside the inference, each followed by a restart: how many
-    gave the uncut run's logits, and the most boots one took."""
-    work = elf.parent
-    nv = work / "nv.bin"
-    fresh_nv(nv, board=board)
-    _, out, marks, _ = qemu(elf, nv, work, board=board)
-    reference = [line for line in out.splitlines() if line.startswith("OUT")]
-    rng = random.Random(0)
-    identical = boots = 0
-    for _ in range(cuts):
-        cut_run = run_with_cuts(elf, work, [rng.randrange(marks[0], marks[1])], board=board)
-        lines = [ln for ln in cut_run.stdout.splitlines() if ln.startswith("OUT")]
-        identical += int(lines[-len(reference):] == reference)  # stm32f405: a job cut before its commit prints again
-        boots = max(boots, cut_run.boots)
-    return identical, boots
+    """Cuts at random instructions inside the inference, each followed by a restart (what ``trickle flash
+    --power-cuts`` runs): how many gave the uncut run's logits, and the most boots one took."""
+    trials = power_cut_trials(elf, board, cuts)
+    return trials["identical"], trials["max_boots"]
 
 
 def bench_tflite(work: Path, vectors: int) -> list[dict[str, Any]]:

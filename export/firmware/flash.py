@@ -442,6 +442,36 @@ def run_with_cuts(elf: Path, work: Path, cuts: list[int], board: str = "mps2-an3
     raise FlashError("the board never finished")
 
 
+def power_cut_trials(elf: Path, board: str, cuts: int, seed: int = 0) -> dict[str, int]:
+    """``cuts`` power cuts, each at a random instruction inside the first inference (seeded), each followed
+    by as many power-ons as the board needs to finish: how many gave the uncut run's outputs bit for bit,
+    and the most power-ons one took."""
+    import random
+
+    work = elf.parent
+    nv = work / "nv.bin"
+    fresh_nv(nv, board=board)
+    _, out, marks, _ = qemu(elf, nv, work, board=board)
+    reference = [line for line in out.splitlines() if line.startswith("OUT")]
+    rng = random.Random(seed)
+    identical = boots = 0
+    for _ in range(cuts):
+        run = run_with_cuts(elf, work, [rng.randrange(marks[0], marks[1])], board=board)
+        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("OUT")]
+        identical += int(lines[-len(reference):] == reference)  # stm32f405: a job cut before its commit prints again
+        boots = max(boots, run.boots)
+    return {"trials": cuts, "identical": identical, "max_boots": boots}
+
+
+def board_accuracy(outputs: dict[tuple[int, int], list[int]], labels: np.ndarray, variants: int) -> list[float | None]:
+    """Each variant's accuracy on the board: the share of test vectors whose largest output is the label."""
+    accuracy: list[float | None] = []
+    for k in range(variants):
+        hits = [int(np.argmax(outputs[(i, k)])) == int(y) for i, y in enumerate(labels) if (i, k) in outputs]
+        accuracy.append(sum(hits) / len(hits) if hits else None)
+    return accuracy
+
+
 def inference_instructions(marks: list[int]) -> list[int]:
     """Instructions of each inference, from the marker counts (one mark before and one after each)."""
     return [b - a for a, b in zip(marks[0::2], marks[1::2])]
@@ -521,12 +551,15 @@ def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Pat
 
 
 def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, profile: bool = False,
-          x_test: np.ndarray | None = None, policy: str = "auto") -> dict[str, Any]:
+          x_test: np.ndarray | None = None, policy: str = "auto", labels: np.ndarray | None = None,
+          power_cuts: int = 0) -> dict[str, Any]:
     """Generate, build and run the firmware of ``bundle`` on ``board``; returns what was measured.
     ``profile`` (mps2-an386): also split each variant's instructions into its layers. ``x_test``:
     model inputs to use as test vectors instead of the bundle's own. ``policy``: auto (tiles commit
     where the live tensors fit the board's non-volatile memory, else atomic inference), tiles or
-    atomic (``choose_policy``)."""
+    atomic (``choose_policy``). ``labels``: the test vectors' classes (by default the bundle's own
+    vectors' labels): each variant's accuracy on the board. ``power_cuts`` (QEMU boards): that many
+    seeded cuts at random instructions inside an inference, each run to the end (``power_cut_trials``)."""
     from export.firmware.cgen import generate, generate_early
 
     if board not in BOARDS:
@@ -565,24 +598,46 @@ def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, pro
         if board == "mps2-an386":
             report["instructions_per_series"] = inference_instructions(run.marks)
         return report
+    if labels is None and x_test is None:
+        labels = bundle_labels(bundle)
+    if labels is not None:
+        for v, acc in zip(report["variants"], board_accuracy(run.outputs, labels[: info["vectors"]], len(info["variants"]))):
+            v["accuracy_on_board"] = acc
+    if power_cuts:
+        report["power_cuts"] = power_cut_trials(exe, board, power_cuts)
     if board != "host":
-        per = inference_instructions(run.marks)
-        n_var = len(info["variants"])
-        for k, v in enumerate(report["variants"]):
-            counts = per[k::n_var]
-            v["instructions_per_inference"] = int(np.median(counts)) if counts else None
-            v["instructions_per_mac"] = v["instructions_per_inference"] / v["macs"] if counts else None
-            if counts:  # what the storage must carry whole under the atomic policy (instructions taken as cycles)
-                mcu = MCUS[BOARD_SPECS[board].cpu]
-                v["energy_per_inference_j"] = v["instructions_per_inference"] * mcu.energy_per_cycle_j()
-                v["time_per_inference_s"] = v["instructions_per_inference"] / mcu.clock_hz
-        report["size"] = code_size(exe)
-        report["memory"] = memory_use(exe, board)
-        report["bin"] = str(exe.with_suffix(".bin"))
-        if profile and per:
-            for v, measured in zip(report["variants"], profile_layers(gen, info["models"], per[:n_var], out / "profile")):
-                v["layers"] = measured["layers"]
+        _board_figures(report, run, info, board, exe, gen, out if profile else None)
     return report
+
+
+def _board_figures(report: dict[str, Any], run: BoardRun, info: dict[str, Any], board: str, exe: Path, gen: Path,
+                   profile: Path | None) -> None:
+    """A QEMU board's counts in ``report``: instructions (per MAC, and time and energy on the board's
+    CPU profile) per variant, code size, memory; with ``profile`` (the build folder) each variant's layers."""
+    per = inference_instructions(run.marks)
+    n_var = len(info["variants"])
+    for k, v in enumerate(report["variants"]):
+        counts = per[k::n_var]
+        v["instructions_per_inference"] = int(np.median(counts)) if counts else None
+        v["instructions_per_mac"] = v["instructions_per_inference"] / v["macs"] if counts else None
+        if counts:  # what the storage must carry whole under the atomic policy (instructions taken as cycles)
+            mcu = MCUS[BOARD_SPECS[board].cpu]
+            v["energy_per_inference_j"] = v["instructions_per_inference"] * mcu.energy_per_cycle_j()
+            v["time_per_inference_s"] = v["instructions_per_inference"] / mcu.clock_hz
+    report["size"] = code_size(exe)
+    report["memory"] = memory_use(exe, board)
+    report["bin"] = str(exe.with_suffix(".bin"))
+    if profile is not None and per:
+        for v, measured in zip(report["variants"], profile_layers(gen, info["models"], per[:n_var], profile / "profile")):
+            v["layers"] = measured["layers"]
+
+
+def bundle_labels(bundle: Bundle) -> np.ndarray | None:
+    """The classes of the bundle's own test vectors, where it carries them."""
+    from edge.contract.vectors import TestVectors
+
+    info = bundle.manifest.test_vectors
+    return None if info is None else TestVectors.from_bytes(bundle.file(info.file), info.file).labels
 
 
 def program(elf: Path, board: str, programmer: str = "openocd", interface: str = "stlink") -> str:

@@ -290,3 +290,46 @@ def test_flash_record_writes_measured_counts_the_simulator_uses(generated: tuple
     compute_s = sum(p.duration_s for p in plan if p.kind == "compute")
     clock_hz = MCUS["cortex-m4"].clock_hz
     assert compute_s == pytest.approx(sum(layer.instructions for layer in widest.layers) / clock_hz, rel=1e-12)
+
+
+@needs_arm
+def test_trickle_flash_reports_accuracy_on_the_board_and_survives_power_cuts(generated: tuple[Path, dict],
+                                                                            tmp_path: Path) -> None:
+    """Issue 48: `trickle flash` took no labels (no accuracy on the board) and no power-cut option (only the
+    benchmark's private helper had one)."""
+    import json
+    import sys
+
+    from edge.contract.vectors import TestVectors
+
+    root, _ = generated
+    bundle = read_bundle(root / "bundle")
+    info = bundle.manifest.test_vectors
+    assert info is not None
+    vectors = TestVectors.from_bytes(bundle.file(info.file), info.file)
+    n = 6
+
+    def run(*extra: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "trickle.cli", "flash", str(root / "bundle"), "--board",
+                               "mps2-an386", "--out", str(tmp_path / "fw"), "--vectors", str(n), "--json", *extra],
+                              capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    report = run("--power-cuts", "3")
+    assert report["power_cuts"]["trials"] == 3 and report["power_cuts"]["identical"] == 3
+    assert report["power_cuts"]["max_boots"] >= 2  # each cut lands inside an inference: one more power-on at least
+    for v in report["variants"]:  # the oracle: onnxruntime's outputs for the same vectors, bit-exact on the board
+        expected = np.argmax(vectors.expected[v["name"]][:n], axis=1) == vectors.labels[:n]
+        assert v["accuracy_on_board"] == pytest.approx(expected.mean())
+
+    # the user's own inputs and their labels, by the bundle's label names
+    np.save(tmp_path / "x.npy", vectors.features[:n])
+    np.save(tmp_path / "y.npy", np.array(bundle.manifest.labels)[vectors.labels[:n]])
+    named = run("--inputs", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"))
+    assert [v["accuracy_on_board"] for v in named["variants"]] == [v["accuracy_on_board"] for v in report["variants"]]
+    np.save(tmp_path / "bad.npy", np.arange(n - 1))
+    proc = subprocess.run([sys.executable, "-m", "trickle.cli", "flash", str(root / "bundle"), "--board", "host",
+                           "--inputs", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "bad.npy"), "--out",
+                           str(tmp_path / "fw2")], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 1 and f"--inputs has {n} examples, so ({n},) labels" in proc.stderr
