@@ -1,15 +1,16 @@
 """Link benchmark: N devices × M messages through a broker into the server's store.
 
     trickle bench link [--quick]
+    python -c "from bench import link; link.main(parts=('embedded',))"   # one part; the others' keys kept
 
 The server runs as its own process (`trickle serve`; it and the publishers share the two
 cores). Through Mosquitto, each of N devices publishes M signed telemetry messages (encoded
 beforehand) at QoS 1 from its own ``mosquitto_pub -l``; a message's publish time is
 interpolated over its publisher's run, and publish-to-stored latency is the store's
-``stored_s`` minus it. Through the embedded broker the devices use the agent's link instead
-(outbox, end-to-end acks): amqtt acknowledges a message before it is safely queued and drops
-it if the publisher leaves at once, which a raw publisher would do; the link batches a
-backlog, many messages per publish. Configurations: Mosquitto (Debian's, started here) with
+``stored_s`` minus it. Through the embedded broker the same publishers (one message per publish)
+time each message as they put it on the wire (``mosquitto_pub -d`` logs every PUBLISH with its
+message id), and stay connected until everything is stored (amqtt acknowledges a message before
+it is safely queued and drops it if the publisher leaves at once). Configurations: Mosquitto (Debian's, started here) with
 SQLite, the same at half the measured rate (publishers paced, each message timed as it is
 handed over), Mosquitto with a throwaway PostgreSQL (fsync on; skipped without the
 postgresql package), and the server's embedded amqtt broker. The raw Mosquitto rate — the
@@ -17,7 +18,9 @@ same publishers, one plain QoS-1 subscriber, no server — is the ratio's baseli
 bench/results/link.json (goals in GOALS):
 
 - messages_per_second_stored (Mosquitto, SQLite): messages / (last stored - first published);
-  embedded_messages_per_second_stored, postgres_messages_per_second_stored: the same for those.
+  embedded_messages_per_second_stored, postgres_messages_per_second_stored: the same for those
+  (embedded: one message per publish like the Mosquitto rows; before issue 48 the agent's link
+  batched a backlog, many messages per publish, and its latencies were spread over the delivery).
 - p50_latency_s, p99_latency_s: publish to committed, at full speed (a backlog);
   p99_latency_s_at_half_load: the same with publishers at half the measured capacity.
 - lost: published - distinct keys stored; duplicated: keys stored more than once (every run; both must be 0).
@@ -28,11 +31,13 @@ bench/results/link.json (goals in GOALS):
   device calls (device_route_p50_s_under_dashboard_load beside it; dashboard_snapshots_served).
 - unauthenticated_300mb_rss_growth_mb: the server's peak RSS growth (psutil, sampled every 10 ms)
   while a client without a token sends a 300 MB body to the bundle upload route.
+- measured: the commit each part (PARTS) was last measured at.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
@@ -47,7 +52,7 @@ import httpx
 import numpy as np
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from edge.contract.protocol import Message, Telemetry, encode, topic
+from edge.contract.protocol import Telemetry, encode, topic
 from edge.core.errors import LinkError
 from edge.core.files import write_atomic
 from edge.core.tables import console_table
@@ -180,19 +185,62 @@ def _raw_rate(broker_port: int, n_devices: int, messages: int, folder: Path) -> 
     return total / (time.time() - start)
 
 
-def _publish_agents(server: str, broker_port: int, devices: list[tuple[str, str]], messages: int,
-                    folder: Path) -> tuple[float, dict[str, float]]:
-    """The device path: each device's messages through the agent's store-and-forward link
-    (``simulator.live.deliver``); returns when the server has acknowledged every one."""
-    from simulator.live import deliver
+SENDING = re.compile(rb"sending PUBLISH \(d\d, q\d, r\d, m(\d+),")
 
-    per_device: dict[str, list[tuple[str, Message]]] = {
-        d: [("telemetry", Telemetry(key=f"{d}:{i}", device=d, ts_s=float(i), voltage_v=2.5)) for i in range(messages)]
-        for d, _ in devices}
+
+def _publish_logged(broker_port: int, devices: list[tuple[str, str]], messages: int, folder: Path
+                    ) -> tuple[float, dict[str, float], list[subprocess.Popen[bytes]]]:
+    """Every device's ``mosquitto_pub -l`` (its name as client id: the embedded broker binds them),
+    one message per publish at QoS 1 as in the Mosquitto rows, each message timed as its publisher
+    puts it on the wire: ``-d`` logs every PUBLISH it sends with its message id (1, 2, ... in line
+    order), read line-buffered (``stdbuf -oL``) by a thread per publisher. The publishers stay
+    connected, to be closed once everything is stored: amqtt acknowledges a message before it is
+    safely queued and drops it if the publisher leaves at once. Returns the time the first line
+    was handed over, the send time per key, and the publishers."""
+    import threading
+
+    assert messages < 65535  # message ids do not wrap
+    files = _payload_files(folder, devices, messages)
+    procs = []
+    for device, token in devices:
+        cmd = ["stdbuf", "-oL", "mosquitto_pub", "-d", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1",
+               "-i", device, "-u", device, "-P", token, "-t", topic("bench", device, "telemetry"), "-l"]
+        procs.append((device, subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)))
+    sent: dict[str, float] = {}
+
+    def watch(device: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            now = time.time()
+            found = SENDING.search(line)
+            if found:  # a resend (d1) keeps the first send's time
+                sent.setdefault(f"{device}:{int(found.group(1)) - 1}", now)
+
+    def feed(device: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(files[device].read_bytes())
+        proc.stdin.flush()
+
+    threads = [threading.Thread(target=watch, args=job, daemon=True) for job in procs]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # connected
     start = time.time()
-    seconds = deliver(per_device, dict(devices), server, f"mqtt://127.0.0.1:{broker_port}", "bench", folder)
-    sent = {f"{d}:{i}": start + seconds * (i + 1) / messages for d, _ in devices for i in range(messages)}
-    return start, sent
+    feeders = [threading.Thread(target=feed, args=job) for job in procs]
+    for t in feeders:
+        t.start()
+    for t in feeders:
+        t.join()
+    return start, sent, [proc for _, proc in procs]
+
+
+def _close(publishers: list[subprocess.Popen[bytes]]) -> None:
+    for proc in publishers:
+        assert proc.stdin is not None
+        proc.stdin.close()
+    for proc in publishers:
+        if proc.wait(60) != 0:
+            raise RuntimeError(f"mosquitto_pub exited {proc.returncode}")
 
 
 def _register(url: str, data: Path, n: int) -> list[tuple[str, str]]:
@@ -213,12 +261,13 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int,
 
     data = folder / name
     proc, url = _server(data, broker, broker_port, store)
+    publishers: list[subprocess.Popen[bytes]] = []
     try:
         devices = _register(url, data, n)
         work = folder / f"{name}-publishers"
         work.mkdir()
         if broker == "embedded":
-            start, sent = _publish_agents(url, broker_port, devices, m, work)
+            start, sent, publishers = _publish_logged(broker_port, devices, m, work)
         elif rate_per_s is not None:
             start, sent = _publish_paced(broker_port, devices, m, work, rate_per_s)
         else:
@@ -232,12 +281,16 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int,
             return db.message_counts().get("telemetry", 0) >= total
 
         all_stored()
+        _close(publishers)
+        publishers = []
         rows = db.stored_times("telemetry")
         keys = [k for k, _ in rows]
         latency = np.array([stored_s - sent[k] for k, stored_s in rows])
         last = max(stored_s for _, stored_s in rows) if rows else start
         db.close()
     finally:
+        for publisher in publishers:
+            publisher.kill()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     return {"broker": name, "store": "postgresql" if store else "sqlite", "devices": n, "messages_per_device": m,
@@ -357,68 +410,103 @@ def _unauthenticated_upload(folder: Path, megabytes: int = 300) -> float:
         proc.wait(60)
 
 
-def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
+PARTS = ("mosquitto", "embedded", "mixed", "upload")
+
+
+def _mosquitto_part(folder: Path, n: int, m: int) -> dict[str, Any]:
+    """The raw rate and the server behind Mosquitto: full speed, half load, PostgreSQL."""
+    runs = []
+    broker, port = _mosquitto(folder)
+    try:
+        print(f"raw Mosquitto: {n} publishers x {m} messages, one subscriber ...", flush=True)
+        (folder / "raw").mkdir()
+        raw = _raw_rate(port, n, m, folder / "raw")
+        print(f"server behind Mosquitto: {n} devices x {m} messages ...", flush=True)
+        runs.append(_run("mosquitto", f"mqtt://127.0.0.1:{port}", port, folder, n, m))
+        half = runs[0]["messages_per_second_stored"] / 2
+        print(f"server behind Mosquitto at half that load ({half:.0f} msg/s) ...", flush=True)
+        # three times the messages: the run lasts longer than the store's background checkpoint period (10 s)
+        runs.append(_run("mosquitto-half-load", f"mqtt://127.0.0.1:{port}", port, folder, n, 3 * m, rate_per_s=half))
+        from server.store.pgtemp import available, temporary_postgres
+
+        if available():
+            print(f"server behind Mosquitto, PostgreSQL store: {n} devices x {m} messages ...", flush=True)
+            with temporary_postgres(fsync=True) as pg:
+                runs.append(_run("mosquitto-postgresql", f"mqtt://127.0.0.1:{port}", port, folder, n, m, store=pg))
+    finally:
+        broker.terminate()
+        broker.wait(10)
+    by = {r["broker"]: r for r in runs}
+    main_run = by["mosquitto"]
+    return {"messages_per_second_stored": main_run["messages_per_second_stored"],
+            "postgres_messages_per_second_stored": by["mosquitto-postgresql"]["messages_per_second_stored"]
+            if "mosquitto-postgresql" in by else None,
+            "p99_latency_s_at_half_load": by["mosquitto-half-load"]["p99_latency_s"],
+            "p50_latency_s": main_run["p50_latency_s"], "p99_latency_s": main_run["p99_latency_s"],
+            "raw_mosquitto_messages_per_second": raw, "ratio_vs_raw_mosquitto": main_run["messages_per_second_stored"] / raw,
+            "runs": runs}
+
+
+def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    """Run the benchmark's ``parts`` (the Mosquitto rows with the raw rate, the embedded broker, the
+    mixed load, the unauthenticated upload). Running some of them keeps the others' keys and runs
+    from the committed JSON, and ``measured`` says which commit each part was measured at."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"parts {sorted(unknown)}: must be among {', '.join(PARTS)}")
     n, m = (4, 500) if quick else (10, 3000)
     if shutil.which("mosquitto") is None:
         raise LinkError("trickle bench link needs Mosquitto: apt-get install mosquitto mosquitto-clients")
-    runs = []
+    path = results_dir / ("link-quick.json" if quick else "link.json")
+    previous = json.loads(path.read_text()) if path.exists() and set(parts) != set(PARTS) else {}
+    out: dict[str, Any] = {**previous, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()}}
+    runs: list[dict[str, Any]] = list(previous.get("runs", []))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        broker, port = _mosquitto(folder)
-        try:
-            print(f"raw Mosquitto: {n} publishers x {m} messages, one subscriber ...", flush=True)
-            (folder / "raw").mkdir()
-            raw = _raw_rate(port, n, m, folder / "raw")
-            print(f"server behind Mosquitto: {n} devices x {m} messages ...", flush=True)
-            runs.append(_run("mosquitto", f"mqtt://127.0.0.1:{port}", port, folder, n, m))
-            half = runs[0]["messages_per_second_stored"] / 2
-            print(f"server behind Mosquitto at half that load ({half:.0f} msg/s) ...", flush=True)
-            # three times the messages: the run lasts longer than the store's background checkpoint period (10 s)
-            runs.append(_run("mosquitto-half-load", f"mqtt://127.0.0.1:{port}", port, folder, n, 3 * m, rate_per_s=half))
-            from server.store.pgtemp import available, temporary_postgres
-
-            if available():
-                print(f"server behind Mosquitto, PostgreSQL store: {n} devices x {m} messages ...", flush=True)
-                with temporary_postgres(fsync=True) as pg:
-                    runs.append(_run("mosquitto-postgresql", f"mqtt://127.0.0.1:{port}", port, folder, n, m, store=pg))
-        finally:
-            broker.terminate()
-            broker.wait(10)
-        print(f"server with its embedded broker: {n} devices x {m} messages ...", flush=True)
-        runs.append(_run("embedded", "embedded", free_port(), folder, n, m))
-        seconds = 5.0 if quick else 30.0
-        print(f"device routes under dashboard load: 100 devices, 10 viewers, {seconds:g} s ...", flush=True)
-        mixed = _mixed_load(folder, seconds)
-        print("a 300 MB body without a token ...", flush=True)
-        upload_growth = _unauthenticated_upload(folder)
-    by = {r["broker"]: r for r in runs}
-    main_run = by["mosquitto"]
-    out: dict[str, Any] = {
-        "messages_per_second_stored": main_run["messages_per_second_stored"],
-        "embedded_messages_per_second_stored": by["embedded"]["messages_per_second_stored"],
-        "postgres_messages_per_second_stored": by["mosquitto-postgresql"]["messages_per_second_stored"]
-        if "mosquitto-postgresql" in by else None,
-        "p99_latency_s_at_half_load": by["mosquitto-half-load"]["p99_latency_s"],
-        "p50_latency_s": main_run["p50_latency_s"], "p99_latency_s": main_run["p99_latency_s"],
-        "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
-        "raw_mosquitto_messages_per_second": raw,
-        "ratio_vs_raw_mosquitto": main_run["messages_per_second_stored"] / raw,
-        "device_route_p99_s_under_dashboard_load": mixed["device_route_p99_s"],
-        "device_route_p50_s_under_dashboard_load": mixed["device_route_p50_s"], "mixed_load": mixed,
-        "unauthenticated_300mb_rss_growth_mb": upload_growth,
-        "runs": runs, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()},
-    }
+        if "mosquitto" in parts:
+            keys = _mosquitto_part(folder, n, m)
+            runs = [r for r in runs if not r["broker"].startswith("mosquitto")] + keys.pop("runs")
+            out |= keys
+        if "embedded" in parts:
+            print(f"server with its embedded broker: {n} devices x {m} messages, one a publish ...", flush=True)
+            embedded = _run("embedded", "embedded", free_port(), folder, n, m)
+            runs = [r for r in runs if r["broker"] != "embedded"] + [embedded]
+            out["embedded_messages_per_second_stored"] = embedded["messages_per_second_stored"]
+        if "mixed" in parts:
+            seconds = 5.0 if quick else 30.0
+            print(f"device routes under dashboard load: 100 devices, 10 viewers, {seconds:g} s ...", flush=True)
+            mixed = _mixed_load(folder, seconds)
+            out |= {"device_route_p99_s_under_dashboard_load": mixed["device_route_p99_s"],
+                    "device_route_p50_s_under_dashboard_load": mixed["device_route_p50_s"], "mixed_load": mixed}
+        if "upload" in parts:
+            print("a 300 MB body without a token ...", flush=True)
+            out["unauthenticated_300mb_rss_growth_mb"] = _unauthenticated_upload(folder)
+    order = ("mosquitto", "mosquitto-half-load", "mosquitto-postgresql", "embedded")
+    runs.sort(key=lambda r: order.index(r["broker"]) if r["broker"] in order else len(order))
+    out |= {"runs": runs, "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
+            "measured": {**previous.get("measured", {}), **dict.fromkeys(parts, _commit())}}
     rows = [(r["broker"], f"{r['messages_per_second_stored']:.0f}", f"{r['p50_latency_s']:.4f}", f"{r['p99_latency_s']:.4f}",
              r["lost"], r["duplicated"]) for r in runs]
     print("\n" + console_table(rows, headers=["broker", "stored/s", "p50 s", "p99 s", "lost", "dup"], align="lrrrrr"))
-    print(f"raw Mosquitto (no server): {raw:.0f} msg/s; stored / raw = {out['ratio_vs_raw_mosquitto']:.3f}")
+    if "raw_mosquitto_messages_per_second" in out:
+        print(f"raw Mosquitto (no server): {out['raw_mosquitto_messages_per_second']:.0f} msg/s; "
+              f"stored / raw = {out['ratio_vs_raw_mosquitto']:.3f}")
     for key, (op, goal) in GOALS.items():
-        if out[key] is None:
-            print(f"{key:32s} not measured (no PostgreSQL here)")
+        if out.get(key) is None:
+            print(f"{key:32s} not measured")
             continue
         ok = out[key] <= goal if op == "<=" else out[key] >= goal
         print(f"{key:32s} {out[key]:10.4g}  {'✔' if ok else '✘'} (goal {op} {goal:g})")
-    path = results_dir / ("link-quick.json" if quick else "link.json")
     write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}")
     return out
+
+
+def _commit() -> str:
+    """The commit measured (``with uncommitted changes`` when the server, edge or bench code differs)."""
+    here = Path(__file__).parent
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=here).stdout.strip() or "unknown"
+    changed = subprocess.run(["git", "status", "--porcelain", "--", "server", "edge", "bench/link.py"],
+                             capture_output=True, text=True, cwd=here.parent).stdout.strip()
+    return commit + (" with uncommitted changes" if changed else "")
