@@ -16,7 +16,8 @@ from export.formats import BOARDS, FORMATS, TEST_VECTORS
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", type=Path,
-                   help="checkpoint.pt written by trickle train, a MoA draft folder (trickle train draft) with --target, "
+                   help="checkpoint.pt written by trickle train (nexume: the classifier's variants; firmbound: an "
+                        "early-decision bundle), a MoA draft folder (trickle train draft) with --target, "
                         "or your own classifier as MODEL.onnx or a fully-int8 MODEL.tflite, with --calibration")
     p.add_argument("--calibration", type=Path, metavar="NPZ",
                    help="MODEL.onnx / MODEL.tflite only: .npz of model inputs 'x' (and optionally labels 'y'): "
@@ -78,6 +79,10 @@ def run_export(args: argparse.Namespace) -> int:
         raise ConfigError("checkpoint", str(args.checkpoint), "no such file")
     if args.bundle_version < 1:
         raise ConfigError("--bundle-version", args.bundle_version, "must be >= 1")
+    from models.firmbound.checkpoint import read_checkpoint
+
+    if read_checkpoint(args.checkpoint) is not None:
+        return run_export_early(args)
     if args.test_vectors < 1:
         raise ConfigError("--test-vectors", args.test_vectors, "must be >= 1")
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
@@ -99,6 +104,27 @@ def run_export(args: argparse.Namespace) -> int:
         print(json.dumps({"bundle": str(path), "signed": args.key is not None, "parity_checked": checked}))
     else:
         print(f"wrote {path}" + (" (signed)" if args.key else " (unsigned)"))
+    return 0
+
+
+def run_export_early(args: argparse.Namespace) -> int:
+    """``trickle export runs/train/coffee-firmbound/checkpoint.pt --out bundles/coffee-early``: a
+    ``trickle train firmbound`` checkpoint as an early-decision bundle (``export.early``), its decisions
+    on the checkpoint's test series checked against the trained classifier's."""
+    for flag, value, default in (("--formats", args.formats, ",".join(FORMATS)), ("--dataset", args.dataset, None),
+                                 ("--test-vectors", args.test_vectors, TEST_VECTORS)):
+        if value != default:
+            raise ConfigError(flag, value, "applies to a checkpoint of trickle train nexume, not to FIRMBOUND's")
+    from export.early import export_checkpoint
+
+    out = args.out.with_suffix(".tar") if args.tar and args.out.suffix != ".tar" else args.out
+    path, alike, checked = export_checkpoint(args.checkpoint, out, args.key, args.bundle_version)
+    if args.json:
+        print(json.dumps({"bundle": str(path), "signed": args.key is not None, "early": True,
+                          "decisions_alike": alike, "decisions_checked": checked}))
+    else:
+        print(f"  decisions on the checkpoint's {checked} test series: {alike} the same as the trained classifier's")
+        print(f"wrote {path} (early-decision bundle, " + ("signed)" if args.key else "unsigned)"))
     return 0
 
 

@@ -21,6 +21,11 @@ A classifier with the ``rocket`` estimator exports its causal MiniRocket convolu
 points and linear heads as ``rocket.npz`` (``early.features``; its one variant names that file as
 format ``npz``) and the rule over the sorted posterior; ``edge.classify.early_rocket`` runs it.
 It has no integer form: the firmware refuses such a bundle by name.
+
+``export_checkpoint`` does the same for a checkpoint of ``trickle train firmbound`` (what
+``trickle export CHECKPOINT`` runs): the tandem's bundle is ranged on the checkpoint's training
+series and carries the integer form, and the bundle's own decider (``edge.classify.early``) must
+decide the checkpoint's test series as the trained classifier did.
 """
 
 from __future__ import annotations
@@ -292,3 +297,32 @@ def export_rocket(clf: FirmboundClassifier, out: Path, labels: list[str] | None,
     files = {ROCKET_FILE: _npz(rocket_arrays(clf)),
              RULE_FILE: _npy(np.concatenate([slopes, intercepts[..., None]], axis=2))}
     return write_bundle(pack(doc, files, load_private_key(key) if key else None), out)
+
+
+CHECK_AGREEMENT = 0.9  # of the checkpoint's test series decided alike (float32 onnxruntime against torch may tie-break)
+
+
+def export_checkpoint(checkpoint: Path, out: Path, key: Path | None = None, bundle_version: int = 1
+                      ) -> tuple[Path, int, int]:
+    """The bundle of a ``trickle train firmbound`` checkpoint; returns (its path, the checkpoint's
+    test series the bundle's decider decides as the classifier did — same samples, same class —,
+    how many were checked). Fewer than 90 % alike is an ExportError and nothing is left at ``out``."""
+    from edge.classify.early import early_decider
+    from edge.contract.bundle import read_bundle
+    from models.firmbound.checkpoint import load_checkpoint
+
+    clf, payload = load_checkpoint(checkpoint)
+    calibration = payload["calibration"].numpy() if clf.estimator == "tandem" else None
+    name = str(payload["summary"].get("dataset", "early"))
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = export_early(clf, Path(tmp) / "bundle", payload["labels"], name, key, bundle_version, calibration)
+        decider = early_decider(read_bundle(staged))
+        check = payload["check"]
+        x, samples, classes = check["x"].numpy(), check["samples"].numpy(), check["classes"].numpy()
+        decisions = [decider.run(series) for series in x]
+        alike = sum(int(d.t == t and d.label == c) for d, t, c in zip(decisions, samples, classes))
+        if alike < CHECK_AGREEMENT * len(x):
+            raise ExportError(f"{checkpoint}: the bundle decides {len(x) - alike} of the checkpoint's {len(x)} test "
+                              "series otherwise than the trained classifier")
+        members = {f.name: f.read_bytes() for f in sorted(staged.iterdir())}
+    return write_bundle(members, out), alike, len(x)
