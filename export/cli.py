@@ -196,6 +196,13 @@ def add_flash_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inputs", type=Path, metavar="X.npy",
                    help="model inputs (N, *input shape) to use as test vectors instead of the bundle's own "
                         "(for a bundle exported before bundles carried them)")
+    p.add_argument("--labels", type=Path, metavar="Y.npy",
+                   help="the classes of --inputs (N class indices, or N of the bundle's label names): each variant's "
+                        "accuracy on the board (the bundle's own test vectors carry theirs)")
+    p.add_argument("--power-cuts", type=int, default=0, metavar="N",
+                   help="mps2-an386, stm32f405: after the run, N power cuts at random instructions inside an "
+                        "inference (seeded), each followed by power-ons until it finishes; every one must give the "
+                        "uncut run's outputs bit for bit")
     p.add_argument("--trust", type=Path, action="append", default=[], metavar="PUBKEY",
                    help="trusted public key file; with one, the bundle must be signed by it (repeatable)")
     p.add_argument("--record", type=Path, metavar="OUT",
@@ -252,6 +259,11 @@ def run_flash(args: argparse.Namespace) -> int:
     """
     if args.vectors is not None and args.vectors < 1:
         raise ConfigError("--vectors", args.vectors, "must be >= 1")
+    if args.power_cuts < 0 or (args.power_cuts and args.board not in ("mps2-an386", "stm32f405")):
+        raise ConfigError("--power-cuts", args.power_cuts, "is 0 or more, on --board mps2-an386 or stm32f405 (QEMU "
+                          "counts the instructions it cuts at)")
+    if args.labels is not None and args.inputs is None:
+        raise ConfigError("--labels", str(args.labels), "labels --inputs X.npy (the bundle's own vectors carry theirs)")
     if args.record is not None and args.board != "mps2-an386":
         raise ConfigError("--record", str(args.record), "needs --board mps2-an386 (instructions are counted under QEMU)")
     if args.key is not None and args.record is None:
@@ -272,8 +284,11 @@ def run_flash(args: argparse.Namespace) -> int:
     channels = raw.shape[0] if raw is not None else 1
     shape = (0, channels, early.horizon) if early is not None else bundle.manifest.input_shape
     x_test = _inputs(args.inputs, shape) if args.inputs is not None else None
+    labels = _labels(args.labels, len(x_test), bundle.manifest.labels) if args.labels is not None and x_test is not None else None
+    if early is not None and (labels is not None or args.power_cuts):
+        raise ConfigError("--labels/--power-cuts", str(args.labels or args.power_cuts), "apply to a classifier bundle")
     report = flash(bundle, args.board, args.out, args.vectors, profile=args.record is not None, x_test=x_test,
-                   policy=args.policy)
+                   policy=args.policy, labels=labels, power_cuts=args.power_cuts)
     recorded = record(bundle, report, args.record, private) if args.record is not None and report["mismatches"] == 0 else None
     if args.json:
         print(json.dumps(_flash_json(report, recorded), default=lambda o: o.item() if hasattr(o, "item") else str(o)))
@@ -300,22 +315,41 @@ def _inputs(path: Path, shape: tuple[int, ...]) -> Any:
     return x.astype(np.float32)
 
 
+def _labels(path: Path, n: int, names: list[str]) -> Any:
+    """--labels: N class indices, or N of the bundle's label names, as class indices."""
+    import numpy as np
+
+    from edge.contract.manifest import label_indices
+
+    try:
+        y = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise DataError(f"--labels {path}: not a readable .npy file ({e})") from None
+    if y.ndim != 1 or len(y) != n:
+        raise DataError(f"--labels {path}: shape {y.shape}; --inputs has {n} examples, so ({n},) labels")
+    return label_indices(names, y, f"--labels {path}")
+
+
 def _flash_json(report: dict[str, Any], recorded: Path | None) -> dict[str, Any]:
-    keep = ("board", "binary", "bin", "vectors", "mismatches", "size", "memory", "policy", "plan")
+    keep = ("board", "binary", "bin", "vectors", "mismatches", "size", "memory", "policy", "plan", "power_cuts")
     return {**{k: report[k] for k in keep if k in report}, "recorded": str(recorded) if recorded else None,
             "variants": report["variants"], "bit_exact": report["mismatches"] == 0 if report["mismatches"] is not None
             else None}
 
 
+def _print_early(model: str, board: str, report: dict[str, Any]) -> None:
+    print(f"{model} on {board}: the int8 frame model and the early rule on {report['series']} test series")
+    for i, (got, want) in enumerate(zip(report["decisions"], report["expected_decisions"])):
+        same = got is not None and tuple(got) == tuple(want)
+        mark = "" if same else f"  (edge.classify.early: {want[0]} samples, class {want[1]})"
+        print(f"  series {i}: " + (f"decided after {got[0]} samples, class {got[1]}" if got else "no decision") + mark)
+    verdict = "the same as edge.classify.early's" if report["mismatches"] == 0 else f"{report['mismatches']} DIFFER"
+    print(f"  decisions: {verdict}")
+
+
 def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path | None) -> None:
     if "series" in report:  # an early-rule bundle
-        print(f"{model} on {board}: the int8 frame model and the early rule on {report['series']} test series")
-        for i, (got, want) in enumerate(zip(report["decisions"], report["expected_decisions"])):
-            same = got is not None and tuple(got) == tuple(want)
-            mark = "" if same else f"  (edge.classify.early: {want[0]} samples, class {want[1]})"
-            print(f"  series {i}: " + (f"decided after {got[0]} samples, class {got[1]}" if got else "no decision") + mark)
-        verdict = "the same as edge.classify.early's" if report["mismatches"] == 0 else f"{report['mismatches']} DIFFER"
-        print(f"  decisions: {verdict}")
+        _print_early(model, board, report)
         return
     if report["mismatches"] is None:
         print(f"{model} for {board}: built, not run (no emulator for this chip here); --program writes it to a board")
@@ -327,6 +361,8 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
         line = f"  {v['name']}: {v['macs']} MACs, vector 0 -> {first[:4]}..." if first else f"  {v['name']}"
         if v.get("instructions_per_inference"):
             line += f", {v['instructions_per_inference']} instructions ({v['instructions_per_mac']:.2f}/MAC)"
+        if v.get("accuracy_on_board") is not None:
+            line += f", accuracy on the board {v['accuracy_on_board']:.3f}"
         print(line)
     if "policy" in report:
         plan = report["plan"]
@@ -354,3 +390,7 @@ def _print_flash(model: str, board: str, report: dict[str, Any], recorded: Path 
     if report["mismatches"] is not None:
         verdict = f"bit-exact with {report['oracle']}" if report["mismatches"] == 0 else f"{report['mismatches']} logits DIFFER"
         print(f"  outputs: {verdict}")
+    if "power_cuts" in report:
+        cuts = report["power_cuts"]
+        print(f"  power cuts: {cuts['identical']} of {cuts['trials']} cut inferences gave the uncut outputs bit for bit "
+              f"(at most {cuts['max_boots']} power-ons each)")
