@@ -549,7 +549,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
             node_est, node_rule, chosen = node_operating_point(est, oof, np.searchsorted(est.classes, y))
             r["node"] = simulated_node(name, node_est, node_rule, x, xt, yt, quick)
             r["node"]["chosen_on_training"] = chosen
-    measured = dict(previous.get("measured", {})) | dict.fromkeys(parts, _commit(("bench", "models/firmbound")))
+    measured = dict(previous.get("measured", {})) | dict.fromkeys(parts, _commit(
+        ("bench/firmbound.py", "models/firmbound", "edge/classify/rocket.py", "simulator")))
     out = {**_summary(syn, real), "synthetic": syn, "real": real, "quick": quick, "measured": measured,
            "seconds": time.perf_counter() - started if set(parts) == set(PARTS) else previous.get("seconds"),
            "seconds_this_run": time.perf_counter() - started, "parts_this_run": list(parts),

@@ -50,12 +50,13 @@ def train_firmbound(data: Dataset, params: dict[str, Any], out_dir: Path,
     started = time.perf_counter()
     clf.fit(x, y)
     seconds = time.perf_counter() - started
-    chosen = clf.sampling_cost() is None
+    choice = (f"{clf.cost}, chosen by internal validation" if clf.sampling_cost() is None else
+              "energy per sample / joules per loss" if clf.energy_per_sample_j is not None else "given")
     labels = [data.labels[c] for c in clf.classes_]
     summary = {"dataset": data.name, "n_train": len(y), "n_test": len(yt), "channels": int(x.shape[1]),
                "length": int(x.shape[2]), "labels": labels,
                "estimator": clf.estimator, "cost": float(clf.cost_), "decision_points": len(clf.points_),
-               "cost_choice": f"chosen by internal validation ({clf.cost})" if chosen else "given",
+               "cost_choice": choice,
                "train_time_s": seconds, **score(clf, xt, yt)}
     paths = save_checkpoint(clf, labels, x, xt, out_dir, summary, dataset, dataset_sha256)
     return clf, summary, paths
