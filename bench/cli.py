@@ -33,8 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run (results marked quick)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object (the table goes to stderr)")
     p.add_argument("--part", action="append", metavar="PART",
-                   help="firmware only: run just this part (trained, tflite or mlperf; repeatable) and keep the other "
-                        "parts' keys from the committed results, each part marked with the commit it was measured at")
+                   help="firmware, firmbound and link: run just this part (firmware: trained, tflite or mlperf; "
+                        "firmbound: synthetic, streams, defaults or nodes; link: mosquitto, embedded, mixed or upload; "
+                        "repeatable) and keep the other parts' keys from the "
+                        "committed results, each part marked with the commit it was measured at")
     p.add_argument("--dataset", metavar="PATH",
                    help="nexume only: run the benchmark's protocol on your data set instead of the built-in ones (a "
                         "folder of audio per label, a .csv/.parquet table, an .npz, or ucr:NAME; as trickle train "
@@ -47,8 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from edge.core.errors import ConfigError
 
-    if args.part and args.name != "firmware":
-        raise ConfigError("--part", ",".join(args.part), "splits the firmware benchmark only")
+    if args.part and args.name not in ("firmware", "firmbound", "link"):
+        raise ConfigError("--part", ",".join(args.part), "splits the firmware, firmbound and link benchmarks only")
     options: dict[str, Any] = user_data_options(args)  # read (and refused) before the benchmark imports torch
     module = importlib.import_module(f"bench.{args.name.replace('-', '_')}")
     if args.part:
