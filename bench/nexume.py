@@ -265,7 +265,11 @@ def _committed_ablations(path: Path) -> dict[str, Any]:
     previous = json.loads(path.read_text())
     commit = previous.get("ablation_measured_at") or subprocess.run(
         ["git", "log", "-1", "--format=%h", "--", path.name], capture_output=True, text=True, cwd=path.parent).stdout.strip()
-    return {"ablation": previous.get("ablation", {}), "ablation_measured_at": commit or "unknown"}
+    table = previous.get("ablation", {})  # in the order a run writes it (the file's keys are sorted)
+    cells = [f"{d}|{src}|{cap}" for d in DATASETS for src, cap in ABLATION_CELLS]
+    table = {row: {c: table[row][c] for c in cells if c in table[row]} for row in ("nexume", "uniform", *ABLATIONS)
+             if row in table}
+    return {"ablation": table, "ablation_measured_at": commit or "unknown"}
 
 
 def _kept(work_dir: Path | None, name: str, settings: dict[str, Any], compute: Callable[[], Any]) -> Any:

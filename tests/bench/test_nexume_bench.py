@@ -229,3 +229,13 @@ def test_bench_takes_every_user_data_option_train_takes() -> None:
     from models.nexume.config import TrainConfig
 
     assert set(user_data_fields(args)) <= set(TrainConfig.model_fields)
+
+
+def test_a_run_without_ablations_keeps_the_committed_table_and_says_where_it_is_from(tmp_path: Path) -> None:
+    cells = [f"{d}|{src}|{cap}" for d in ("fsdd", "digits") for src, cap in nexume.ABLATION_CELLS]
+    table = {row: {c: 0.5 for c in cells} for row in ("nexume", "uniform", *nexume.ABLATIONS)}
+    (tmp_path / "nexume.json").write_text(json.dumps({"ablation": table, "ablation_measured_at": "abc1234"}, sort_keys=True))
+    kept = nexume._committed_ablations(tmp_path / "nexume.json")
+    assert kept["ablation"] == table and kept["ablation_measured_at"] == "abc1234"
+    # in the order a run writes it, not the file's sorted one
+    assert list(kept["ablation"]) == ["nexume", "uniform", *nexume.ABLATIONS] and list(kept["ablation"]["nexume"]) == cells
