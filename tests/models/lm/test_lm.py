@@ -107,7 +107,8 @@ def test_cli_trains_and_reports_json(corpus: Path, tmp_path: Path, capsys: pytes
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["steps"] == 5 and doc["size"] == "tiny" and (out / "model.safetensors").exists()
     assert main(["train", "lm", "--dataset", "digits", "--out", str(out)]) == 1
-    assert capsys.readouterr().err == "trickle train: error: --dataset = 'digits': applies to trickle train nexume only\n"
+    assert capsys.readouterr().err == ("trickle train: error: --dataset = 'digits': applies to trickle train nexume and "
+                                       "firmbound only\n")
 
 
 def test_the_cli_sizes_are_the_models() -> None:
