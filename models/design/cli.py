@@ -14,7 +14,8 @@ models/design/spec.py for every field.
 The search is Optuna's GP sampler (log expected improvement, or log expected hypervolume
 improvement with several objectives; constraints respected), after random startup designs, with
 --workers designs simulated at a time (or as Ray tasks with --cluster). OUT/study.log keeps the
-study: --resume continues it. Written to OUT: design.json (every design), design.md and the
+study: --resume continues it (Ctrl-C stops a study cleanly; designs cut short are left out).
+Written to OUT: design.json (every design), design.md and the
 self-contained design.html (the Pareto front against the capacitor, convergence against random
 search with the same budget), best/design-N.toml (ready for trickle simulate --scenario) and
 chosen/ (the simulation report of the best design).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from edge.core.errors import ConfigError
     from models.design.report import write_report
     from models.design.search import run_study
-    from models.design.spec import load_spec
+    from models.design.spec import load_spec, prepare
 
     spec = load_spec(args.spec)
     updates: dict[str, object] = {}
@@ -64,12 +66,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers", workers, "must be >= 1")
     out = args.out or Path("runs") / "design" / spec.name
     base_dir = args.spec.resolve().parent
+    spec = prepare(spec, base_dir)  # every field and value checked against the scenario before a design runs
     total = spec.trials * (2 if spec.random_baseline else 1)
     started = time.perf_counter()
-    with tqdm(total=total, desc="designs", unit="design", disable=args.no_progress) as bar:
-        study = run_study(spec, base_dir, out, workers, args.resume, args.cluster, progress=bar.update)
-        random_study = run_study(spec, base_dir, out, workers, args.resume, args.cluster, sampler_kind="random",
-                                 progress=bar.update) if spec.random_baseline and spec.sampler != "random" else None
+    try:
+        with tqdm(total=total, desc="designs", unit="design", disable=args.no_progress) as bar:
+            study = run_study(spec, base_dir, out, workers, args.resume, args.cluster, progress=bar.update)
+            random_study = run_study(spec, base_dir, out, workers, args.resume, args.cluster, sampler_kind="random",
+                                     progress=bar.update) if spec.random_baseline and spec.sampler != "random" else None
+    except KeyboardInterrupt:
+        again = f"trickle design {args.spec} --out {out} --resume" + (f" --trials {args.trials}" if args.trials else "")
+        print(f"trickle design: interrupted; resume with: {again}", file=sys.stderr)
+        return 130
     doc = write_report(spec, base_dir, study, random_study, out, time.perf_counter() - started)
     if args.json:
         print(json.dumps({k: v for k, v in doc.items() if k != "trials"}, default=str))

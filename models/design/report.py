@@ -14,8 +14,8 @@ from typing import Any
 
 from edge.core.files import write_atomic
 from edge.core.tables import markdown_table
-from models.design.search import best_so_far, feasible, pareto
-from models.design.spec import DesignSpec, scenario_data
+from models.design.search import best_so_far, evaluated, feasible, pareto, useful
+from models.design.spec import DESIGN_METRICS, DesignSpec, prepare, scenario_data
 
 BEST = 5  # designs written as scenario files
 
@@ -36,31 +36,84 @@ def shown_params(spec: DesignSpec, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def trial_rows(spec: DesignSpec, trials: list[Any]) -> list[dict[str, Any]]:
+    """design.json's rows: every finished design (refused ones without values; ``trials`` holds no
+    design an interrupt cut short: see ``finished``)."""
     rows = []
     for t in sorted(trials, key=lambda t: t.number):
-        rows.append({"number": t.number, "state": t.state.name, "params": shown_params(spec, t.params),
-                     "values": t.values, "metrics": t.user_attrs.get("metrics", {}), "feasible": feasible(t),
-                     "error": t.user_attrs.get("error")})
+        refused = "error" in t.user_attrs
+        rows.append({"number": t.number, "state": "REFUSED" if refused else t.state.name,
+                     "params": shown_params(spec, t.params), "values": None if refused else t.values,
+                     "metrics": t.user_attrs.get("metrics", {}), "feasible": feasible(t),
+                     "error": t.user_attrs.get("error"), "per_run": t.user_attrs.get("per_run", [])})
     return rows
 
 
+def finished(study: Any | None) -> list[Any]:
+    """The study's finished designs: trials an interrupt cut short (failed, perhaps with only some
+    parameters chosen) are left out of every report."""
+    return [t for t in study.get_trials(deepcopy=False) if evaluated(t)] if study is not None else []
+
+
+def deciding_run(spec: DesignSpec, trial: Any) -> dict[str, Any]:
+    """The run (case and seed) whose figure a design's first objective reports: under the worst
+    statistic the worst run; under the mean (or for a design metric) the first."""
+    runs = trial.user_attrs.get("per_run") or [{"case": _case_names(spec)[0], "seed": spec.seeds[0]}]
+    first = spec.objective[0]
+    if spec.statistic != "worst" or first.metric in DESIGN_METRICS:
+        return dict(runs[0])
+    pick = min if first.goal == "maximize" else max
+    return dict(pick(runs, key=lambda run: run[first.metric]))  # the first such run on a tie
+
+
+def _case_names(spec: DesignSpec) -> list[str]:
+    return [c.name for c in spec.case] or ["base"]
+
+
+def design_scenario(spec: DesignSpec, base_dir: Path, trial: Any, run: dict[str, Any]) -> dict[str, Any]:
+    """A design as one scenario: the base, the spec's set, the design's fields, the run's case and seed."""
+    case = next((c.set for c in spec.case if c.name == run["case"]), {})
+    return scenario_data(spec, base_dir, {**spec.overrides(trial.params), **case, "run.seed": run["seed"]})
+
+
 def write_best(spec: DesignSpec, base_dir: Path, best: list[Any], out_dir: Path) -> list[Path]:
-    """Each best design as a full scenario TOML (the base with the design's fields set)."""
+    """Each best design as a full scenario TOML: the base with the spec's set, the design's fields
+    and the case and seed of the run that decides its first objective, so that simulating the file
+    gives the figure reported (under the mean of several runs: that run's figure, listed)."""
     import tomli_w
 
     paths = []
     for rank, t in enumerate(best[:BEST], 1):
-        data = scenario_data(spec, base_dir, spec.overrides(t.params))
+        run = deciding_run(spec, t)
+        data = design_scenario(spec, base_dir, t, run)
         data["name"] = f"{spec.name}-design-{rank}"
+        runs = t.user_attrs.get("per_run") or []
+        first = spec.objective[0].metric
         head = (f"# {spec.name}, design {rank} (trial {t.number}): "
                 + ", ".join(f"{k} = {v}" for k, v in shown_params(spec, t.params).items())
-                + "\n# objectives: " + ", ".join(f"{o.metric} = {v:.6g}" for o, v in zip(spec.objective, t.values))
-                + (f"\n# evaluated over cases {[c.name for c in spec.case]} and seeds {spec.seeds}" if spec.case else "")
+                + f"\n# objectives ({spec.statistic} over cases {_case_names(spec)} x seeds {spec.seeds}): "
+                + ", ".join(f"{o.metric} = {v:.6g}" for o, v in zip(spec.objective, t.values))
+                + f"\n# this file: case {run['case']!r}, seed {run['seed']}"
+                + (f" ({first} = {run[first]:.6g})" if first in run else "")
+                + ("".join(f"\n#   case {r['case']!r}, seed {r['seed']}: {first} = {r[first]:.6g}" for r in runs
+                           if first in r) if len(runs) > 1 else "")
                 + "\n")
         path = out_dir / "best" / f"design-{rank}.toml"
         write_atomic(path, (head + tomli_w.dumps(_toml_safe(data))).encode())
         paths.append(path)
     return paths
+
+
+def resimulate_best(spec: DesignSpec, doc: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    """Simulate each best design's file again: its metrics against those its run reported."""
+    from simulator import load_scenario, simulate
+
+    out = []
+    for entry in doc["best"]:
+        summary = simulate(load_scenario(out_dir / entry["scenario_file"])).summary
+        again = {k: float(summary[k]) for k in entry["file_metrics"] if k in summary}
+        out.append({"scenario_file": entry["scenario_file"], "reported": entry["file_metrics"], "resimulated": again,
+                    "matches": again == entry["file_metrics"]})
+    return out
 
 
 def _toml_safe(value: Any) -> Any:
@@ -79,7 +132,7 @@ def _figures(spec: DesignSpec, trials: list[Any], random_trials: list[Any], out_
     import matplotlib.pyplot as plt
 
     paths = []
-    done = [t for t in trials if t.values is not None]
+    done = [t for t in trials if "error" not in t.user_attrs]  # built (a refused design has no figures)
     front = pareto(spec, trials)
     first = spec.objective[0]
     with_parts = any(p.parts is not None for p in spec.parameter)
@@ -141,17 +194,20 @@ def _fmt(v: Any) -> str:
 
 
 def summary(spec: DesignSpec, study: Any, random_study: Any | None) -> dict[str, Any]:
-    trials = study.get_trials(deepcopy=False)
-    random_trials = random_study.get_trials(deepcopy=False) if random_study is not None else []
+    """design.json (less the files written): ``spec`` as ``prepare`` returned it."""
+    trials, random_trials = finished(study), finished(random_study)
     best = pareto(spec, trials)
+    built = [t for t in trials if "error" not in t.user_attrs]
     out: dict[str, Any] = {
         "name": spec.name, "sampler": spec.sampler, "directions": spec.directions,
         "objectives": [o.metric for o in spec.objective], "statistic": spec.statistic,
-        "cases": [c.name for c in spec.case] or ["base"], "seeds": spec.seeds,
-        "evaluated": len(trials), "failed": sum(t.values is None for t in trials),
-        "infeasible": sum(t.values is not None and not feasible(t) for t in trials),
-        "best": [{"number": t.number, "params": shown_params(spec, t.params), "values": t.values,
-                  "metrics": t.user_attrs.get("metrics", {})} for t in best[:BEST]],
+        "cases": _case_names(spec), "seeds": spec.seeds,
+        "evaluated": len(trials), "failed": len(trials) - len(built),
+        "interrupted": len(study.get_trials(deepcopy=False)) - len(trials),
+        "infeasible": sum(not feasible(t) for t in built),
+        "complete_nothing": sum(feasible(t) and not useful(spec, t) for t in built),
+        "parts_excluded": [e for p in spec.parameter for e in p.excluded],
+        "best": [_best_entry(spec, t) for t in best[:BEST]],
         "best_so_far": best_so_far(spec, trials),
         "random_best_so_far": best_so_far(spec, random_trials) if random_trials else None,
         "trials": trial_rows(spec, trials),
@@ -159,18 +215,27 @@ def summary(spec: DesignSpec, study: Any, random_study: Any | None) -> dict[str,
     return out
 
 
+def _best_entry(spec: DesignSpec, t: Any) -> dict[str, Any]:
+    run = deciding_run(spec, t)
+    return {"number": t.number, "params": shown_params(spec, t.params), "values": t.values,
+            "metrics": t.user_attrs.get("metrics", {}), "file_case": run["case"], "file_seed": run["seed"],
+            "file_metrics": {k: v for k, v in run.items() if k not in ("case", "seed")}}
+
+
 def write_report(spec: DesignSpec, base_dir: Path, study: Any, random_study: Any | None, out_dir: Path,
                  wall_s: float, chosen_report: bool = True) -> dict[str, Any]:
     """Write everything; returns the summary written to design.json."""
-    trials = study.get_trials(deepcopy=False)
-    random_trials = random_study.get_trials(deepcopy=False) if random_study is not None else []
+    spec = prepare(spec, base_dir)  # as run_study searched it (the parts rated for the clamp)
+    trials, random_trials = finished(study), finished(random_study)
     doc = summary(spec, study, random_study)
     best = pareto(spec, trials)
     figures = _figures(spec, trials, random_trials, out_dir) if trials else []
     scenario_files = write_best(spec, base_dir, best, out_dir)
     doc["scenario_files"] = [str(p.relative_to(out_dir)) for p in scenario_files]
+    for entry, path in zip(doc["best"], doc["scenario_files"]):
+        entry["scenario_file"] = path
     if chosen_report and best:
-        doc["chosen_report"] = str(_chosen(spec, base_dir, best[0], out_dir).relative_to(out_dir))
+        doc["chosen_report"] = str(_chosen(scenario_files[0], out_dir).relative_to(out_dir))
     write_atomic(out_dir / "design.json", (json.dumps(doc, indent=1, sort_keys=True, default=_json) + "\n").encode())
     # wall time is the machine's, not the study's: kept out of design.json (same spec, same bytes)
     evals = len(trials) + len(random_trials)
@@ -185,16 +250,13 @@ def _json(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else str(v)
 
 
-def _chosen(spec: DesignSpec, base_dir: Path, trial: Any, out_dir: Path) -> Path:
-    """The chosen design's simulation report (its first case, first seed), as trickle simulate writes it."""
-    from simulator.config import build_scenario
-    from simulator.fleet import simulate
+def _chosen(scenario_file: Path, out_dir: Path) -> Path:
+    """The chosen design's simulation report (its file: the run that decides its figure), as trickle
+    simulate writes it."""
+    from simulator import load_scenario, simulate
     from simulator.report import write_outputs
 
-    case = spec.case[0].set if spec.case else {}
-    data = scenario_data(spec, base_dir, {**spec.overrides(trial.params), **case, "run.seed": spec.seeds[0]})
-    result = simulate(build_scenario(data, "chosen design"))
-    write_outputs(result, out_dir / "chosen")
+    write_outputs(simulate(load_scenario(scenario_file)), out_dir / "chosen")
     return out_dir / "chosen" / "report.md"
 
 
@@ -206,15 +268,19 @@ def _markdown(spec: DesignSpec, doc: dict[str, Any], best: list[Any]) -> str:
              f"reduced by the {spec.statistic}.", "",
              f"{doc['evaluated']} designs evaluated by {spec.sampler}"
              + (f" ({spec.startup_trials} random first)" if spec.sampler != "random" else "")
-             + f", {doc['failed']} refused by the scenario, {doc['infeasible']} outside the constraints"
+             + f", {doc['failed']} refused by the scenario, {doc['infeasible']} outside the constraints, "
+             f"{doc['complete_nothing']} completing nothing (left out of the designs offered)"
+             + (f"; {doc['interrupted']} cut short by an interrupt, left out" if doc.get("interrupted") else "")
              + ".", ""]
+    if doc.get("parts_excluded"):
+        lines += ["Parts left out: " + "; ".join(doc["parts_excluded"]) + ".", ""]
     if spec.constraint:
         lines += ["Constraints: " + ", ".join(
             f"{c.metric} {'>= ' + format(c.min, 'g') if c.min is not None else ''}"
             f"{' and ' if c.min is not None and c.max is not None else ''}"
             f"{'<= ' + format(c.max, 'g') if c.max is not None else ''}" for c in spec.constraint), ""]
     title = "Pareto front" if len(spec.objective) > 1 else "Best designs"
-    lines += [f"## {title}", "", _best_table(spec, best) if best else "No design met the constraints.", ""]
+    lines += [f"## {title}", "", _best_table(spec, best) if best else "No design met the constraints and completed anything.", ""]
     if doc.get("random_best_so_far"):
         bo, rs = doc["best_so_far"][-1], doc["random_best_so_far"][-1]
         lines += ["## Against random search", "",
@@ -223,7 +289,10 @@ def _markdown(spec: DesignSpec, doc: dict[str, Any], best: list[Any]) -> str:
     lines += ["![designs](pareto.png)", "", "![convergence](convergence.png)", ""]
     if doc.get("scenario_files"):
         lines += ["Ready-to-run scenarios: " + ", ".join(f"`{p}`" for p in doc["scenario_files"])
-                  + f" (`trickle simulate --scenario {doc['scenario_files'][0]}`).", ""]
+                  + f" (`trickle simulate --scenario {doc['scenario_files'][0]}`); each in the case and seed that "
+                  "decides its first objective: "
+                  + "; ".join(f"{e['scenario_file']}: {e['file_case']}, seed {e['file_seed']}" for e in doc["best"])
+                  + ".", ""]
     if doc.get("chosen_report"):
         lines += [f"The chosen design's simulation: [{doc['chosen_report']}]({doc['chosen_report']}).", ""]
     return "\n".join(lines)

@@ -12,26 +12,28 @@ samplers in the same study format for the baselines.
 
 A design is simulated once per case and seed (``DesignSpec.case``, ``seeds``) with one worker
 each; parallelism is across designs: ``workers`` designs at a time (asked together, so the GP
-sees the pending ones). A design the scenario refuses (say v_on above the clamp) is a failed
-trial with the reason kept; the GP ignores it. Same spec and seed: the same designs in the same
-order, the same results.
+sees the pending ones). A design the scenario refuses (say v_on above the clamp, or a capacitor
+rated below it) is told to the sampler as a violated constraint with its objectives at the worst
+any built design reached, so the optimiser stops proposing it; the reason is kept. A study cut
+short (Ctrl-C) keeps what finished; --resume continues it. Same spec and seed: the same designs
+in the same order, the same results.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import signal
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 from edge.core.errors import ConfigError
-from models.design.spec import DESIGN_METRICS, Case, DesignSpec, scenario_data
+from models.design.spec import DESIGN_METRICS, Case, DesignSpec, prepare, scenario_data
 
 STUDY_FILE = "study.log"
 
@@ -66,19 +68,25 @@ def _reduce(values: list[float], goal: str, statistic: str) -> float:
 
 def evaluate(spec: DesignSpec, base_dir: Path, params: dict[str, Any]) -> Evaluation:
     """Simulate one design in every case and seed; metrics reduced by ``spec.statistic`` (the worst
-    of a constraint's metric is the one nearest its bound)."""
+    of a constraint's metric is the one nearest its bound). A design the scenario refuses (or whose
+    capacitor is rated below the clamp) comes back with ``error`` and its design metrics only."""
     from simulator.config import build_scenario
     from simulator.fleet import simulate
 
     started = time.perf_counter()
     out = Evaluation(params)
     dotted = spec.overrides(params)
+    part = spec.part(params)
     try:
         for case in _cases(spec):
             for seed in spec.seeds:
                 data = scenario_data(spec, base_dir, {**dotted, **case.set, "run.seed": seed, "run.workers": 1,
                                                       "nodes.record_traces": 0})
                 scenario = build_scenario(data, f"design {params}")
+                clamp_v = scenario.thresholds.v_max
+                if part is not None and part.rated_voltage_v < clamp_v:
+                    raise ConfigError("storage.capacitance_f", part.name, f"rated {part.rated_voltage_v:g} V, below "
+                                      f"the clamp ({clamp_v:g} V)")
                 summary = simulate(scenario).summary
                 # a phase's completions are reported once it completed: the program's phases read 0 before
                 zeros = {f"phase_{phase.name}_completed": 0.0 for phase in scenario.workload.program}
@@ -86,6 +94,7 @@ def evaluate(spec: DesignSpec, base_dir: Path, params: dict[str, Any]) -> Evalua
                                     **{k: float(v) for k, v in summary.items() if isinstance(v, int | float)}})
     except ConfigError as err:
         out.error = str(err)
+        out.metrics.update(spec.design_metrics(params))
         out.seconds = time.perf_counter() - started
         return out
     goals = {o.metric: o.goal for o in spec.objective}
@@ -149,8 +158,42 @@ def make_sampler(spec: DesignSpec, kind: str | None = None, seed: int | None = N
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.startup_trials)
-    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.startup_trials, deterministic_objective=True,
-                                     independent_sampler=optuna.samplers.RandomSampler(seed=seed))
+    return _gp_sampler(spec, seed)
+
+
+def designs_differ(spec: DesignSpec, trials: list[Any]) -> bool:
+    """Do the built designs among ``trials`` differ in a simulated objective (what the nodes did)?"""
+    simulated = [k for k, o in enumerate(spec.objective) if o.metric not in DESIGN_METRICS]
+    built = [t for t in trials if "error" not in t.user_attrs]
+    return not simulated or any(len({t.values[k] for t in built}) > 1 for k in simulated)
+
+
+def _gp_sampler(spec: DesignSpec, seed: int) -> Any:
+    """Optuna's GP sampler, drawing at random until the designs differ in what the nodes did: a GP
+    fitted to one value everywhere (no design has completed anything yet, say) has nothing to say
+    about where to look, and would keep proposing designs beside the first it saw."""
+    import optuna
+    from optuna.trial import TrialState
+
+    class GPOnceDesignsDiffer(optuna.samplers.GPSampler):
+        def sample_relative(self, study: Any, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
+            done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if not designs_differ(spec, done):
+                return {}  # drawn by the independent (random) sampler
+            return dict(super().sample_relative(study, trial, search_space))
+
+    return GPOnceDesignsDiffer(seed=seed, n_startup_trials=spec.startup_trials, deterministic_objective=True,
+                               independent_sampler=optuna.samplers.RandomSampler(seed=seed),
+                               warn_independent_sampling=False)
+
+
+def _ignore_interrupt() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them: one line, not a traceback per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _evaluate_args(args: tuple[DesignSpec, Path, dict[str, Any]]) -> Evaluation:
+    return evaluate(*args)
 
 
 class _Evaluator:
@@ -158,7 +201,7 @@ class _Evaluator:
 
     def __init__(self, spec: DesignSpec, base_dir: Path, workers: int, cluster: str | None) -> None:
         self.spec, self.base_dir, self.workers, self.cluster = spec, base_dir, workers, cluster
-        self.pool: ProcessPoolExecutor | None = None
+        self.pool: Any = None
         self.ray: Any = None
 
     def __enter__(self) -> _Evaluator:
@@ -179,12 +222,16 @@ class _Evaluator:
             self.ray = ray
         elif self.workers > 1:
             ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-            self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx)
+            self.pool = ctx.Pool(self.workers, initializer=_ignore_interrupt)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+            if kind is None:
+                self.pool.close()
+            else:  # interrupted (or failed): the designs in flight are dropped, resumed by --resume
+                self.pool.terminate()
+            self.pool.join()
         if self.ray is not None:
             self.ray.shutdown()
 
@@ -193,7 +240,7 @@ class _Evaluator:
             task = self.ray.remote(evaluate)
             return list(self.ray.get([task.remote(self.spec, self.base_dir, d) for d in designs]))
         if self.pool is not None:
-            return list(self.pool.map(evaluate, [self.spec] * len(designs), [self.base_dir] * len(designs), designs))
+            return list(self.pool.map(_evaluate_args, [(self.spec, self.base_dir, d) for d in designs], chunksize=1))
         return [evaluate(self.spec, self.base_dir, d) for d in designs]
 
 
@@ -219,19 +266,35 @@ def open_study(spec: DesignSpec, out_dir: Path, name: str, sampler: Any, resume:
     return study
 
 
+# the constraints every design carries beside the spec's, so that the sampler looks where the report does:
+# 1 when violated, -1 when kept
+REFUSED = "refused by the scenario"
+NOTHING = "completes nothing"  # a maximised simulated objective at or below zero (see useful)
+
+
+def evaluated(trial: Any) -> bool:
+    """A design the study finished (simulated, or refused with the reason): not one an interrupt cut
+    short (those are failed trials, perhaps with only some of their parameters chosen)."""
+    from optuna.trial import TrialState
+
+    return bool(trial.state == TrialState.COMPLETE)
+
+
 def run_study(spec: DesignSpec, base_dir: Path, out_dir: Path, workers: int = 1, resume: bool = False,
               cluster: str | None = None, sampler_kind: str | None = None, name: str | None = None,
               progress: Callable[[int], None] | None = None, lookup: Callable[[dict[str, Any]], Evaluation] | None = None
               ) -> Any:
     """Run (or continue) the study until it holds ``spec.trials`` finished designs; returns it.
-    ``lookup``: evaluations from elsewhere (a benchmark's precomputed grid) instead of simulating."""
-    from optuna.trial import TrialState
-
+    ``spec`` is checked and its parts narrowed first (``prepare``): pass the same prepared spec to
+    the report. ``lookup``: evaluations from elsewhere (a benchmark's precomputed grid) instead of
+    simulating."""
+    spec = prepare(spec, base_dir)
     kind = sampler_kind or spec.sampler
     study = open_study(spec, out_dir, name or (spec.name if kind == spec.sampler else f"{spec.name}-{kind}"),
                        make_sampler(spec, kind), resume)
     dists = distributions(spec)
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
+    done = sum(evaluated(t) for t in study.get_trials(deepcopy=False))
+    checked = done > 0
     if progress is not None and done:
         progress(done)
     with _Evaluator(spec, base_dir, 1 if lookup is not None else workers, cluster) as evaluator:
@@ -239,38 +302,82 @@ def run_study(spec: DesignSpec, base_dir: Path, out_dir: Path, workers: int = 1,
             batch = [study.ask(dists) for _ in range(min(workers, spec.trials - done))]
             designs = [dict(t.params) for t in batch]
             results = [lookup(d) for d in designs] if lookup is not None else evaluator.map(designs)
-            if done == 0:
-                check_metrics(spec, results[0])
+            for ev in results:
+                if not checked and ev.error is None:
+                    check_metrics(spec, ev)
+                    checked = True
             for trial, ev in zip(batch, results):
-                trial.set_user_attr("metrics", ev.metrics)
-                trial.set_user_attr("seconds", ev.seconds)
-                if ev.error is not None:
-                    trial.set_user_attr("error", ev.error)
-                    study.tell(trial, state=TrialState.FAIL)
-                    continue
-                for c, value in zip(spec.constraint, violations(spec, ev)):
-                    trial.set_constraint(c.metric, value)
-                trial.set_user_attr("constraints", violations(spec, ev))
-                values = objectives(spec, ev)
-                if any(math.isnan(v) for v in values):
-                    trial.set_user_attr("error", "an objective is NaN (the metric had no value in some run)")
-                    study.tell(trial, state=TrialState.FAIL)
-                    continue
-                study.tell(trial, values)
+                _tell(study, spec, trial, ev)
             done += len(batch)
             if progress is not None:
                 progress(len(batch))
     return study
 
 
+def _tell(study: Any, spec: DesignSpec, trial: Any, ev: Evaluation) -> None:
+    """Give the sampler a design's outcome. A refused design (or one with an objective that had no
+    value) is told too, so the optimiser stops proposing it: its refusal constraint violated (the
+    GP's constrained acquisition learns where designs are refused), the spec's constraints
+    violated, its objectives at a penalty (``_penalty``); the report shows no values for it. A
+    design that completes nothing violates a constraint too: the front the sampler improves is the
+    report's."""
+    trial.set_user_attr("metrics", ev.metrics)
+    trial.set_user_attr("seconds", ev.seconds)
+    names = ["case", "seed", *needed_metrics(spec)]
+    trial.set_user_attr("per_run", [{k: run[k] for k in names if k in run} for run in ev.per_run])
+    error = ev.error
+    values = objectives(spec, ev) if error is None else []
+    if error is None and any(math.isnan(v) for v in values):
+        error = "an objective is NaN (the metric had no value in some run)"
+    if error is None:
+        constraints, refused = violations(spec, ev), -1.0
+    else:
+        trial.set_user_attr("error", error)
+        constraints, refused, values = [1.0] * len(spec.constraint), 1.0, _penalty(study, spec, ev)
+    for i, (c, value) in enumerate(zip(spec.constraint, constraints)):
+        trial.set_constraint(f"{i}: {c.metric}", value)
+    trial.set_constraint(REFUSED, refused)
+    trial.set_constraint(NOTHING, -1.0 if error is None and does_something(spec, values) else 1.0)
+    trial.set_user_attr("constraints", constraints)
+    study.tell(trial, values)
+
+
+def _penalty(study: Any, spec: DesignSpec, ev: Evaluation) -> list[float]:
+    """A refused design's objectives as the sampler sees them: each simulated one at the worst any
+    built design has reached so far (a maximised one no higher than zero: the design does nothing;
+    0 before any is built), its design metrics as they are."""
+    built = [t for t in study.get_trials(deepcopy=False) if evaluated(t) and "error" not in t.user_attrs]
+    out = []
+    for k, o in enumerate(spec.objective):
+        value = ev.metrics.get(o.metric, math.nan) if o.metric in DESIGN_METRICS else math.nan
+        if math.isnan(value):
+            seen = [t.values[k] for t in built]
+            value = min([*seen, 0.0]) if o.goal == "maximize" else max(seen, default=0.0)
+        out.append(value)
+    return out
+
+
 def feasible(trial: Any) -> bool:
-    return all(v <= 0 for v in trial.user_attrs.get("constraints", []))
+    """Built (not refused) and within every constraint."""
+    return evaluated(trial) and "error" not in trial.user_attrs and all(
+        v <= 0 for v in trial.user_attrs.get("constraints", []))
+
+
+def useful(spec: DesignSpec, trial: Any) -> bool:
+    """Does some of the work asked for (``does_something``)."""
+    return does_something(spec, trial.values)
+
+
+def does_something(spec: DesignSpec, values: list[float]) -> bool:
+    """Every maximised simulation objective above zero: a node that completes nothing is no design,
+    however small its capacitor (and would sit on the Pareto front of completions against volume)."""
+    return all(v > 0 for o, v in zip(spec.objective, values) if o.goal == "maximize" and o.metric not in DESIGN_METRICS)
 
 
 def pareto(spec: DesignSpec, trials: list[Any]) -> list[Any]:
-    """The feasible finished trials no other feasible one dominates, by their first objective then number."""
+    """The feasible, useful trials no other such one dominates, by their first objective then number."""
     sign = [1.0 if o.goal == "maximize" else -1.0 for o in spec.objective]
-    pool = [t for t in trials if t.values is not None and feasible(t)]
+    pool = [t for t in trials if feasible(t) and useful(spec, t)]
 
     def dominates(a: Any, b: Any) -> bool:
         sa = [s * v for s, v in zip(sign, a.values)]
@@ -289,8 +396,8 @@ def best_so_far(spec: DesignSpec, trials: list[Any]) -> list[float]:
     """The best feasible first objective after each evaluation (NaN until one is feasible)."""
     sign = 1.0 if spec.objective[0].goal == "maximize" else -1.0
     best, out = -math.inf, []
-    for t in sorted(trials, key=lambda t: t.number):
-        if t.values is not None and feasible(t):
+    for t in sorted((t for t in trials if evaluated(t)), key=lambda t: t.number):
+        if feasible(t):
             best = max(best, sign * t.values[0])
         out.append(sign * best if best != -math.inf else math.nan)
     return out

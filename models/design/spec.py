@@ -9,7 +9,8 @@ A parameter is one scenario field (``storage.capacitance_f``, ``storage.v_on_v``
 ``integer``), an ordered list of ``values``, or a list of capacitor ``parts`` (a bundled catalogue
 by name, or the user's own tables) that sets the capacitance and the leakage and gives each design
 its volume and cost. Lists are searched by index in their order, so a GP sees that 2.2 mF lies
-between 1 mF and 4.7 mF. Each design is simulated once per case (``[[case]]``: a day of light, a
+between 1 mF and 4.7 mF; parts rated below the clamp are left out (``prepare``) and each part
+sets its ESR. Each design is simulated once per case (``[[case]]``: a day of light, a
 season, a placement: overrides of the base) and seed; an objective is the mean or the worst of a
 summary metric over them (``statistic``), or a design metric (``capacitor_volume_mm3``,
 ``capacitor_cost_usd``, ``capacitance_f``).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,12 +34,17 @@ DESIGN_METRICS = ("capacitor_volume_mm3", "capacitor_cost_usd", "capacitance_f")
 
 
 class Part(Config):
-    """A capacitor one can buy: what it stores, leaks, occupies and costs."""
+    """A capacitor one can buy: what it stores, leaks, withstands, occupies and costs."""
 
     name: str
     capacitance_f: float = Field(gt=0, le=100)
     leakage_r_ohm: float | None = Field(None, gt=0)
     """Parallel leakage resistance (rated leakage current at rated voltage, as a resistance); none: negligible."""
+    rated_voltage_v: float = Field(gt=0, le=1000)
+    """The highest voltage the part takes: it must be at or above the clamp (storage.v_max_v, or a
+    charger's VBAT_OV), since the clamp is where the harvester holds it."""
+    esr_ohm: float = Field(ge=0, le=1e4)
+    """Equivalent series resistance (sets storage.esr_ohm: the drop under the load's current)."""
     volume_mm3: float = Field(gt=0)
     cost_usd: float = Field(ge=0)
 
@@ -58,7 +65,10 @@ class Parameter(Config):
     """An ordered list, searched by index."""
     parts: str | list[Part] | None = None
     """A bundled catalogue's name (models/design/parts/NAME.toml) or a list of parts; sets
-    storage.capacitance_f and storage.leakage_r_ohm (field must be storage.capacitance_f)."""
+    storage.capacitance_f, storage.leakage_r_ohm and storage.esr_ohm (field must be
+    storage.capacitance_f). Parts rated below the clamp are left out when the study starts."""
+    excluded: list[str] = Field(default_factory=list)
+    """Set when the study starts (``prepare``): the parts left out, each with the reason."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> Parameter:
@@ -91,13 +101,15 @@ class Objective(Config):
     """A metric to maximise or minimise."""
 
     metric: str
-    """A summary metric of the simulation (completed, packets_delivered, wasted_j, accuracy_within_deadline, ...)
-    or a design metric (capacitor_volume_mm3, capacitor_cost_usd, capacitance_f)."""
+    """A summary metric of the simulation (completed, packets_delivered, wasted_j, accuracy_within_deadline,
+    the ratios tasks_completed_ratio and packets_delivered_ratio, ...) or a design metric
+    (capacitor_volume_mm3, capacitor_cost_usd, capacitance_f)."""
     goal: Literal["maximize", "minimize"] = "maximize"
 
 
 class Constraint(Config):
-    """A bound a design's metric must keep (reduced over cases and seeds as the objectives are)."""
+    """A bound a design's metric must keep (reduced over cases and seeds as the objectives are), e.g.
+    95 % of the packets sent delivered: ``metric = "packets_delivered_ratio"``, ``min = 0.95``."""
 
     metric: str
     min: float | None = None
@@ -175,11 +187,20 @@ class DesignSpec(Config):
                 part = choices[int(value)]
                 out["storage.capacitance_f"] = part.capacitance_f
                 out["storage.leakage_r_ohm"] = part.leakage_r_ohm if part.leakage_r_ohm is not None else "none"
+                out["storage.esr_ohm"] = part.esr_ohm
             elif choices is not None:
                 out[p.field] = choices[int(value)]
             else:
                 out[p.field] = int(value) if p.integer else float(value)
         return out
+
+    def part(self, chosen: dict[str, Any]) -> Part | None:
+        """The capacitor part a design chose (None without parts)."""
+        for p in self.parameter:
+            if p.parts is not None and p.choices is not None:
+                part: Part = p.choices[int(chosen[p.field])]
+                return part
+        return None
 
     def design_metrics(self, chosen: dict[str, Any]) -> dict[str, float]:
         """Volume, cost and capacitance of the design's capacitor (NaN without parts)."""
@@ -217,15 +238,119 @@ def nested(dotted: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def scenario_data(spec: DesignSpec, base_dir: Path, dotted: dict[str, Any]) -> dict[str, Any]:
-    """The base scenario's tables with ``dotted`` overrides applied (not yet validated)."""
-    from simulator.config import scenario_path
+def scenario_file(spec: DesignSpec, base_dir: Path) -> Path:
+    """The base scenario's file: a bundled name, else a path (as given, or relative to the spec)."""
+    from simulator.config import SCENARIO_DIR, scenario_path
 
     path = scenario_path(spec.scenario)
     if not path.is_absolute() and not path.exists():
         path = base_dir / spec.scenario
-    data = read_toml(path, "scenario")
+    if not path.is_file():
+        bundled = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
+        close = get_close_matches(Path(spec.scenario).stem, bundled, n=3, cutoff=0.5)
+        raise ConfigError("scenario", spec.scenario, f"no such file (nor relative to {base_dir}) and no bundled "
+                          f"scenario of that name" + (f"; did you mean {close}?" if close else f"; bundled: {bundled}"))
+    return path
+
+
+def scenario_data(spec: DesignSpec, base_dir: Path, dotted: dict[str, Any]) -> dict[str, Any]:
+    """The base scenario's tables with ``dotted`` overrides applied (not yet validated)."""
+    data = read_toml(scenario_file(spec, base_dir), "scenario")
     return merge(data, nested(dotted))
+
+
+def prepare(spec: DesignSpec, base_dir: Path) -> DesignSpec:
+    """The spec checked against its base scenario before anything is simulated, with its parts
+    narrowed to those rated for the clamp. One ConfigError naming the parameter (or ``set`` or
+    case entry) and its value: a field the scenario does not have, a value the field refuses on its
+    own (a negative capacitance, say: a value refused only together with others, v_on above the
+    clamp, is a design the scenario refuses, told to the optimiser), or no part rated for the clamp.
+    Idempotent: a prepared spec prepares to itself."""
+    from simulator.config import build_scenario
+
+    base = build_scenario(read_toml(scenario_file(spec, base_dir), "scenario"), f"scenario {spec.scenario}")
+    for key, value in spec.set.items():
+        check_field(base, key, [value], f"set.{key}")
+    for case in spec.case:
+        for key, value in case.set.items():
+            check_field(base, key, [value], f"case {case.name!r}: set.{key}")
+    for p in spec.parameter:
+        if p.parts is not None:
+            continue
+        check_field(base, p.field, p.values if p.values is not None else [p.low, p.high], f"parameter {p.field}")
+    fields = {p.field for p in spec.parameter}
+    if not any(p.parts is not None for p in spec.parameter) or fields & CLAMP_FIELDS:
+        return spec  # without parts nothing to narrow; a searched clamp: each design's part is checked alone
+    clamp_v = max(_clamp_v(spec, base_dir, case) for case in (spec.case or [Case(name="base")]))
+    return spec.model_copy(update={"parameter": [_rated(p, clamp_v) if p.parts is not None else p
+                                                 for p in spec.parameter]})
+
+
+# fields that move the clamp a part must withstand
+CLAMP_FIELDS = frozenset({"storage.v_max_v", "input.vbat_ov_v", "input.kind"})
+
+
+def _clamp_v(spec: DesignSpec, base_dir: Path, case: Case) -> float:
+    """Where the harvester holds the capacitor in ``case`` (storage.v_max_v, or a charger's VBAT_OV)."""
+    from simulator.config import build_scenario
+
+    data = scenario_data(spec, base_dir, {**spec.set, **case.set})
+    try:
+        return build_scenario(data, "clamp").thresholds.v_max
+    except ConfigError:  # the base's own thresholds clash with the set: the storage's clamp as written
+        return float(data.get("storage", {}).get("v_max_v", 3.6))
+
+
+def _rated(p: Parameter, clamp_v: float) -> Parameter:
+    assert p.parts is not None
+    parts = load_parts(p.parts)
+    usable = [part for part in parts if part.rated_voltage_v >= clamp_v]
+    excluded = [f"{part.name}: rated {part.rated_voltage_v:g} V, below the clamp ({clamp_v:g} V)"
+                for part in parts if part.rated_voltage_v < clamp_v]
+    if not usable:
+        top = max(parts, key=lambda part: part.rated_voltage_v)
+        raise ConfigError(f"parameter {p.field}.parts", p.parts if isinstance(p.parts, str) else [q.name for q in parts],
+                          f"no part is rated for the clamp ({clamp_v:g} V: storage.v_max_v, or the charger's "
+                          f"VBAT_OV); the highest rating is {top.rated_voltage_v:g} V ({top.name}): lower the clamp "
+                          "or add parts rated for it")
+    return p.model_copy(update={"parts": usable, "excluded": [*p.excluded, *excluded]})
+
+
+def check_field(base: Any, key: str, values: list[Any], where: str) -> None:
+    """One ConfigError unless ``key`` names a field of the scenario ``base`` and each of ``values`` is
+    one that field takes on its own (its type and bounds; rules between fields are not checked)."""
+    from pydantic import BaseModel, ValidationError
+
+    *tables, name = key.split(".")
+    obj = base
+    for i, table in enumerate(tables):
+        known = type(obj).model_fields if isinstance(obj, BaseModel) else {}
+        if table not in known:
+            _unknown(where, key, ".".join(tables[:i]), list(known))
+        obj = getattr(obj, table)
+        if not isinstance(obj, BaseModel):  # a table the base leaves unset (None) or a list: its fields unknown here
+            return
+    known = type(obj).model_fields
+    if name not in known:
+        _unknown(where, key, ".".join(tables), list(known))
+    if name == "kind":  # a tagged union's member changes with it: checked when designs are built
+        return
+    for value in values:
+        try:
+            type(obj).model_validate({**obj.model_dump(), name: value})
+        except ValidationError as e:
+            err = e.errors()[0]
+            if tuple(err["loc"][:1]) == (name,):
+                raise ConfigError(where, value, f"{key} " + err["msg"].replace("Input should", "should")) from None
+        except ConfigError:  # a rule between this value and the base's others: a design refused, not a bad spec
+            pass
+
+
+def _unknown(where: str, key: str, table: str, known: list[str]) -> None:
+    name = key.removeprefix(f"{table}.") if table else key
+    close = get_close_matches(name, known, n=3, cutoff=0.5)
+    raise ConfigError(where, key, f"the scenario has no field {name!r}" + (f" in [{table}]" if table else "")
+                      + (f"; did you mean {close}?" if close else f"; its fields: {known}"))
 
 
 def load_spec(path: str | Path) -> DesignSpec:
