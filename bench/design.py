@@ -17,11 +17,18 @@ Keys of bench/results/design.json (goals in GOALS):
 - bo_vs_random_regret_ratio: BO's mean regret over random search's, same budget and seeds.
 - reconfigurable_vs_best_static_gain_pct: events detected on a volatile source (sparse vibration
   bursts: ``BANK_SCENARIO``) by the best reconfigurable bank (``storage.bank_f``: a base capacitor
-  and one switched capacitor; base share, v_on and the two bank thresholds on a grid) against the
-  best static capacitor (v_on on a grid), both of the total capacitance at which the static design
-  does best; ``reconfigurable_rows`` gives every total, and
-  ``reconfigurable_best_vs_static_best_any_size_gain_pct`` the best bank of any size against it.
+  and one switched capacitor; base share, v_on and the two bank thresholds on a grid of 81) against
+  the best static capacitor (v_on, its one choice, at 81 points: the same budget), both of the
+  total capacitance at which the static design does best; ``reconfigurable_rows`` gives every
+  total, and ``reconfigurable_best_vs_static_best_any_size_gain_pct`` the best bank of any size
+  against it.
 - design_evals_per_second: designs (two simulated days each) per second on this machine's cores.
+- bo_vs_random_median_ratio_readme_example: the README's example (``EXAMPLE``, --workers 2): BO's
+  best first objective (feasible designs that complete something) over random search's, the same
+  budget, per seed of SEEDS, the median; the designs are simulated once each (every design of the
+  example's space first, which also gives ``readme_example_grid_optimum``).
+- best_file_resimulation_matches: 1 when every best/design-N.toml the example writes (its own seed)
+  simulates to the figures its run reported, and to the design's reported first objective.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +48,8 @@ from edge.core.files import write_atomic
 from edge.core.tables import console_table
 
 RESULTS = Path(__file__).parent / "results"
-GOALS = {"bo_regret_vs_grid_pct": ("<=", 1.0), "bo_vs_random_regret_ratio": ("<=", 0.5)}
+GOALS = {"bo_regret_vs_grid_pct": ("<=", 1.0), "bo_vs_random_regret_ratio": ("<=", 0.5),
+         "bo_vs_random_median_ratio_readme_example": (">=", 1.0), "best_file_resimulation_matches": (">=", 1)}
 SEEDS = (0, 1, 2, 3, 4)
 SPACE: dict[str, list[float]] = {
     "storage.capacitance_f": [0.47e-3, 1e-3, 2.2e-3, 3.3e-3, 4.7e-3, 6.8e-3, 10e-3, 15e-3, 22e-3, 47e-3],
@@ -84,9 +93,10 @@ def _grid(spec: Any, base_dir: Path) -> tuple[dict[tuple[int, ...], Any], float]
 BANK_SCENARIO = {"harvester": {"rate_hz": 0.02, "mean_burst_s": 5.0}, "workload": {"sense_period_s": 10.0},
                  "nodes": {"count": 1}, "run": {"workers": 1}}
 BANK_TOTALS_F = (2.2e-3, 4.7e-3, 10e-3, 22e-3, 47e-3)
-STATIC_V_ON = (2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
 BANK_CHOICES = {"base_share": (0.05, 0.2, 0.5), "v_on_v": (2.4, 2.8, 3.2), "bank_connect_v": (2.8, 3.2, 3.5),
                 "bank_isolate_v": (2.0, 2.2, 2.5)}
+# the static capacitor's one choice, v_on, from the cut-off to the clamp, with as many designs as the bank's grid
+STATIC_V_ON_RANGE = (2.1, 3.6)
 BANK_SEEDS = (0, 1, 2)
 
 
@@ -104,39 +114,148 @@ def _events(storage: dict[str, Any]) -> float:
     return total / len(BANK_SEEDS)
 
 
-def _bank_designs(total_f: float) -> list[dict[str, Any]]:
+def _bank_designs(total_f: float, choices: dict[str, tuple[float, ...]] = BANK_CHOICES) -> list[dict[str, Any]]:
     out = []
-    for share, v_on, on, off in itertools.product(*BANK_CHOICES.values()):
+    for share, v_on, on, off in itertools.product(*choices.values()):
         if off < on:
             out.append({"capacitance_f": total_f * share, "bank_f": [total_f * (1 - share)], "v_on_v": v_on,
                         "bank_connect_v": on, "bank_isolate_v": off})
     return out
 
 
+def _static_designs(total_f: float, budget: int) -> list[dict[str, Any]]:
+    """``budget`` static designs of ``total_f``: v_on evenly over STATIC_V_ON_RANGE (its only choice)."""
+    low, high = STATIC_V_ON_RANGE
+    return [{"capacitance_f": total_f, "v_on_v": round(low + (high - low) * k / (budget - 1), 6)} for k in range(budget)]
+
+
 def bench_bank(quick: bool) -> dict[str, Any]:
-    """Best static capacitor against the best bank of the same total capacitance, per total."""
+    """Best static capacitor against the best bank of the same total capacitance, per total, each the
+    best of the same number of simulated designs (the bank's grid; the static v_on as finely)."""
     from concurrent.futures import ProcessPoolExecutor
 
     totals = BANK_TOTALS_F[1:3] if quick else BANK_TOTALS_F
+    choices = {k: v[:2] for k, v in BANK_CHOICES.items()} if quick else BANK_CHOICES
     rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(min(2, os.cpu_count() or 1)) as pool:
         for total in totals:
-            static = [{"capacitance_f": total, "v_on_v": v} for v in STATIC_V_ON]
-            banks = _bank_designs(total)
-            s_events = list(pool.map(_events, static))
+            banks = _bank_designs(total, choices)
+            static = _static_designs(total, len(banks))
+            s_events = list(pool.map(_events, static, chunksize=4))
             b_events = list(pool.map(_events, banks, chunksize=4))
             s_best, b_best = max(s_events), max(b_events)
             rows.append({"total_capacitance_f": total, "static_events": s_best,
                          "static_design": static[s_events.index(s_best)], "bank_events": b_best,
-                         "bank_design": banks[b_events.index(b_best)]})
+                         "bank_design": banks[b_events.index(b_best)], "designs_each": len(banks)})
     at = max(rows, key=lambda r: (r["static_events"], -r["total_capacitance_f"]))  # the best static design's size
     best_bank = max(rows, key=lambda r: r["bank_events"])
     return {"reconfigurable_vs_best_static_gain_pct": 100.0 * (at["bank_events"] - at["static_events"]) / at["static_events"],
             "reconfigurable_best_vs_static_best_any_size_gain_pct":
                 100.0 * (best_bank["bank_events"] - at["static_events"]) / at["static_events"],
             "reconfigurable_at_capacitance_f": at["total_capacitance_f"], "reconfigurable_rows": rows,
+            "reconfigurable_designs_each": rows[0]["designs_each"],
             "reconfigurable_scenario": "piezo_machine with " + json.dumps(BANK_SCENARIO, sort_keys=True)
-                                       + f"; events = completed within deadline, mean of seeds {list(BANK_SEEDS)}"}
+                                       + f"; events = completed within deadline, mean of seeds {list(BANK_SEEDS)}; "
+                                       f"bank and static capacitor each the best of {rows[0]['designs_each']} designs "
+                                       "per total (the bank's grid; the static v_on evenly over "
+                                       f"{STATIC_V_ON_RANGE[0]}-{STATIC_V_ON_RANGE[1]} V)"}
+
+
+# ---- the README's example: trickle design examples/design/indoor_node.toml --------------------------
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "design" / "indoor_node.toml"
+EXAMPLE_WORKERS = 2  # designs asked at a time, as the README runs it (--workers 2)
+
+
+def _design_key(spec: Any, params: dict[str, Any]) -> tuple[float, ...]:
+    """A design as grid indices: a list by index, a stepped range by its step."""
+    key: list[float] = []
+    for p in spec.parameter:
+        v = params[p.field]
+        key.append(int(v) if p.choices is not None else round((v - p.low) / p.step) if p.step else v)
+    return tuple(key)
+
+
+def _example_grid(spec: Any, base_dir: Path) -> dict[tuple[float, ...], Any]:
+    """Every design of the example's space (lists and stepped ranges), simulated in two processes."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from models.design.search import evaluate
+
+    axes = []
+    for p in spec.parameter:
+        if p.choices is not None:
+            axes.append(list(range(len(p.choices))))
+        else:
+            n = round((p.high - p.low) / p.step)
+            axes.append([round(p.low + k * p.step, 9) for k in range(n + 1)])
+    designs = [dict(zip([p.field for p in spec.parameter], point)) for point in itertools.product(*axes)]
+    with ProcessPoolExecutor(min(2, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(evaluate, [spec] * len(designs), [base_dir] * len(designs), designs, chunksize=8))
+    return {_design_key(spec, d): ev for d, ev in zip(designs, results)}
+
+
+def _best_found(spec: Any, study: Any) -> float:
+    """The best first objective among the feasible designs that complete something (0 if none)."""
+    from models.design.report import finished
+    from models.design.search import feasible, useful
+
+    return max((t.values[0] for t in finished(study) if feasible(t) and useful(spec, t)), default=0.0)
+
+
+def bench_readme_example(quick: bool) -> dict[str, Any]:
+    """The README's design example as a user runs it (its seed, --workers 2, BO and random search of the
+    same budget): its figures, whether each best file simulates to what the report says; then BO
+    against random search at the same budget over SEEDS (median of BO's best / random's best)."""
+    from models.design.report import resimulate_best, write_report
+    from models.design.search import evaluate, run_study
+    from models.design.spec import load_spec, prepare
+
+    base_dir = EXAMPLE.parent.resolve()
+    spec = prepare(load_spec(EXAMPLE), base_dir)
+    if quick:
+        spec = spec.model_copy(update={"trials": 6, "startup_trials": 3})
+    first = spec.objective[0].metric
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        study = run_study(spec, base_dir, out, EXAMPLE_WORKERS)
+        random_study = run_study(spec, base_dir, out, EXAMPLE_WORKERS, sampler_kind="random")
+        doc = write_report(spec, base_dir, study, random_study, out, 1.0, chosen_report=False)
+        resim = resimulate_best(spec, doc, out)
+    # the figure each file's own run gives, and (worst statistic) the figure the report gives for the design
+    matches = bool(resim) and all(r["matches"] for r in resim) and all(
+        e["file_metrics"][first] == e["values"][0] for e in doc["best"])
+    example = {"bo_best": doc["best_so_far"][-1], "random_best": doc["random_best_so_far"][-1],
+               "best": [{"params": e["params"], "values": e["values"], "scenario_file": e["scenario_file"],
+                         "file_case": e["file_case"]} for e in doc["best"]],
+               "evaluated": doc["evaluated"], "refused": doc["failed"], "complete_nothing": doc["complete_nothing"],
+               "parts_excluded": doc["parts_excluded"], "resimulated": resim}
+    memo: dict[tuple[float, ...], Any] = {} if quick else _example_grid(spec, base_dir)
+
+    def lookup(params: dict[str, Any]) -> Any:  # a design simulated once (the simulation is deterministic)
+        key = _design_key(spec, params)
+        if key not in memo:
+            memo[key] = evaluate(spec, base_dir, params)
+        return memo[key]
+
+    bests: dict[str, list[float]] = {"gp": [], "random": []}
+    seeds = SEEDS[:2] if quick else SEEDS
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in seeds:
+            for sampler in bests:
+                study = run_study(spec.model_copy(update={"seed": seed}), base_dir, Path(tmp) / f"{sampler}-{seed}",
+                                  EXAMPLE_WORKERS, sampler_kind=sampler, lookup=lookup)
+                bests[sampler].append(_best_found(spec, study))
+            print(f"  seed {seed}: best {first} BO {bests['gp'][-1]:g}, random {bests['random'][-1]:g}", flush=True)
+    ratios = [b / r if r > 0 else (1.0 if b == 0 else math.inf) for b, r in zip(bests["gp"], bests["random"])]
+    built = [ev.metrics[first] for ev in memo.values() if ev.error is None]
+    return {"bo_vs_random_median_ratio_readme_example": statistics.median(ratios),
+            "bo_vs_random_ratio_per_seed_readme_example": ratios,
+            "bo_best_per_seed_readme_example": bests["gp"], "random_best_per_seed_readme_example": bests["random"],
+            "readme_example_grid_designs": None if quick else len(memo),
+            "readme_example_grid_optimum": None if quick else max(built),
+            "readme_example_designs_above_zero": None if quick else sum(v > 0 for v in built),
+            "best_file_resimulation_matches": int(matches), "readme_example": example}
 
 
 def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
@@ -162,7 +281,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
             for sampler in runs:
                 spec = spec_of(quick, budget, seed, sampler)
                 study = run_study(spec, base_dir, Path(tmp) / f"{sampler}-{seed}", lookup=lookup, sampler_kind=sampler)
-                found = max(t.values[0] for t in study.get_trials(deepcopy=False) if t.values is not None)
+                found = _best_found(spec, study)
                 runs[sampler].append(100.0 * (optimum - found) / optimum)
             print(f"  seed {seed}: regret BO {runs['gp'][-1]:.2f} %, random {runs['random'][-1]:.2f} %", flush=True)
     bo, rs = (sum(v) / len(v) for v in (runs["gp"], runs["random"]))
@@ -184,11 +303,15 @@ def main(quick: bool = False, results_dir: Path = RESULTS) -> dict[str, Any]:
     }
     print("reconfigurable storage: static capacitors against banks of the same total ...", flush=True)
     out.update(bench_bank(quick))
+    print("the README's example: BO against random search over five seeds, its best files simulated again ...",
+          flush=True)
+    out.update(bench_readme_example(quick))
     rows = [(k, f"{out[k]:.3f}" if isinstance(out[k], float) else out[k],
              f"{GOALS[k][0]} {GOALS[k][1]:g}" if k in GOALS else "") for k in
             ("bo_regret_vs_grid_pct", "random_regret_vs_grid_pct", "bo_vs_random_regret_ratio", "grid_optimum",
              "designs_within_1pct_of_optimum", "design_evals_per_second", "reconfigurable_vs_best_static_gain_pct",
-             "reconfigurable_best_vs_static_best_any_size_gain_pct")]
+             "reconfigurable_best_vs_static_best_any_size_gain_pct", "bo_vs_random_median_ratio_readme_example",
+             "best_file_resimulation_matches")]
     print("\n" + console_table(rows, headers=("key", "measured", "goal"), align="lrl"))
     name = "design-quick.json" if quick else "design.json"
     write_atomic(results_dir / name, json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
