@@ -34,7 +34,7 @@ from typing import Any
 
 ALGORITHMS = ("nexume", "lm", "draft", "firmbound")
 DATASETS = ("fsdd", "basic_motions", "digits")  # models.data.datasets.DATASETS (a test keeps them equal)
-METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.train.Method
+METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.config.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.target.Size
 DRAFT_KINDS = ("moa", "eagle", "independent")  # models.lm.draft.KINDS
 ONLY = {"nexume": ("dataset", "method", "epochs", "threads", "label_column", "id_column", "time_column", "pad", "fill",

@@ -118,7 +118,7 @@ def test_the_dataset_and_method_choices_match_the_models() -> None:
 
     from models import cli
     from models.data import datasets
-    from models.nexume import train as nexume
+    from models.nexume import config as nexume
 
     assert cli.DATASETS == datasets.DATASETS and get_args(nexume.Method) == cli.METHODS
 
