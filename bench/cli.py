@@ -2,7 +2,7 @@
 
 Benchmarks print a table of measured figures and ratios against their goals; they are
 never part of the test pass/fail. Available: simulator, nexume, export, firmware, link, speculative,
-client-server, firmbound, distill, design.
+client-server, firmbound, distill, design, userdata.
 
     trickle bench nexume --dataset walks.csv --id-column walk --label-column activity [--out DIR]
 
@@ -24,7 +24,7 @@ from typing import Any
 from models.data.arguments import add_user_data_arguments, given, user_data_fields
 
 BENCHMARKS = ("simulator", "nexume", "export", "firmware", "link", "speculative", "client-server", "firmbound", "distill",
-              "design")
+              "design", "userdata")
 ON_USER_DATA = ("nexume",)  # benchmarks whose main() takes the user's data set (data=)
 
 
@@ -33,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run (results marked quick)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object (the table goes to stderr)")
     p.add_argument("--part", action="append", metavar="PART",
-                   help="firmware, firmbound and link: run just this part (firmware: trained, tflite or mlperf; "
-                        "firmbound: synthetic, streams, defaults or nodes; link: mosquitto, embedded, mixed or upload; "
+                   help="firmware, firmbound, link and speculative: run just this part (firmware: trained, tflite or "
+                        "mlperf; firmbound: synthetic, streams, defaults or nodes; link: mosquitto, embedded, mixed or "
+                        "upload; speculative: the target, base or tiny; "
                         "repeatable) and keep the other parts' keys from the "
                         "committed results, each part marked with the commit it was measured at")
     p.add_argument("--dataset", metavar="PATH",
@@ -49,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from edge.core.errors import ConfigError
 
-    if args.part and args.name not in ("firmware", "firmbound", "link"):
-        raise ConfigError("--part", ",".join(args.part), "splits the firmware, firmbound and link benchmarks only")
+    if args.part and args.name not in ("firmware", "firmbound", "link", "speculative"):
+        raise ConfigError("--part", ",".join(args.part), "splits the firmware, firmbound, link and speculative "
+                          "benchmarks only")
     options: dict[str, Any] = user_data_options(args)  # read (and refused) before the benchmark imports torch
     module = importlib.import_module(f"bench.{args.name.replace('-', '_')}")
     if args.part:

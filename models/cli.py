@@ -32,20 +32,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from models.data.arguments import DESTS, add_user_data_arguments, user_data_fields
+
 ALGORITHMS = ("nexume", "lm", "draft", "firmbound")
 DATASETS = ("fsdd", "basic_motions", "digits")  # models.data.datasets.DATASETS (a test keeps them equal)
 METHODS = ("nexume", "uniform", "qat8", "fp32")  # models.nexume.config.Method
 LM_SIZES = ("tiny", "small", "base")  # models.lm.target.Size
 DRAFT_KINDS = ("moa", "eagle", "independent")  # models.lm.draft.KINDS
-ONLY = {"nexume": ("dataset", "method", "epochs", "threads", "label_column", "id_column", "time_column", "pad", "fill",
-                   "drop_missing_labels", "ignore_column", "split_column", "delimiter", "decimal", "model", "nproc",
-                   "nnodes", "node_rank", "rdzv_endpoint"),
+ONLY = {"nexume": ("dataset", "method", "epochs", "threads", *DESTS, "model", "nproc", "nnodes", "node_rank",
+                   "rdzv_endpoint"),
         "lm": ("size",),
         "draft": ("target", "kind"),
         "firmbound": ("estimator", "cost", "decision_points", "features", "energy_per_sample_j", "joules_per_loss")}
 # nexume's options that firmbound takes too: the data set and how to read it, and (--estimator tandem) epochs and threads
-FIRMBOUND_TAKES = ("dataset", "epochs", "threads", "label_column", "id_column", "time_column", "pad", "fill",
-                   "drop_missing_labels", "ignore_column", "split_column", "delimiter", "decimal")
+FIRMBOUND_TAKES = ("dataset", "epochs", "threads", *DESTS)
 FIRMBOUND_ESTIMATORS = ("rocket", "tandem")  # models.firmbound.FirmboundClassifier's estimator
 SHARED = {"lm": ("corpus", "minutes", "steps", "resume"), "draft": ("corpus", "minutes", "steps", "resume")}  # lm and draft
 
@@ -63,26 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="nexume only: fsdd, basic_motions, digits (default), or your own data: a folder with one "
                         "sub-folder of WAV/FLAC files per label, a .csv/.parquet table of series, an .npz with X and y "
                         "(optionally X_test, y_test), or ucr:NAME (a UCR/UEA set sktime ships)")
-    p.add_argument("--label-column", help="nexume, your table: the column of class labels (default label)")
-    p.add_argument("--id-column", help="nexume, your table in long format (a row per time step): the column naming "
-                                       "each example; without it a table is wide (a row per example)")
-    p.add_argument("--time-column", help="nexume, long format: the column ordering an example's rows")
-    p.add_argument("--pad", action="store_true", help="nexume, your data: zero-pad series of unequal length")
-    p.add_argument("--fill", choices=("linear", "previous", "zero"),
-                   help="nexume, your data: fill empty cells along time (linear interpolation, the previous value, or "
-                        "zero); without it an empty cell is an error naming its row and column")
-    p.add_argument("--drop-missing-labels", action="store_true",
-                   help="nexume, your data: leave out examples without a label (otherwise an error naming them)")
-    p.add_argument("--ignore-column", action="append", metavar="NAME",
-                   help="nexume, your table: a column that is not part of the series (a name, a note; repeatable)")
-    p.add_argument("--split-column", metavar="NAME",
-                   help="nexume, your table: a column of train/test per row (long format: per example) whose split "
-                        "is kept; without it a stratified 20 %% is held out")
-    p.add_argument("--delimiter", metavar="CHAR",
-                   help="nexume, your CSV: the field separator (',', ';', tab as '\\t', '|'); default: sniffed")
-    p.add_argument("--decimal", choices=(".", ","),
-                   help="nexume, your CSV: the decimal mark; default: a comma where fields are not comma-separated "
-                        "and numbers are written so (a European spreadsheet's export)")
+    add_user_data_arguments(p, "nexume and firmbound")
     p.add_argument("--model", metavar="PKG.MODULE:FUNCTION",
                    help="nexume only: your network instead of the built-in CNN: a function of (input shape, number of "
                         "classes) returning a torch.nn.Module; its Conv1d/Conv2d/Linear layers become switchable-"
@@ -163,13 +144,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from edge.core.config import load_config
     from models.nexume.config import TrainConfig  # no torch: a bad option or data set is one line, at once
 
-    flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed", "label_column", "id_column",
-                                           "time_column", "split_column", "decimal", "model")}
-    flags["delimiter"] = {"\\t": "\t", "tab": "\t"}.get(args.delimiter, args.delimiter)
-    flags["pad"] = args.pad or None
-    flags["fill"] = args.fill
-    flags["drop_missing_labels"] = args.drop_missing_labels or None
-    flags["ignore_columns"] = args.ignore_column
+    flags = {k: getattr(args, k) for k in ("dataset", "method", "epochs", "seed", "model")}
+    flags.update(user_data_fields(args))
     return load_config(TrainConfig, args.config, args.set, flags, source="train config")
 
 
@@ -364,14 +340,10 @@ def user_data(args: argparse.Namespace) -> Any:
 
     from models.data.userdata import UserData
 
-    flags = {"ignore_columns": tuple(args.ignore_column) if args.ignore_column else None, "seed": args.seed,
-             "delimiter": {"\\t": "\t", "tab": "\t"}.get(args.delimiter, args.delimiter)}
-    given = {}
-    for f in dataclasses.fields(UserData):
-        value = flags[f.name] if f.name in flags else getattr(args, f.name, None)
-        if value not in (None, False):
-            given[f.name] = value
-    return UserData(**given)
+    flags = {**user_data_fields(args), "seed": args.seed}
+    flags["ignore_columns"] = tuple(flags["ignore_columns"]) if flags["ignore_columns"] else None
+    names = {f.name for f in dataclasses.fields(UserData)}
+    return UserData(**{k: v for k, v in flags.items() if k in names and v not in (None, False)})
 
 
 def run_firmbound(args: argparse.Namespace) -> int:
