@@ -173,6 +173,7 @@ def _gp_sampler(spec: DesignSpec, seed: int) -> Any:
     fitted to one value everywhere (no design has completed anything yet, say) has nothing to say
     about where to look, and would keep proposing designs beside the first it saw."""
     import optuna
+    import torch  # optuna's GP sampler runs on it
     from optuna.trial import TrialState
 
     class GPOnceDesignsDiffer(optuna.samplers.GPSampler):
@@ -180,7 +181,14 @@ def _gp_sampler(spec: DesignSpec, seed: int) -> Any:
             done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if not designs_differ(spec, done):
                 return {}  # drawn by the independent (random) sampler
-            return dict(super().sample_relative(study, trial, search_space))
+            # one thread: the GP's matrices are small, and --workers processes simulate beside it (two
+            # threads on a busy 2-core machine took 2.7x as long)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return dict(super().sample_relative(study, trial, search_space))
+            finally:
+                torch.set_num_threads(threads)
 
     return GPOnceDesignsDiffer(seed=seed, n_startup_trials=spec.startup_trials, deterministic_objective=True,
                                independent_sampler=optuna.samplers.RandomSampler(seed=seed),
@@ -266,10 +274,9 @@ def open_study(spec: DesignSpec, out_dir: Path, name: str, sampler: Any, resume:
     return study
 
 
-# the constraints every design carries beside the spec's, so that the sampler looks where the report does:
-# 1 when violated, -1 when kept
-REFUSED = "refused by the scenario"
-NOTHING = "completes nothing"  # a maximised simulated objective at or below zero (see useful)
+# the constraint every design carries beside the spec's, so that the sampler looks where the report does:
+# 1 for a design the scenario refused or one that completes nothing (see useful), -1 otherwise
+REFUSED = "refused, or completes nothing"
 
 
 def evaluated(trial: Any) -> bool:
@@ -316,10 +323,10 @@ def run_study(spec: DesignSpec, base_dir: Path, out_dir: Path, workers: int = 1,
 
 def _tell(study: Any, spec: DesignSpec, trial: Any, ev: Evaluation) -> None:
     """Give the sampler a design's outcome. A refused design (or one with an objective that had no
-    value) is told too, so the optimiser stops proposing it: its refusal constraint violated (the
+    value) is told too, so the optimiser stops proposing it: the REFUSED constraint violated (the
     GP's constrained acquisition learns where designs are refused), the spec's constraints
     violated, its objectives at a penalty (``_penalty``); the report shows no values for it. A
-    design that completes nothing violates a constraint too: the front the sampler improves is the
+    design that completes nothing violates REFUSED too: the front the sampler improves is the
     report's."""
     trial.set_user_attr("metrics", ev.metrics)
     trial.set_user_attr("seconds", ev.seconds)
@@ -330,14 +337,13 @@ def _tell(study: Any, spec: DesignSpec, trial: Any, ev: Evaluation) -> None:
     if error is None and any(math.isnan(v) for v in values):
         error = "an objective is NaN (the metric had no value in some run)"
     if error is None:
-        constraints, refused = violations(spec, ev), -1.0
+        constraints = violations(spec, ev)
     else:
         trial.set_user_attr("error", error)
-        constraints, refused, values = [1.0] * len(spec.constraint), 1.0, _penalty(study, spec, ev)
+        constraints, values = [1.0] * len(spec.constraint), _penalty(study, spec, ev)
     for i, (c, value) in enumerate(zip(spec.constraint, constraints)):
         trial.set_constraint(f"{i}: {c.metric}", value)
-    trial.set_constraint(REFUSED, refused)
-    trial.set_constraint(NOTHING, -1.0 if error is None and does_something(spec, values) else 1.0)
+    trial.set_constraint(REFUSED, -1.0 if error is None and does_something(spec, values) else 1.0)
     trial.set_user_attr("constraints", constraints)
     study.tell(trial, values)
 

@@ -211,7 +211,8 @@ def test_ctrl_c_is_one_line_and_the_study_resumes(tmp_path: Path) -> None:
         time.sleep(0.2)  # until a few designs are in, GP proposals among them
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, workers too
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    # 130, or killed by SIGINT (Python's exit for an interrupt that passed through nested C code): $? 130 alike
+    assert proc.returncode in (130, -signal.SIGINT)
     assert err.strip().count("\n") == 0, err
     assert "interrupted; resume with: trickle design" in err and f"--out {out} --resume" in err
     again = trickle("design", str(spec), "--out", str(out), "--resume", "--trials", "4", "--no-progress", "--json")
@@ -263,7 +264,8 @@ def test_refused_designs_are_told_to_the_sampler_and_not_proposed_again(tmp_path
     trials = run_study(spec, tmp_path, tmp_path / "d").get_trials()
     refused = [t for t in trials if "error" in t.user_attrs]
     assert refused and all(t.constraints[REFUSED] > 0 and "v_on_v" in t.user_attrs["error"] for t in refused)
-    assert all(t.constraints[REFUSED] < 0 for t in trials if "error" not in t.user_attrs)
+    for t in trials:  # the same constraint tells the sampler which built designs complete nothing
+        assert (t.constraints[REFUSED] < 0) == ("error" not in t.user_attrs and t.values[0] > 0)
     led = next(k for k in range(len(trials)) if designs_differ(spec, trials[:k]))  # the GP's first proposal
     assert led <= 10 and not any("error" in t.user_attrs for t in trials[max(led, spec.startup_trials):])
 
