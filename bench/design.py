@@ -93,8 +93,8 @@ def _grid(spec: Any, base_dir: Path) -> tuple[dict[tuple[int, ...], Any], float]
 BANK_SCENARIO = {"harvester": {"rate_hz": 0.02, "mean_burst_s": 5.0}, "workload": {"sense_period_s": 10.0},
                  "nodes": {"count": 1}, "run": {"workers": 1}}
 BANK_TOTALS_F = (2.2e-3, 4.7e-3, 10e-3, 22e-3, 47e-3)
-BANK_CHOICES = {"base_share": (0.05, 0.2, 0.5), "v_on_v": (2.4, 2.8, 3.2), "bank_connect_v": (2.8, 3.2, 3.5),
-                "bank_isolate_v": (2.0, 2.2, 2.5)}
+BANK_CHOICES: dict[str, tuple[float, ...]] = {"base_share": (0.05, 0.2, 0.5), "v_on_v": (2.4, 2.8, 3.2),
+                                              "bank_connect_v": (2.8, 3.2, 3.5), "bank_isolate_v": (2.0, 2.2, 2.5)}
 # the static capacitor's one choice, v_on, from the cut-off to the clamp, with as many designs as the bank's grid
 STATIC_V_ON_RANGE = (2.1, 3.6)
 BANK_SEEDS = (0, 1, 2)
@@ -135,7 +135,7 @@ def bench_bank(quick: bool) -> dict[str, Any]:
     from concurrent.futures import ProcessPoolExecutor
 
     totals = BANK_TOTALS_F[1:3] if quick else BANK_TOTALS_F
-    choices = {k: v[:2] for k, v in BANK_CHOICES.items()} if quick else BANK_CHOICES
+    choices: dict[str, tuple[float, ...]] = {k: v[:2] for k, v in BANK_CHOICES.items()} if quick else BANK_CHOICES
     rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(min(2, os.cpu_count() or 1)) as pool:
         for total in totals:

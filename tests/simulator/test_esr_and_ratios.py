@@ -16,6 +16,7 @@ from tests.simulator.test_power_path import LDO, run_one
 
 LISTEN_A = 5e-3  # a program phase drawn as a current behind the LDO: the capacitor gives it this plus the LDO's IQ
 WORK = {"program": [{"name": "listen", "run": "until_power_fails", "current_a": LISTEN_A}]}
+LDO_IQ_A = 2e-6  # the LDO's quiescent current while on
 V_OFF = 2.0  # the scenario's cut-off (the gate; the MCU's brown-out behind the LDO lies lower)
 
 
@@ -26,7 +27,8 @@ def _failures_v(r: NodeResult) -> list[float]:
 
 def test_esr_stops_the_load_at_the_cut_off_plus_the_drop_under_its_current() -> None:
     esr_ohm = 20.0
-    drop_v = (LISTEN_A + LDO["quiescent_on_a"]) * esr_ohm  # 0.10004 V
+    assert LDO["quiescent_on_a"] == LDO_IQ_A
+    drop_v = (LISTEN_A + LDO_IQ_A) * esr_ohm  # 0.10004 V
     with_esr = run_one(storage={"esr_ohm": esr_ohm}, workload=WORK)
     fails = _failures_v(with_esr)
     assert len(fails) > 3 and fails == pytest.approx([V_OFF + drop_v] * len(fails), abs=1e-9)
