@@ -6,12 +6,20 @@ Every layer's cache keeps every token (``new_cache``), sliding-window layers too
 Qwen2's upper layers, Gemma 2's alternate ones): transformers' sliding-window layers drop the
 oldest keys, which a rollback past the window and the MoA draft's reads by position cannot have.
 The window itself is the attention mask's: the model builds it when given no mask, and the custom
-masks built here (a token tree, a padded batch) are windowed by ``_layer_masks``."""
+masks built here (a token tree, a padded batch) are windowed by ``_layer_masks``.
+
+The last hidden states EAGLE-style drafts read (``keep_hidden``) are taken as the input of the
+model's LM head (``LastHidden``), which is transformers' ``hidden_states[-1]``: asking the model
+for ``output_hidden_states`` instead installs a hook on every layer that stays, and costs every
+later forward of the model about 7 % on the tiny target, drafting or not. The states are kept as
+the chunks each forward made, joined only when a draft reads them."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -45,13 +53,25 @@ class CachedLM:
         self.head = head  # read the logits through this head instead of the model's own
         self.cache: Any = None
         self.keep_hidden = keep_hidden  # EAGLE-style drafts read the target's last hidden states
-        self.hidden: torch.Tensor | None = None  # (cached, H) last-layer states of the cached tokens
+        self._hidden: list[torch.Tensor] = []  # (n_i, H) chunks: the last-layer states of the cached tokens, in order
+        self._last = LastHidden(lm_head(model)) if keep_hidden else None  # where they are read
         self.windows: list[int | None] = []  # per layer, its sliding window (``sliding_windows``; set by reset)
 
     def reset(self) -> None:
         self.windows = sliding_windows(self.model.config)  # what the custom masks need; refuses what the cache cannot hold
         self.cache = new_cache()
-        self.hidden = None
+        self._hidden = []
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """(cached, H) the last-layer states of the cached tokens (``keep_hidden``; None before any)."""
+        if len(self._hidden) > 1:
+            self._hidden = [torch.cat(self._hidden)]
+        return self._hidden[0] if self._hidden else None
+
+    @hidden.setter
+    def hidden(self, states: torch.Tensor | None) -> None:
+        self._hidden = [] if states is None else [states]
 
     @property
     def cached(self) -> int:
@@ -62,11 +82,14 @@ class CachedLM:
             body = self.model.base_model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
             self.cache = body.cache
             return torch.from_numpy(self.head.logits(body.last_hidden_state[0]))
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, output_hidden_states=self.keep_hidden, **kwargs)
+        if not self.keep_hidden:
+            out = self.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
+        else:
+            assert self._last is not None
+            with self._last:
+                out = self.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
+            self._hidden.append(self._last.states[0])  # (n, H)
         self.cache = out.cache
-        if self.keep_hidden:
-            last = out.hidden_states[-1][0]
-            self.hidden = last if self.hidden is None else torch.cat([self.hidden, last])
         return out.logits[0].double()
 
     @torch.inference_mode()
@@ -96,12 +119,25 @@ class CachedLM:
             index = torch.cat([torch.arange(length), length - 1 + torch.tensor(list(nodes), dtype=torch.long)])
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, index], layer.values[:, :, index]
-            if self.hidden is not None:
-                self.hidden = self.hidden[index]
+            if self._hidden:
+                self.hidden = self.hidden[index]  # type: ignore[index]
         elif self.cached > length:
             self.cache.crop(length - self.cached)
-            if self.hidden is not None:
-                self.hidden = self.hidden[:length]
+            self._crop_hidden(length)
+
+    def add_hidden(self, start: int, states: torch.Tensor) -> None:
+        """``states`` (n, H) are those of the tokens from ``start`` on (a forward made elsewhere)."""
+        self._crop_hidden(start)
+        self._hidden.append(states)
+
+    def _crop_hidden(self, length: int) -> None:
+        """Keep the states of the first ``length`` tokens: whole chunks dropped from the end, the
+        last one kept cut (no copy of the rest)."""
+        held = sum(len(chunk) for chunk in self._hidden)
+        while self._hidden and held - len(self._hidden[-1]) >= length:
+            held -= len(self._hidden.pop())
+        if held > length:
+            self._hidden[-1] = self._hidden[-1][: len(self._hidden[-1]) - (held - length)]
 
     def crop(self, length: int) -> None:
         """Keep the cache of the first ``length`` tokens only."""
@@ -127,6 +163,65 @@ class CachedLM:
         finally:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:1, :, :past].contiguous(), layer.values[:1, :, :past].contiguous()
+
+
+class LastHidden:
+    """The last hidden states (B, T, H) of a forward of a causal LM, read as the input of its LM
+    head (``lm_head``): what transformers returns as ``hidden_states[-1]`` (the final norm's
+    output), without ``output_hidden_states``, whose hooks on every layer stay installed and cost
+    every later forward of the model.
+
+        last = LastHidden(lm_head(model))
+        with last:
+            out = model(input_ids=ids, cache=cache, use_cache=True)
+        last.states  # (B, T, H)
+
+    One pre-hook on the head, installed the first time and left there (registering and removing a
+    hook for each forward cost 2 % of a tiny target's token), records into the ``LastHidden`` its
+    thread has open, if any: the server runs sessions in threads over one model, and a forward
+    outside a ``with`` (plain decoding, another session's) records nothing."""
+
+    _open: ClassVar[dict[tuple[int, int], LastHidden]] = {}  # (id(head), thread) -> where its input goes now
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        self.head = head
+        self._states: torch.Tensor | None = None
+        with LastHidden._lock:
+            if not any(hook is _record_head_input for hook in head._forward_pre_hooks.values()):
+                head.register_forward_pre_hook(_record_head_input)
+
+    def __enter__(self) -> LastHidden:
+        self._states = None
+        self._key = (id(self.head), threading.get_ident())
+        LastHidden._open[self._key] = self
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        LastHidden._open.pop(self._key, None)
+
+    @property
+    def states(self) -> torch.Tensor:
+        if self._states is None:
+            raise RuntimeError("the model's forward did not call its LM head: no last hidden states to read")
+        return self._states
+
+
+def _record_head_input(head: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    """The LM head's pre-hook (``LastHidden``): a module-level function, so a copied model's hook is
+    this one too, and records nothing for a head no ``LastHidden`` has open."""
+    into = LastHidden._open.get((id(head), threading.get_ident()))
+    if into is not None:
+        into._states = args[0]
+
+
+def lm_head(model: Any) -> torch.nn.Module:
+    """The causal LM's head module, whose input is its last hidden states."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ConfigError("target", type(model).__name__, "has no LM head (get_output_embeddings): EAGLE-style "
+                          "drafts read the last hidden states at its input")
+    return head
 
 
 @torch.inference_mode()
@@ -226,8 +321,9 @@ def batched_logits(target: Any, lms: Sequence[CachedLM], feeds: Sequence[Sequenc
                     keys[i, :, :c], values[i, :, :c] = lm.cache.layers[layer].keys[0], lm.cache.layers[layer].values[0]
             cache.update(keys, values, layer)
     key_positions = torch.cat([torch.arange(lmax).expand(b, -1), positions], 1)  # (B, lmax + nmax), each column's
-    out = target(input_ids=ids, cache=cache, use_cache=True, attention_mask=_layer_masks(windows, mask, positions, key_positions),
-                 position_ids=positions, output_hidden_states=True)
+    masks = _layer_masks(windows, mask, positions, key_positions)
+    with LastHidden(lm_head(target)) as states:
+        out = target(input_ids=ids, cache=cache, use_cache=True, attention_mask=masks, position_ids=positions)
     logits = []
     for i, (lm, feed, c) in enumerate(zip(lms, feeds, past)):
         mine = new_cache()
@@ -239,7 +335,7 @@ def batched_logits(target: Any, lms: Sequence[CachedLM], feeds: Sequence[Sequenc
                 new_k, new_v = torch.cat([old.keys[:, :, :c], new_k], 2), torch.cat([old.values[:, :, :c], new_v], 2)
             mine.update(new_k.contiguous(), new_v.contiguous(), layer)
         lm.cache = mine
-        last = out.hidden_states[-1][i, : len(feed)]  # the features EAGLE-style drafts read
-        lm.hidden = last if not c or lm.hidden is None else torch.cat([lm.hidden[:c], last])
+        last = states.states[i, : len(feed)]  # the features EAGLE-style drafts read
+        lm.add_hidden(c, last)
         logits.append(out.logits[i, : len(feed)])
     return logits

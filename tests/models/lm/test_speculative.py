@@ -222,3 +222,54 @@ def test_an_int8_draft_is_still_lossless(target: torch.nn.Module) -> None:
         assert speculative_generate(target, draft, prompt, 16, k=4)[0] == _greedy(target, prompt, 16)
     with pytest.raises(TypeError, match="no int8 form"):
         int8_drafter(NoDrafter())
+
+
+def test_the_kept_hidden_states_are_the_targets_last_hidden_states(target: torch.nn.Module) -> None:
+    """What an EAGLE-style draft reads after chains of every length (0: a plain round), rollbacks
+    and a verified tree: transformers' own ``hidden_states[-1]`` of the text, from a fresh forward."""
+    lm = CachedLM(target, keep_hidden=True)
+    lm.reset()
+    seq = [3, 1, 4, 1, 5]
+    lm.logits(seq, upto=len(seq) - 1)
+    rng = np.random.default_rng(2)
+    for round in range(10):
+        if round == 5:  # a tree of three nodes, its path [1, 3] kept
+            tree = DraftTree([-1, 0, 0, 1], [seq[-1], 7, 8, 9], [[], [], [], []], {})
+            lm.tree_logits(seq[-1], tree)
+            lm.keep(len(seq), [1, 3])
+            seq += [7, 9, int(rng.integers(0, VOCAB))]
+            continue
+        draft = rng.integers(0, VOCAB, int(rng.integers(0, 5))).tolist()
+        lm.logits(seq + draft)
+        seq += [*draft[: rng.integers(0, len(draft) + 1)], int(rng.integers(0, VOCAB))]
+        lm.crop(len(seq) - 1)
+    oracle = _llama(0)  # the same weights, asked for its hidden states
+    want = oracle(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    assert lm.hidden is not None and lm.hidden.shape == want.shape == (len(seq) - 1, 32)
+    torch.testing.assert_close(lm.hidden, want.detach(), rtol=0, atol=1e-9)
+
+
+def test_an_eagle_style_draft_reads_the_targets_states_without_hooking_its_layers() -> None:
+    """The draft reads the target's last hidden states at its LM head's input: one pre-hook on the
+    head, nothing on the layers. (Asking transformers for ``output_hidden_states`` hooked every
+    layer for good, so every later forward paid, auto mode's plain rounds included: 0.92–0.95×
+    plain decoding on the tiny target where it drafted nothing.)"""
+    from models.lm.cache import _record_head_input
+    from models.lm.eagle import EagleDraft, EagleDrafter
+
+    target = _llama(0)
+    drafter = EagleDrafter(EagleDraft.for_target(target))
+    hows: list[dict[str, object]] = [dict(k=4, auto=DEAR_DRAFTS), dict(k=4, auto=FREE_DRAFTS), dict(k=3),
+                                     dict(tree=Tree(depth=3, branch=2, width=2))]
+    for how in hows:
+        for prompt in PROMPTS[:2]:
+            tokens, stats = speculative_generate(target, drafter, prompt, 16, **how)  # type: ignore[arg-type]
+            assert tokens == _greedy(target, prompt, 16), (how, prompt)
+            if how.get("auto") is DEAR_DRAFTS:
+                assert stats.drafted == 0  # auto mode's plain rounds only: it still must leave no hook
+            elif "k" in how and "auto" not in how:
+                assert stats.drafted > 0
+    hooked = {name: [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+              for name, module in target.named_modules() if module._forward_hooks or module._forward_pre_hooks}
+    assert hooked == {"lm_head": [_record_head_input]}  # one, however many generations installed it
+    assert not getattr(target, "_output_capturing_hooks_installed", False)
