@@ -18,7 +18,10 @@ When plain decoding wins, nothing new is learnt about acceptance; a probe (one r
 follows after ``probe_rounds`` plain rounds, the wait doubling each time plain decoding still wins,
 and probes take at most a small share of the generation's time. When a draft cannot pay even if
 every token were accepted (its tokens cost more than the target call they save), it is never
-probed at all: auto mode then costs plain decoding plus a few arithmetic operations a round.
+probed at all: auto mode then costs plain decoding plus a few arithmetic operations a round. In
+a run of plain rounds the cost model's choice (about 1 % of a tiny target's token to work out) is
+looked at again every ``recheck_rounds`` rounds only: the acceptance it rests on does not change
+there, only the timings do.
 """
 
 from __future__ import annotations
@@ -149,6 +152,8 @@ class AutoSession:
     probing: bool = False
     planned: bool = False
     steady: bool = False  # this round follows a drafting round
+    recheck_rounds: int = 8  # in a run of plain rounds, the cost model's best K is looked at every this many
+    pays: bool = True  # whether a draft could pay at all, as of the last look
     ks: list[int] = field(default_factory=list)  # what each round chose
     acceptance: AcceptanceRate = field(default_factory=AcceptanceRate)
 
@@ -167,14 +172,17 @@ class AutoSession:
             self.planned = True
             self.ks.append(self.plan.pop(0))
             return self.ks[-1]
-        k = self.cost.best_k(self.acceptance.rate, self.k_max)
+        k = 0
+        if self.plain % self.recheck_rounds == 0:  # drafting, or a look again from a run of plain rounds
+            k = self.cost.best_k(self.acceptance.rate, self.k_max)
+            self.pays = k > 0 or self.cost.can_pay(self.k_max)
         if k > 0:
             self.plain, self.wait = 0, self.cost.probe_rounds
         elif self.k_max > 0:
             self.plain += 1
             # acceptance may have changed since the last draft: look again, within the budget
             budget = self.explore_share * self.elapsed_s - self.probe_s
-            if self.plain > self.wait and self.cost.draft.seconds(1) <= budget and self.cost.can_pay(self.k_max):
+            if self.plain > self.wait and self.pays and self.cost.draft.seconds(1) <= budget:
                 k, self.plain, self.probing = 1, 0, True
                 self.wait = min(2 * self.wait, self.cost.max_probe_rounds)
         self.ks.append(k)

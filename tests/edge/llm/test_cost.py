@@ -89,3 +89,34 @@ def test_a_calibration_plan_comes_first_and_is_checked() -> None:
     assert [session.choose() for _ in range(4)] == [0, 1, 4, 0]
     with pytest.raises(ValueError, match="0 <= K <= k_max"):
         DecodeCost.prior(verify_s=0.010, draft_token_s=0.0).session(4, plan=(5,))
+
+
+class CountingCost(DecodeCost):
+    """A cost model that counts how often the best K is worked out."""
+
+    looks = 0
+
+    def best_k(self, rate: float, k_max: int) -> int:
+        self.looks += 1
+        return super().best_k(rate, k_max)
+
+
+def test_a_run_of_plain_rounds_works_out_the_best_k_every_few_rounds_only() -> None:
+    """Working out the best K is about 1 % of a tiny target's token, every round of auto mode's
+    plain decoding (where it drafts nothing: 0.96–0.98× plain decoding with it): in a run of plain
+    rounds, where the acceptance it rests on cannot change, it is looked at again every
+    ``recheck_rounds`` rounds. A draft that comes to pay (the target slows) is taken up by the next look."""
+    cost = CountingCost(Line(0.0, 0.003), Line(0.010, 0.0))
+    session = cost.session(8)
+    session.acceptance.kept = 0.2 * session.acceptance.tried  # drafting does not pay at 10 ms a target call
+    session.explore_share = 0.0  # no probes
+    for _ in range(80):
+        assert session.choose() == 0
+        session.observe_verify(1, 0.010)
+    assert cost.looks <= 2 * (80 // session.recheck_rounds + 1)  # each look: the best K, and whether any K could pay
+    ks = []
+    for _ in range(40):  # the target now takes 100 ms a call: a drafted token at 3 ms pays
+        ks.append(session.choose())
+        session.observe_verify(ks[-1] + 1, 0.100)
+    first = next(i for i, k in enumerate(ks) if k > 0)
+    assert first <= 2 * session.recheck_rounds
