@@ -26,7 +26,8 @@ from server.api.state import ServerState
 from server.api.verify import verify_router
 from server.llm.api import PATHS as LLM_PATHS
 from server.llm.api import LlmAccess, llm_router
-from server.llm.schema import OpenAIError, validation_error
+from server.llm.errors import add_openai_errors
+from server.llm.schema import validation_error
 
 
 def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
@@ -47,19 +48,18 @@ def create_app(state: ServerState, on_start: Callable[[], None] | None = None,
     def known(token: str) -> bool:
         return who.known(token) or (state.llm is not None and state.store.llm_key_name(token) is not None)
 
+    # the OpenAI-style API's errors are OpenAI's error object, whatever refuses the request (server.llm.errors)
+    openai = add_openai_errors(app)
     # a request's body is read only once its token is known (the routes then check what it may do)
     app.add_middleware(AuthenticateFirst, known=known, anonymous=frozenset(LLM_PATHS if state.llm_open else ()),
-                       openai=frozenset(LLM_PATHS))
+                       openai=openai)
 
     @app.exception_handler(RequestValidationError)
     def bad_request(request: Request, err: RequestValidationError) -> Response:
-        if request.url.path in LLM_PATHS:  # OpenAI's clients read OpenAI's error object
-            return openai_error(request, validation_error(list(err.errors())))
+        if openai(request.url.path):  # OpenAI's clients read OpenAI's error object
+            bad = validation_error(list(err.errors()))
+            return JSONResponse(bad.body(), status_code=bad.status)
         return invalid_request(request, err)
-
-    @app.exception_handler(OpenAIError)
-    def openai_error(request: Request, err: OpenAIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(ConfigError)
     def config_error(request: Request, err: ConfigError) -> JSONResponse:

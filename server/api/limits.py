@@ -28,6 +28,8 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from server.llm.errors import openai_413
+
 JSON_BODY_BYTES = 64 << 10  # a JSON request's body, unless its route allows more
 MAX_ERRORS = 5
 EXCERPT_CHARS = 80
@@ -57,9 +59,10 @@ class AuthenticateFirst:
     read through Starlette's limit, ``default_cap`` unless the route sets its own ``max_body_size``."""
 
     def __init__(self, app: ASGIApp, known: Callable[[str], bool], anonymous: frozenset[str] = frozenset(),
-                 default_cap: int = JSON_BODY_BYTES, openai: frozenset[str] = frozenset()) -> None:
+                 default_cap: int = JSON_BODY_BYTES, openai: Callable[[str], bool] = lambda path: False) -> None:
         self.app, self.known, self.anonymous = RequestBodyLimitMiddleware(app, default_cap), known, anonymous
-        self.openai = openai  # paths whose errors are OpenAI's error object
+        self.openai = openai  # whether a path's errors are OpenAI's error object (server.llm.errors)
+        self.default_cap = default_cap
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in BODY_METHODS and scope["path"] not in self.anonymous:
@@ -67,12 +70,14 @@ class AuthenticateFirst:
             if token is None or len(token) > 512 or not await run_in_threadpool(self.known, token):
                 detail = "missing bearer token" if token is None else "unknown token"
                 body: dict[str, Any] = {"detail": detail}
-                if scope["path"] in self.openai:
+                if self.openai(scope["path"]):
                     body = {"error": {"message": f"{detail} (Authorization: Bearer API_KEY)",
                                       "type": "authentication_error", "param": None, "code": "invalid_api_key"}}
                 response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
+        if scope["type"] == "http" and self.openai(scope["path"]):  # the body cap's 413 as OpenAI's error object
+            send = openai_413(send, self.default_cap)
         await self.app(scope, receive, send)
 
 

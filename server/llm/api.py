@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from edge.core.errors import TrickleError
 from server.llm.completions import Completion, LlmService, PromptError, QueueFullError, TokenScore
@@ -93,6 +93,8 @@ class LlmAccess:
 
 class KeyIn(BaseModel):
     """A new API key's name."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -352,8 +354,16 @@ def llm_router(llm: LlmService, registry: CollectorRegistry, access: LlmAccess) 
     def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
         return access.caller(credentials.credentials if credentials else None)
 
+    def not_a_key(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+        """An API key is known, but not the admin's: 403, not the admin check's 401 for a token it does not know."""
+        token = credentials.credentials if credentials else None
+        if token and len(token) <= 512 and access.keys.llm_key_name(token) is not None:
+            raise OpenAIError(403, "the key routes need the admin token, not an API key", type="permission_error",
+                              code="insufficient_permissions")
+
     Caller = Annotated[str | None, Depends(caller)]
     Admin = Annotated[Any, Depends(access.admin)]
+    admin_only = [Depends(not_a_key)]  # before Admin: an API key's 403
 
     @router.get(MODELS)
     def models(_: Caller) -> dict[str, Any]:
@@ -372,23 +382,23 @@ def llm_router(llm: LlmService, registry: CollectorRegistry, access: LlmAccess) 
     async def chat(body: ChatIn, who: Caller) -> Any:
         return await api.chat(body, who)
 
-    @router.post(KEYS, status_code=201)
+    @router.post(KEYS, status_code=201, dependencies=admin_only)
     def add_key(body: KeyIn, _: Admin) -> dict[str, Any]:
         """A new API key for the LLM routes (shown only in this answer; the server keeps its hash)."""
         try:
             return {"name": body.name, "key": access.keys.add_llm_key(body.name)}
         except TrickleError as err:
-            raise HTTPException(409, str(err)) from None
+            raise OpenAIError(409, str(err), param="name", code="key_exists") from None
 
-    @router.get(KEYS)
+    @router.get(KEYS, dependencies=admin_only)
     def keys(_: Admin) -> dict[str, Any]:
         """Every API key (never the key itself) with what it used."""
         return {"keys": access.keys.llm_keys()}
 
-    @router.delete(KEYS + "/{name}")
+    @router.delete(KEYS + "/{name}", dependencies=admin_only)
     def revoke(name: str, _: Admin) -> dict[str, Any]:
         if not access.keys.revoke_llm_key(name):
-            raise HTTPException(404, f"no live API key named {name[:80]!r}")
+            raise OpenAIError(404, f"no live API key named {name[:80]!r}", code="key_not_found")
         return {"name": name, "revoked": True}
 
     return router
