@@ -201,13 +201,13 @@ def run_generate(args: argparse.Namespace) -> int:
         raise ConfigError("--max-tokens/--k", (args.max_tokens, args.k), "must be >= 1")
     if args.retry_s < 0:
         raise ConfigError("--retry-s", args.retry_s, "must be >= 0")
-    _check_generate_link(args)
+    token = _check_generate_link(args)  # a bad flag or token file is refused before the bundle or the network
     draft = load_lm_draft(args.bundle, trust=args.trust)
     tokenizer = draft.tokenizer(special_tokens=args.special_tokens)
     prompt = tokenizer.encode(args.prompt).ids
     if not prompt:
         raise ConfigError("prompt", args.prompt, "has no tokens")
-    link = _generate_link(args)
+    link = _generate_link(args, token)
     styled = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     out = None if args.json else TextOut(tokenizer.decode, sys.stdout, args.show_draft, styled, link is not None)
     try:
@@ -238,25 +238,41 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_generate_link(args: argparse.Namespace) -> None:
+def _check_generate_link(args: argparse.Namespace) -> str | None:
+    """The device's token from --token-file (None without one), the link's flags checked."""
     if args.server is not None and args.broker is not None:
         raise ConfigError("--server/--broker", (args.server, args.broker), "give one: verify over HTTP or over MQTT")
     if (args.server is not None or args.broker is not None) and args.token_file is None:
         raise ConfigError("--token-file", None, "needed with --server or --broker (the device's token from registration)")
     if args.broker is not None and args.device is None:
         raise ConfigError("--device", None, "needed with --broker (the device id the token belongs to)")
+    return None if args.token_file is None else read_token(args.token_file)
 
 
-def _generate_link(args: argparse.Namespace) -> VerifyLink | None:
+def read_token(path: Path) -> str:
+    """The device's token in ``path``: one line of printable ASCII without spaces (what registration
+    hands out), surrounding whitespace ignored. An empty file, or one that is not a token, is a
+    ConfigError naming the file: sent to the server it would be refused, or not even sent."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        raise ConfigError("--token-file", str(path), "no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError("--token-file", str(path), f"cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    if not token:
+        raise ConfigError("--token-file", str(path), "is empty: it must hold the device's token (from registration)")
+    if not (token.isascii() and token.isprintable()) or any(c.isspace() for c in token) or len(token) > 512:
+        raise ConfigError("--token-file", str(path), "does not hold a token: one line of at most 512 printable ASCII "
+                          "characters without spaces (the device's token, from registration)")
+    return token
+
+
+def _generate_link(args: argparse.Namespace, token: str | None) -> VerifyLink | None:
     """The way to the server's verification that the flags name (None: the draft alone)."""
     from edge.llm.generate import HttpVerifyLink, MqttVerifyLink
 
-    if args.token_file is None:
+    if token is None:
         return None
-    try:
-        token = args.token_file.read_text().strip()
-    except OSError as err:
-        raise ConfigError("--token-file", str(args.token_file), f"cannot be read ({err.strerror})") from None
     if args.server is not None:
         return HttpVerifyLink(args.server, token, timeout_s=args.timeout_s)
     if args.broker is not None:

@@ -182,6 +182,30 @@ def test_a_server_that_cannot_be_reached_is_an_outage(moa: tuple[Path, Path], tm
     assert doc["text"] == "" and doc["draft_text"] and doc["verified"] == 0 and doc["unchecked"] == doc["unverified"] == 8
 
 
+@pytest.mark.parametrize("content", ["", "\n  \n", "two\nlines", "a token with spaces", "t\u00f6ken"])
+def test_a_token_file_without_a_token_is_a_configuration_error_before_any_network_use(
+        moa: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str) -> None:
+    """Not an outage (exit 0, the draft alone): the file is refused in one line naming it, and
+    nothing is sent — the server here is a socket that counts who connects to it."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    token_file = tmp_path / "device.token"
+    token_file.write_text(content)
+    with listener:
+        for flags in (("--server", url), ("--broker", url.replace("http", "mqtt"), "--device", "d1")):
+            args = ["edge", "generate", "--bundle", str(moa[1]), *flags, "--token-file", str(token_file), PROMPT]
+            assert main(args) == 1
+            out, err = capsys.readouterr()
+            line = _one_line(err)
+            assert "--token-file" in line and str(token_file) in line and out == "", line
+            assert ("is empty" if not content.strip() else "does not hold a token") in line
+            with pytest.raises(BlockingIOError):  # no connection was made
+                listener.accept()
+
+
 # ---- 2. a restarted server gets the whole history again, at the end of the text too ----
 
 
