@@ -294,7 +294,8 @@ def run_flash(args: argparse.Namespace) -> int:
         print(json.dumps(_flash_json(report, recorded), default=lambda o: o.item() if hasattr(o, "item") else str(o)))
     else:
         _print_flash(bundle.manifest.model, args.board, report, recorded)
-    if report["mismatches"]:
+    cuts = report.get("power_cuts")
+    if report["mismatches"] or (cuts is not None and cuts["identical"] < cuts["trials"]):
         return 1
     if args.program:
         program(Path(report["binary"]), args.board, args.programmer, args.interface)
