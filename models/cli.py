@@ -195,9 +195,6 @@ def run_nexume(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ConfigError("--threads", args.threads, "must be 1 or more")
     data = cfg.load_data(args.data)  # also before torchrun: a bad data set is one clear error here, not each rank's
-    print(f"data: {data.name}, {len(data.y_train)} training and {len(data.y_test)} test examples of "
-          f"{list(data.input_shape)}, classes {', '.join(data.labels[:8])}{' …' if len(data.labels) > 8 else ''}; "
-          f"{data.preprocessing['description']}", file=sys.stderr)
     import torch  # only once the data are known good: a bad data set is one line in well under 2 s
 
     from models.nexume.checkpoint import save_checkpoint
@@ -215,6 +212,9 @@ def run_nexume(args: argparse.Namespace) -> int:
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['train_acc']:.3f}")
 
         result = train(cfg, data, progress)
+    print(f"data: {data.name}, {len(data.y_train)} training and {len(data.y_test)} test examples of "
+          f"{list(data.input_shape)}, classes {', '.join(data.labels[:8])}{' …' if len(data.labels) > 8 else ''}; "
+          f"{data.preprocessing['description']}", file=sys.stderr)
     paths = save_checkpoint(result, data, out)
     return _report(args, f"{cfg.method} on {name}", result.train_time_s, result.variants, paths, {})
 
