@@ -62,6 +62,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bench.measured import measured_commit
 from edge.core.files import write_atomic
 from edge.core.tables import markdown_table
 from models.firmbound import (
@@ -492,15 +493,6 @@ def simulated_node(name: str, est: Any, rule: Any, x: np.ndarray, xt: np.ndarray
     return out
 
 
-def _commit(paths: tuple[str, ...]) -> str:
-    here = Path(__file__).parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=here).stdout.strip() or "unknown"
-    changed = subprocess.run(["git", "status", "--porcelain", "--", *paths], capture_output=True, text=True,
-                             cwd=here.parent).stdout.strip()
-    return commit + (" with uncommitted changes" if changed else "")
-
-
 def _previous(path: Path, parts: tuple[str, ...]) -> dict[str, Any]:
     """The committed results whose parts this run keeps; ``measured`` defaults to the commit that wrote them."""
     if not path.exists() or set(parts) == set(PARTS):
@@ -550,8 +542,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
             r["node"] = simulated_node(name, node_est, node_rule, x, xt, yt, quick)
             r["node"]["chosen_on_training"] = chosen
     real = {k: real[k] for k in (*REAL_SETS, *sorted(set(real) - set(REAL_SETS))) if k in real}  # the goal's first
-    measured = dict(previous.get("measured", {})) | dict.fromkeys(parts, _commit(
-        ("bench/firmbound.py", "models/firmbound", "edge/classify/rocket.py", "simulator")))
+    measured = dict(previous.get("measured", {})) | dict.fromkeys(parts, measured_commit(
+        "bench/firmbound.py", "models/firmbound", "edge/classify/rocket.py", "simulator"))
     out = {**_summary(syn, real), "synthetic": syn, "real": real, "quick": quick, "measured": measured,
            "seconds": time.perf_counter() - started if set(parts) == set(PARTS) else previous.get("seconds"),
            "goals": {k: f"{op} {g}" for k, (op, g) in GOALS.items()},

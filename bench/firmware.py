@@ -58,6 +58,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from bench.measured import measured_commit
 from edge.contract.bundle import read_bundle
 from edge.core.files import write_atomic
 from edge.core.tables import console_table
@@ -332,20 +333,13 @@ def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...
     """Run the benchmark's ``parts`` (trained models, imported TFLite models, MLPerf Tiny). Running
     some of them keeps the others' keys from the committed JSON, and ``measured`` says which part
     each key set comes from (this run, or the one before)."""
-    import subprocess
-
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"parts {sorted(unknown)}: must be among {', '.join(PARTS)}")
     epochs, vectors, cuts = (2, 3, 20) if quick else (30, 20, 100)
     path = results_dir / ("firmware-quick.json" if quick else "firmware.json")
     previous = json.loads(path.read_text()) if path.exists() and set(parts) != set(PARTS) else {}
-    here = Path(__file__).parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=here).stdout.strip() or "unknown"
-    changed = subprocess.run(["git", "status", "--porcelain", "--", "firmware", "export", "bench"], capture_output=True,
-                             text=True, cwd=here.parent).stdout.strip()
-    commit += " with uncommitted changes" if changed else ""
+    commit = measured_commit("firmware", "export", "bench")
     out: dict[str, Any] = {**previous, "quick": quick, "goals": {k: f"{op} {goal:g}" for k, (op, goal) in GOALS.items()}}
     measured = dict(previous.get("measured", {}))
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,6 +52,7 @@ import httpx
 import numpy as np
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
+from bench.measured import measured_commit
 from edge.contract.protocol import Telemetry, encode, topic
 from edge.core.errors import LinkError
 from edge.core.files import write_atomic
@@ -484,7 +485,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...
     order = ("mosquitto", "mosquitto-half-load", "mosquitto-postgresql", "embedded")
     runs.sort(key=lambda r: order.index(r["broker"]) if r["broker"] in order else len(order))
     out |= {"runs": runs, "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
-            "measured": {**previous.get("measured", {}), **dict.fromkeys(parts, _commit())}}
+            "measured": {**previous.get("measured", {}),
+                         **dict.fromkeys(parts, measured_commit("server", "edge", "bench/link.py"))}}
     rows = [(r["broker"], f"{r['messages_per_second_stored']:.0f}", f"{r['p50_latency_s']:.4f}", f"{r['p99_latency_s']:.4f}",
              r["lost"], r["duplicated"]) for r in runs]
     print("\n" + console_table(rows, headers=["broker", "stored/s", "p50 s", "p99 s", "lost", "dup"], align="lrrrrr"))
@@ -500,13 +502,3 @@ def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...
     write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}")
     return out
-
-
-def _commit() -> str:
-    """The commit measured (``with uncommitted changes`` when the server, edge or bench code differs)."""
-    here = Path(__file__).parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=here).stdout.strip() or "unknown"
-    changed = subprocess.run(["git", "status", "--porcelain", "--", "server", "edge", "bench/link.py"],
-                             capture_output=True, text=True, cwd=here.parent).stdout.strip()
-    return commit + (" with uncommitted changes" if changed else "")

@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from typing import Any
 
 import torch
 
+from bench.measured import measured_commit
 from edge.core.errors import ConfigError
 from edge.core.files import data_root, write_atomic
 from edge.core.tables import markdown_table
@@ -370,15 +370,6 @@ def _headline(got: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _commit() -> str:
-    here = Path(__file__).parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=here).stdout.strip() or "unknown"
-    changed = subprocess.run(["git", "status", "--porcelain", "--", "models/lm", "edge/llm", "bench/speculative.py"],
-                             capture_output=True, text=True, cwd=here.parent).stdout.strip()
-    return commit + (" with uncommitted changes" if changed else "")
-
-
 def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS, corpus: Path | None = None,
          parts: tuple[str, ...] = PARTS, repeats: int | None = None) -> dict[str, Any]:
     """Run the benchmark on the targets ``parts`` (quick: the tiny one, trained here). Measuring
@@ -401,7 +392,7 @@ def main(quick: bool = False, results_dir: Path = RESULTS, docs_dir: Path = DOCS
         for size in sizes:
             target_dir, draft_dirs = _models(size, quick, Path(tmp), corpus)
             measured[size] = _measure(size, target_dir, draft_dirs, corpus, shapes[size], repeats)
-    commit = _commit()
+    commit = measured_commit("models/lm", "edge/llm", "bench/speculative.py")
     when = dict(previous.get("measured", {}))
     for size in previous.get("targets", {}):
         when.setdefault(size, "an earlier run, before issue 48's protocol (T = 0 against transformers' generate; each "
