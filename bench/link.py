@@ -28,9 +28,28 @@ bench/results/link.json (goals in GOALS):
 - device_route_p99_s_under_dashboard_load: a mixed load on one server (embedded broker, SQLite
   holding 100 devices' 60,000 messages): 100 device clients call their own routes (their results,
   the bundle list) while 10 dashboard viewers poll the fleet snapshot, for 30 s; the p99 of the
-  device calls (device_route_p50_s_under_dashboard_load beside it; dashboard_snapshots_served).
+  device calls (device_route_p50_s_under_dashboard_load beside it; dashboard_snapshots_served). Since
+  issue 49 each device's client is made before the clock starts (``_device_calls``), and a viewer
+  refused for the admin token's read rate (429) waits out its Retry-After.
+- device_route_p99_ratio_dashboard_load_vs_idle (part ``readload``, ``_read_load``): on one server
+  (embedded broker, SQLite, 100 devices' 60,000 messages), 20 device clients poll their own routes
+  every 0.2 s alone (idle p99), then with 30 dashboard clients in another process asking as fast as
+  they are answered (admin fleet pages, the registry, 1,000-result queries, device details; device
+  tokens loading their dashboards; a 429 waited out) (load p99); 5 interleaved rounds of 10 s, the
+  median load p99 over the median idle p99 (``read_load`` holds the rounds and the dashboards' answers).
 - unauthenticated_300mb_rss_growth_mb: the server's peak RSS growth (psutil, sampled every 10 ms)
   while a client without a token sends a 300 MB body to the bundle upload route.
+- sd_sessions_evicted_across_devices (part ``sessions``, ``_session_quota``): speculative-decoding
+  sessions of device B dropped while device A opens 80 (must be 0); sd_sessions_probe beside it.
+- replicas_messages_per_second_ratio_2_vs_1 (part ``replicas``, ``bench.replicas``): two
+  ``trickle serve --replica`` over one replica on PostgreSQL and Mosquitto, medians of alternated
+  runs (replicas_messages_per_second, the CPU each part used in replicas_runs); replica_kill_lost,
+  replica_kill_duplicated: kill -9 of one of two replicas while five device links publish.
+- broker_rss_growth_mb_unauth_200mb_connect, broker_rss_growth_mb_retained_flood (part "broker"):
+  a broker process's peak RSS growth while three CONNECTs without a login claim 200 MB each, and
+  while one device retains its largest payload on every topic it may publish to and then tries
+  32 MB; the larger of Mosquitto (the configuration the server writes) and the embedded broker
+  (``broker_limits`` holds both).
 - measured: the commit each part (PARTS) was last measured at.
 """
 
@@ -44,7 +63,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +84,10 @@ RESULTS = Path(__file__).parent / "results"
 GOALS = {"messages_per_second_stored": (">=", 5000.0), "embedded_messages_per_second_stored": (">=", 2000.0),
          "postgres_messages_per_second_stored": (">=", 5000.0), "p99_latency_s_at_half_load": ("<=", 0.2),
          "lost": ("<=", 0), "duplicated": ("<=", 0), "device_route_p99_s_under_dashboard_load": ("<=", 0.5),
-         "unauthenticated_300mb_rss_growth_mb": ("<=", 50.0)}
+         "unauthenticated_300mb_rss_growth_mb": ("<=", 50.0), "device_route_p99_ratio_dashboard_load_vs_idle": ("<=", 2.0),
+         "sd_sessions_evicted_across_devices": ("<=", 0), "replicas_messages_per_second_ratio_2_vs_1": (">=", 1.3),
+         "replica_kill_lost": ("<=", 0), "replica_kill_duplicated": ("<=", 0),
+         "broker_rss_growth_mb_unauth_200mb_connect": ("<=", 20.0), "broker_rss_growth_mb_retained_flood": ("<=", 20.0)}
 
 
 def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -85,10 +109,13 @@ def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
     return proc, port
 
 
-def _server(folder: Path, broker: str, mqtt_port: int, store: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def _server(folder: Path, broker: str, mqtt_port: int, store: str | None = None, *flags: str
+            ) -> tuple[subprocess.Popen[bytes], str]:
+    """``trickle serve`` on ``folder`` (more ``flags`` after), once it is healthy and its bridge connected."""
     port = free_port()
     cmd = [sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(folder), "--port", str(port), "--broker", broker]
     cmd += ["--store", store] if store else []
+    cmd += flags
     if broker == "embedded":
         cmd += ["--mqtt-port", str(mqtt_port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -108,6 +135,40 @@ def _server(folder: Path, broker: str, mqtt_port: int, store: str | None = None)
         proc.terminate()
         raise RuntimeError("the server did not start")
     return proc, url
+
+
+def rss_growth_mb(pid: int, action: Callable[[], None], settle_s: float = 0.5) -> tuple[float, float]:
+    """(peak, final) growth of ``pid``'s RSS in MB (psutil, sampled every 10 ms) while ``action`` runs
+    and ``settle_s`` after."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    before = proc.memory_info().rss
+    peak, done = [before], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        action()
+        time.sleep(settle_s)
+    finally:
+        done.set()
+        sampler.join()
+    return (peak[0] - before) / 2**20, (proc.memory_info().rss - before) / 2**20
+
+
+def remaining_length(n: int) -> bytes:
+    """MQTT's variable-length encoding of a fixed header's remaining length (§2.2.3)."""
+    out = bytearray()
+    while True:
+        n, byte = n // 128, n % 128
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
 def _payload_files(folder: Path, devices: list[tuple[str, str]], messages: int) -> dict[str, Path]:
@@ -198,8 +259,6 @@ def _publish_logged(broker_port: int, devices: list[tuple[str, str]], messages: 
     connected, to be closed once everything is stored: amqtt acknowledges a message before it is
     safely queued and drops it if the publisher leaves at once. Returns the time the first line
     was handed over, the send time per key, and the publishers."""
-    import threading
-
     assert messages < 65535  # message ids do not wrap
     files = _payload_files(folder, devices, messages)
     procs = []
@@ -319,11 +378,37 @@ def _seed(state: Path, devices: list[tuple[str, str]], per_device: int) -> None:
     store.close()
 
 
+async def _device_calls(url: str, devices: list[tuple[str, str]], seconds: float, pace_s: float = 0.2) -> list[float]:
+    """Every device calls its own routes (its newest 50 results, then the bundle list, in turn) every
+    ``pace_s`` (a device polls; it does not hammer) for ``seconds``: each call's time. Each client is
+    made before the clock starts: httpx builds an SSL context per client (~30 ms of CPU), which made
+    inside the timed loop put seconds on the first calls (this process's time, not the server's)."""
+    import asyncio
+
+    async def device(http: httpx.AsyncClient, name: str, until: float, times: list[float]) -> None:
+        for i in range(10**9):
+            if time.monotonic() >= until:
+                return
+            route = f"/v1/devices/{name}/result?limit=50" if i % 2 == 0 else "/v1/bundles"
+            t0 = time.perf_counter()
+            (await http.get(url + route)).raise_for_status()
+            times.append(time.perf_counter() - t0)
+            await asyncio.sleep(pace_s)
+
+    https = [httpx.AsyncClient(timeout=120, headers={"Authorization": f"Bearer {token}"}) for _, token in devices]
+    times: list[float] = []
+    until = time.monotonic() + seconds
+    try:
+        await asyncio.gather(*(device(http, name, until, times) for http, (name, _) in zip(https, devices, strict=True)))
+    finally:
+        for http in https:
+            await http.aclose()
+    return times
+
+
 def _mixed_load(folder: Path, seconds: float, n_devices: int = 100, n_viewers: int = 10) -> dict[str, Any]:
     """Device routes under dashboard load (see the module's docstring)."""
     import asyncio
-    import threading
-
     data = folder / "mixed"
     proc, url = _server(data, "embedded", free_port())
     try:
@@ -336,32 +421,18 @@ def _mixed_load(folder: Path, seconds: float, n_devices: int = 100, n_viewers: i
         def viewer() -> None:
             with httpx.Client(timeout=120) as client:
                 while not stop.is_set():
-                    client.get(url + "/v1/dashboard/fleet", headers=admin).raise_for_status()
+                    r = client.get(url + "/v1/dashboard/fleet", headers=admin)
+                    if r.status_code == 429:  # over the admin token's read rate: waited out, as the page does
+                        stop.wait(float(r.headers.get("Retry-After", "1")))
+                        continue
+                    r.raise_for_status()
                     snapshots[0] += 1
-
-        async def device(name: str, token: str, until: float, times: list[float]) -> None:
-            headers = {"Authorization": f"Bearer {token}"}
-            async with httpx.AsyncClient(timeout=120) as client:
-                for i in range(10**9):
-                    if time.monotonic() >= until:
-                        return
-                    route = f"/v1/devices/{name}/result?limit=50" if i % 2 == 0 else "/v1/bundles"
-                    t0 = time.perf_counter()
-                    (await client.get(url + route, headers=headers)).raise_for_status()
-                    times.append(time.perf_counter() - t0)
-                    await asyncio.sleep(0.2)  # a device polls; it does not hammer
-
-        async def devices_run() -> list[float]:
-            times: list[float] = []
-            until = time.monotonic() + seconds
-            await asyncio.gather(*(device(d, t, until, times) for d, t in devices))
-            return times
 
         viewers = [threading.Thread(target=viewer, daemon=True) for _ in range(n_viewers)]
         for t in viewers:
             t.start()
         try:
-            times = asyncio.run(devices_run())
+            times = asyncio.run(_device_calls(url, devices, seconds))
         finally:
             stop.set()
             for t in viewers:
@@ -374,10 +445,86 @@ def _mixed_load(folder: Path, seconds: float, n_devices: int = 100, n_viewers: i
             "devices": n_devices, "viewers": n_viewers, "seconds": seconds}
 
 
+def dashboard_clients(url: str, admin_token: str, device_tokens: list[tuple[str, str]], n_clients: int,
+                       stop: Any, served: Any) -> None:
+    """``n_clients`` dashboard clients in a process of their own (so their Python does not time the
+    devices'), each asking as soon as it has its answer: two in three with the admin token (fleet
+    pages, a search, the registry, one device's results, one device's detail), the rest each with
+    a device's token (its fleet snapshot and its detail: what a device token could load before).
+    A 429 is waited out for its Retry-After, as the dashboard page does. ``served``: [200s, 429s, other]."""
+    import asyncio
+
+    async def client(k: int) -> None:
+        if k % 3 != 2:
+            headers = {"Authorization": f"Bearer {admin_token}"}
+            routes = ["/v1/dashboard/fleet", "/v1/dashboard/fleet?page=1", "/v1/dashboard/fleet?q=d1", "/v1/devices",
+                      f"/v1/devices/{device_tokens[k % len(device_tokens)][0]}/result?limit=1000",
+                      f"/v1/dashboard/devices/{device_tokens[k % len(device_tokens)][0]}"]
+        else:
+            name, token = device_tokens[k % len(device_tokens)]
+            headers = {"Authorization": f"Bearer {token}"}
+            routes = ["/v1/dashboard/fleet", f"/v1/dashboard/devices/{name}"]
+        async with httpx.AsyncClient(timeout=120) as http:
+            for i in range(10**9):
+                if stop.is_set():
+                    return
+                r = await http.get(url + routes[(i + k) % len(routes)], headers=headers)
+                slot = 0 if r.status_code == 200 else 1 if r.status_code == 429 else 2
+                with served.get_lock():
+                    served[slot] += 1
+                if r.status_code == 429:
+                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+
+    async def run() -> None:
+        await asyncio.gather(*(client(k) for k in range(n_clients)))
+
+    asyncio.run(run())
+
+
+def _read_load(folder: Path, seconds: float, rounds: int, n_devices: int = 20, n_viewers: int = 30) -> dict[str, Any]:
+    """Device routes alone, then under dashboard load, on one server (embedded broker, SQLite
+    holding 100 devices' 60,000 messages): ``n_devices`` device clients each poll their own routes
+    (their newest 50 results, the bundle list) every 0.2 s for ``seconds``, alone (idle) and then
+    with ``n_viewers`` dashboard clients (``dashboard_clients``, another process) asking as fast
+    as they are answered; ``rounds`` idle/load pairs interleaved. The ratio is the median load p99
+    over the median idle p99."""
+    import asyncio
+    import multiprocessing
+
+    data = folder / "readload"
+    proc, url = _server(data, "embedded", free_port())
+    spawn = multiprocessing.get_context("spawn")
+    try:
+        devices = _register(url, data, 100)
+        _seed(data, devices, 500)
+        admin_token = (data / "admin.token").read_text().strip()
+        clients, others = devices[:n_devices], devices[n_devices:]
+
+        idle, load, served = [], [], spawn.Array("q", 3)
+        for r in range(rounds):
+            print(f"  round {r + 1}/{rounds}: {n_devices} devices alone, then with {n_viewers} dashboard clients ...",
+                  flush=True)
+            idle.append(float(np.percentile(asyncio.run(_device_calls(url, clients, seconds)), 99)))
+            stop = spawn.Event()
+            viewers = spawn.Process(target=dashboard_clients, args=(url, admin_token, others, n_viewers, stop, served))
+            viewers.start()
+            time.sleep(2.0)  # the process is up and its clients asking
+            try:
+                load.append(float(np.percentile(asyncio.run(_device_calls(url, clients, seconds)), 99)))
+            finally:
+                stop.set()
+                viewers.join(120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return {"idle_p99_s": idle, "load_p99_s": load, "ratio_per_round": [b / a for a, b in zip(idle, load, strict=True)],
+            "idle_p99_s_median": float(np.median(idle)), "load_p99_s_median": float(np.median(load)),
+            "ratio": float(np.median(load) / np.median(idle)), "dashboard_answers": {"200": served[0], "429": served[1],
+            "other": served[2]}, "devices": n_devices, "viewers": n_viewers, "seconds": seconds, "rounds": rounds}
+
+
 def _unauthenticated_upload(folder: Path, megabytes: int = 300) -> float:
     """The server's peak RSS growth (MB) while an unauthenticated client sends a ``megabytes`` body."""
-    import threading
-
     import psutil
 
     proc, url = _server(folder / "upload", "embedded", free_port())
@@ -411,7 +558,108 @@ def _unauthenticated_upload(folder: Path, megabytes: int = 300) -> float:
         proc.wait(60)
 
 
-PARTS = ("mosquitto", "embedded", "mixed", "upload")
+def _session_quota(n_sessions: int = 80) -> dict[str, Any]:
+    """Issue 49's probe on the server's verification sessions (``server.llm.verify``, default pool
+    64, quota 8 per device) over a tiny random Llama (2 layers, width 32; the sessions' policy, not
+    the model, is measured): device B holds a live session while device A opens ``n_sessions``
+    from 8 threads at once (batched rounds); then B's next round. ``sd_sessions_evicted_across_devices``:
+    sessions of one device dropped for another's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from edge.contract.protocol import VerifyRequest
+    from server.llm.verify import VerifySessions, answer
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2)).eval()
+    sessions = VerifySessions(target)
+    live = sessions.verify("b", VerifyRequest(session="live", start=0, tokens=[1, 2, 3], draft=[4]))
+    started = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: sessions.verify("a", VerifyRequest(session=f"s{i}", start=0, tokens=[5, 6], draft=[7])),
+                      range(n_sessions)))
+    took = time.perf_counter() - started
+    status, _, _ = answer(sessions, "b", VerifyRequest(session="live", start=live.history, draft=[9]))
+    return {"sd_sessions_evicted_across_devices": sessions.evicted_across_devices,
+            "sd_sessions_probe": {"opened_by_a": n_sessions, "seconds": round(took, 3), "b_next_round_status": status,
+                                  "evictions": dict(sessions.evictions), "max_sessions": sessions.max_sessions,
+                                  "max_sessions_per_device": sessions.max_sessions_per_device}}
+
+
+def _broker_limits(folder: Path) -> dict[str, Any]:
+    """Issue 49's broker probes, on Mosquitto with the configuration the server writes and on the
+    embedded broker inside ``trickle serve``: the broker process's peak RSS growth (psutil, sampled
+    every 10 ms, until 1 s after) while (a) three CONNECTs without credentials, each claiming 200 MB,
+    are streamed until the broker closes them; (b) one device publishes its largest payload
+    (``server.mqtt.limits.MAX_PACKET_BYTES``) retained on every topic it may publish to, then a 32 MB
+    one. Each key is the larger of the two brokers; ``broker_limits`` holds both."""
+
+    import paho.mqtt.client as mqtt
+
+    from edge.contract.protocol import device_topics
+    from server.mqtt.limits import MAX_PACKET_BYTES
+    from server.mqtt.mosquitto import Mosquitto, write_mosquitto_config
+    from server.store.store import open_store
+
+    def growth_mb(pid: int, action: Callable[[], None]) -> float:
+        return rss_growth_mb(pid, action, settle_s=1.0)[0]
+
+    def connects(port: int) -> None:
+        length = remaining_length(200 << 20)
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.sendall(b"\x10" + bytes(length) + b"\x00\x04MQTT\x04\x02\x00\x3c\x00\x05bench")
+                try:
+                    for _ in range(200):
+                        s.sendall(bytes(1 << 20))
+                except OSError:  # closed by the broker
+                    pass
+
+    def flood(port: int, device: str, token: str) -> None:
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=device)
+        client.username_pw_set(device, token)
+        client.connect("127.0.0.1", port)
+        client.loop_start()
+        try:
+            for name in device_topics("bench", device)["publish"]:  # first byte, topic, packet id: the rest payload
+                client.publish(name, bytes(MAX_PACKET_BYTES - 5 - len(name)), qos=1, retain=True).wait_for_publish(60)
+            client.publish(topic("bench", device, "status"), bytes(32 << 20), qos=1, retain=True)
+            time.sleep(2.0)  # refused at its fixed header (the connection closed), or taken
+        finally:
+            client.loop_stop()
+            client.disconnect()
+
+    per: dict[str, dict[str, float]] = {}
+    work = folder / "broker-mosquitto"
+    store = open_store(folder / "broker-mosquitto.sqlite")
+    token = store.add_device("d0", "bench").token
+    write_mosquitto_config(store, "bench-server-token", work)
+    store.close()
+    broker = Mosquitto(work).start()
+    try:
+        assert broker.proc is not None
+        per["mosquitto"] = {"unauth_200mb_connect": growth_mb(broker.proc.pid, lambda: connects(broker.port)),
+                            "retained_flood": growth_mb(broker.proc.pid, lambda: flood(broker.port, "d0", token))}
+    finally:
+        broker.stop()
+    port = free_port()
+    proc, url = _server(folder / "broker-embedded", "embedded", port)
+    try:
+        (device, token), = _register(url, folder / "broker-embedded", 1)
+        per["embedded"] = {"unauth_200mb_connect": growth_mb(proc.pid, lambda: connects(port)),
+                           "retained_flood": growth_mb(proc.pid, lambda: flood(port, device, token))}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return {"broker_rss_growth_mb_unauth_200mb_connect": max(p["unauth_200mb_connect"] for p in per.values()),
+            "broker_rss_growth_mb_retained_flood": max(p["retained_flood"] for p in per.values()),
+            "broker_limits": {"rss_growth_mb": per, "max_packet_bytes": MAX_PACKET_BYTES}}
+
+
+PARTS = ("mosquitto", "embedded", "mixed", "readload", "upload", "sessions", "replicas", "broker")
 
 
 def _mosquitto_part(folder: Path, n: int, m: int) -> dict[str, Any]:
@@ -450,8 +698,9 @@ def _mosquitto_part(folder: Path, n: int, m: int) -> dict[str, Any]:
 
 def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     """Run the benchmark's ``parts`` (the Mosquitto rows with the raw rate, the embedded broker, the
-    mixed load, the unauthenticated upload). Running some of them keeps the others' keys and runs
-    from the committed JSON, and ``measured`` says which commit each part was measured at."""
+    mixed load, device routes idle and under dashboard load, the unauthenticated upload). Running some
+    of them keeps the others' keys and runs from the committed JSON, and ``measured`` says which
+    commit each part was measured at."""
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"parts {sorted(unknown)}: must be among {', '.join(PARTS)}")
@@ -479,14 +728,35 @@ def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...
             mixed = _mixed_load(folder, seconds)
             out |= {"device_route_p99_s_under_dashboard_load": mixed["device_route_p99_s"],
                     "device_route_p50_s_under_dashboard_load": mixed["device_route_p50_s"], "mixed_load": mixed}
+        if "readload" in parts:
+            seconds, rounds = (5.0, 1) if quick else (10.0, 5)
+            print(f"device routes idle and under dashboard load: 20 devices, 30 dashboard clients, {rounds} x {seconds:g} s ...",
+                  flush=True)
+            readload = _read_load(folder, seconds, rounds)
+            out |= {"device_route_p99_ratio_dashboard_load_vs_idle": readload["ratio"], "read_load": readload}
         if "upload" in parts:
             print("a 300 MB body without a token ...", flush=True)
             out["unauthenticated_300mb_rss_growth_mb"] = _unauthenticated_upload(folder)
+        if "broker" in parts:
+            print("broker limits: 200 MB CONNECTs without a login, a device's retained flood (Mosquitto, embedded) ...",
+                  flush=True)
+            out |= _broker_limits(folder)
+        if "sessions" in parts:
+            print("speculative-decoding sessions: device A opens 80 while device B's is live ...", flush=True)
+            out |= _session_quota()
+        if "replicas" in parts:  # bench.replicas: one vs two trickle serve --replica, and kill -9 of one
+            from bench import replicas
+
+            rounds = 1 if quick else 3
+            print(f"replicas on PostgreSQL and Mosquitto: one vs two, {rounds} run(s) each, alternated ...", flush=True)
+            out |= replicas.measure(folder, rounds)
+            print("kill -9 of one of two replicas while 5 devices publish ...", flush=True)
+            out |= replicas.chaos(folder)
     order = ("mosquitto", "mosquitto-half-load", "mosquitto-postgresql", "embedded")
     runs.sort(key=lambda r: order.index(r["broker"]) if r["broker"] in order else len(order))
     out |= {"runs": runs, "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
             "measured": {**previous.get("measured", {}),
-                         **dict.fromkeys(parts, measured_commit("server", "edge", "bench/link.py"))}}
+                         **dict.fromkeys(parts, measured_commit("server", "edge", "bench/link.py", "bench/replicas.py"))}}
     rows = [(r["broker"], f"{r['messages_per_second_stored']:.0f}", f"{r['p50_latency_s']:.4f}", f"{r['p99_latency_s']:.4f}",
              r["lost"], r["duplicated"]) for r in runs]
     print("\n" + console_table(rows, headers=["broker", "stored/s", "p50 s", "p99 s", "lost", "dup"], align="lrrrrr"))

@@ -8,7 +8,7 @@
 
 Options: defaults < the --config file (TOML, keys are the fields of server.service.ServeConfig:
 state_dir, store, host, port, broker, mqtt_host, mqtt_port, trusted_keys, admin_token, tls_cert,
-tls_key, llm, llm_draft, llm_draft_k, llm_decoding, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue, llm_open,
+tls_key, replica, llm, llm_draft, llm_draft_k, llm_decoding, llm_adaptive_k, llm_tree, llm_concurrency, llm_queue, llm_open,
 llm_keys, workers, job_stale_s, job_attempts)
 < the flags given < --set FIELD=VALUE items (the value in TOML syntax).
 
@@ -65,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker-cert", type=Path, metavar="PEM",
                    help="certificate the bridge shows an mqtts:// broker that asks for one (mutual TLS)")
     p.add_argument("--broker-key", type=Path, metavar="PEM", help="the private key of --broker-cert")
+    p.add_argument("--replica", action="append", metavar="NAME", dest="replicas",
+                   help="run as replica NAME of several trickle serve processes sharing one --store postgresql://..., "
+                        "one external --broker (shared subscriptions: each message goes to one replica) and one "
+                        "--state-dir; with --write-mosquitto-config, name every replica (repeatable) so each may log in")
     p.add_argument("--mqtt-host", help="embedded broker address (default 127.0.0.1)")
     p.add_argument("--mqtt-port", type=int, help="embedded broker port (default 1883)")
     p.add_argument("--trust", type=Path, action="append", metavar="PUBKEY",
@@ -114,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
              "llm_draft_k": args.draft_k, "llm_decoding": args.decoding, "llm_adaptive_k": args.adaptive_k, "llm_tree": args.tree,
              "llm_concurrency": args.llm_concurrency, "llm_queue": args.llm_queue, "llm_open": args.llm_open,
              "llm_keys": args.llm_keys, "workers": args.workers}
+    replicas = args.replicas or []
+    if len(replicas) > 1 and args.write_mosquitto_config is None:
+        from edge.core.errors import ConfigError
+
+        raise ConfigError("replica", ", ".join(replicas), "a server is one replica: give --replica once "
+                          "(several only with --write-mosquitto-config, to let each log in)")
+    flags["replica"] = replicas[0] if len(replicas) == 1 else None
     config = load_config(ServeConfig, args.config, args.set, flags)
     if args.write_mosquitto_config is not None:
         from server.mqtt.mosquitto import write_mosquitto_config
@@ -122,12 +133,13 @@ def run(args: argparse.Namespace) -> int:
 
         store = open_store(config.store or config.state_dir / "trickle.sqlite")
         paths = write_mosquitto_config(store, read_or_create_token(config.state_dir / "server.token"),
-                                       args.write_mosquitto_config)
+                                       args.write_mosquitto_config, replicas=replicas)
         devices = len(store.devices())
         if args.json:
             print(json.dumps({"written": [str(p) for p in paths], "devices": devices}))
         else:
-            print(f"wrote {', '.join(str(p) for p in paths)} ({devices} devices and the server's bridge)")
+            bridges = f"{len(replicas)} replicas' bridges" if replicas else "the server's bridge"
+            print(f"wrote {', '.join(str(p) for p in paths)} ({devices} devices and {bridges})")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("amqtt").setLevel(logging.WARNING)

@@ -12,6 +12,7 @@ and the bridge stores and acknowledges what it holds before it disconnects.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 from collections.abc import Iterator
@@ -59,6 +60,10 @@ class ServeConfig(Config):
     """PEM certificate the bridge shows an mqtts:// broker that asks for one (mutual TLS)."""
     broker_key: Path | None = None
     """The private key of broker_cert."""
+    replica: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+    """Run as replica NAME of several ``trickle serve`` processes on one store (PostgreSQL), one
+    external broker with shared subscriptions (MQTT v5 ``$share``) and one state folder (tokens,
+    bundles): the broker hands each device message to one replica. Default: the only server."""
     mqtt_host: str = Field("127.0.0.1", min_length=1)
     """Where the embedded broker listens."""
     mqtt_port: int = Field(1883, ge=1, le=65535)
@@ -122,6 +127,16 @@ class ServeConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _replica(self) -> Self:
+        if self.replica is not None and self.broker == "embedded":
+            raise ConfigError("replica", self.replica, "needs an external broker that all replicas share "
+                              "(--broker mqtt://HOST:PORT, e.g. Mosquitto): the embedded one lives in one process")
+        if self.replica is not None and not (self.store or "").startswith("postgresql://"):
+            raise ConfigError("replica", self.replica, "needs a store all replicas share (--store postgresql://...); "
+                              "SQLite is one process's")
+        return self
+
+    @model_validator(mode="after")
     def _draft(self) -> Self:
         if self.llm_draft is not None and self.llm is None:
             raise ConfigError("llm_draft", str(self.llm_draft), "needs llm too (the target it drafts for)")
@@ -137,12 +152,18 @@ class ServeConfig(Config):
 
 
 def read_or_create_token(path: Path) -> str:
-    """A secret kept in a 0600 file, made on first use."""
-    if path.exists():
-        return path.read_text().strip()
-    token = secrets.token_urlsafe(32)
-    write_secret(path, token + "\n")
-    return token
+    """A secret kept in a 0600 file, made on first use. Replicas starting together on one state
+    folder agree: the file is written under a temporary name and linked into place, which fails
+    for all but the first, and each then reads the one that won."""
+    if not path.exists():
+        made = write_secret(path.with_name(f".{path.name}.{secrets.token_hex(8)}"), secrets.token_urlsafe(32) + "\n")
+        try:
+            os.link(made, path)
+        except FileExistsError:
+            pass
+        finally:
+            made.unlink()
+    return path.read_text().strip()
 
 
 class Service:
@@ -164,7 +185,8 @@ class Service:
         self.server_token = read_or_create_token(state_dir / "server.token")
         metrics = Metrics()
         self.bridge = Bridge(self.store, config.broker_url, self.server_token, metrics,
-                             tls=TlsFiles(config.broker_ca_file, config.broker_cert, config.broker_key))
+                             tls=TlsFiles(config.broker_ca_file, config.broker_cert, config.broker_key),
+                             replica=config.replica, verify_calls=config.replica is None or config.llm is not None)
         self.bridge.on_connected.append(self._announce_assignments)
         llm = None
         if config.llm is not None:
@@ -187,6 +209,7 @@ class Service:
 
             self.broker = EmbeddedBroker(config.mqtt_host, config.mqtt_port, config.store or state_dir / "trickle.sqlite",
                                          self.server_token)
+            self.state.on_token_revoked.append(self.broker.disconnect)  # a revoked device's connections closed
         signing_key(state_dir)  # what the server's own bundles (jobs) are signed with
         self.jobs = JobSupervisor(self.store, state_dir, config.store, config.workers, self._announce_job,
                                   stale_s=config.job_stale_s, max_attempts=config.job_attempts)

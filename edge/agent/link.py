@@ -76,6 +76,7 @@ class Link:
         self._early: dict[int, float] = {}  # mid -> when its PUBACK came before the sender recorded it
         self._awaiting: dict[int, float] = {}  # seq -> when the broker acknowledged it (server ack pending)
         self._last_ack = time.monotonic()  # when the server last acknowledged anything
+        self._acked_seq = -1  # the newest message the server acknowledged (its outbox sequence number)
         self._sent_up_to = 0
         self._connected = False
         self._stop = False
@@ -168,12 +169,15 @@ class Link:
                 log.warning("ignored a malformed ack: %s", err)
                 return
             try:
-                self.outbox.delete_keys(keys)
+                acked = self.outbox.delete_keys(keys)
             except Exception as err:  # a damaged outbox: the agent stops with it
                 self.failure = err
                 return
             with self._cond:
                 self._last_ack = time.monotonic()
+                for seq in acked:
+                    self._awaiting.pop(seq, None)
+                self._acked_seq = max(self._acked_seq, *acked) if acked else self._acked_seq
                 self._cond.notify_all()
         elif msg.topic.endswith("/ota") and self.on_ota is not None:
             threading.Thread(target=self.on_ota, args=(msg.payload,), name="trickle-ota", daemon=True).start()
@@ -189,10 +193,13 @@ class Link:
             room = self.max_in_flight - self._in_flight_count()
             after = self._sent_up_to
             now = time.monotonic()
-            # resend only when the server has gone quiet: while its acks keep coming it is working
-            # through a backlog, and resending would only deepen it
+            # resend when the server has gone quiet, or when a newer message was acknowledged while
+            # this one waits (a server replica died holding it: the broker gave the rest to another);
+            # while acks of older messages keep coming the server is working through a backlog,
+            # and resending would only deepen it
             stalled = now - self._last_ack > self.resend_s
-            overdue = sorted(seq for seq, t in self._awaiting.items() if stalled and now - t > self.resend_s)[:room]
+            overdue = sorted(seq for seq, t in self._awaiting.items()
+                             if now - t > self.resend_s and (stalled or seq < self._acked_seq))[:room]
             for seq in overdue:
                 del self._awaiting[seq]
             self._early = {mid: t for mid, t in self._early.items() if now - t < 5.0}  # acks that matched nothing

@@ -107,12 +107,17 @@ class Outbox:
                                     (after_seq, limit)).fetchall()
 
     @_guarded
-    def delete_keys(self, keys: list[str]) -> int:
-        """Delete the messages the server acknowledged; returns how many were queued."""
+    def delete_keys(self, keys: list[str]) -> list[int]:
+        """Delete the messages the server acknowledged; returns the sequence numbers of those that
+        were queued."""
+        seqs: list[int] = []
         with self._lock:
-            before = self._db.total_changes
-            self._db.executemany("DELETE FROM outbox WHERE key = ?", [(k,) for k in keys])
-            return self._db.total_changes - before
+            for i in range(0, len(keys), 500):
+                part = keys[i : i + 500]
+                marks = ",".join("?" * len(part))
+                seqs += [row[0] for row in self._db.execute(f"SELECT seq FROM outbox WHERE key IN ({marks})", part)]
+                self._db.execute(f"DELETE FROM outbox WHERE key IN ({marks})", part)
+        return seqs
 
     @_guarded
     def rows(self, seqs: list[int]) -> list[tuple[int, str, bytes]]:

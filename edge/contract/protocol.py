@@ -71,6 +71,7 @@ ROUTES = {
     "bundle": "/v1/bundles/{version}",
     "assignments": "/v1/assignments",
     "messages": "/v1/devices/{device}/{kind}",
+    "device_token": "/v1/devices/{device}/token",  # admin: POST a new token (the old one revoked), DELETE: revoke
     "verify": "/v1/llm/verify",
     "checkpoints": "/v1/checkpoints",  # admin: a teacher checkpoint for jobs (content-addressed)
     "jobs": "/v1/jobs",  # admin: heavy work on the server (server.jobs.queue)

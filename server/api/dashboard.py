@@ -19,27 +19,32 @@ build step, no third-party script: its charts are SVG drawn by ``dashboard.js``)
 - ``GET /v1/dashboard/devices/{device}``: one device's newest telemetry (voltage, power
   failures), results timeline, variant choices and events (the last 5000 of each).
 
-A device token sees only its own device; the registry, assignments and the OTA form need the
-admin token. Wall time and device time are kept apart: a device counts as online when the server
-received anything from it within ``ONLINE_S`` and its last status was not offline (it signed off);
-"last hour" figures say which clock they count by (a simulated fleet replays hours of its own
-time in seconds of the server's).
+These routes are the read path (``server.api.readpath``: one at a time, a bounded share of the
+server's time, a rate per token), apart from the devices' own routes; a snapshot is computed and
+encoded once per view and interval and shared by its viewers (``SnapshotCache``, counted as
+``trickle_dashboard_snapshots_total``). A device token sees only its own device; the registry,
+assignments and the OTA form need the admin token. Wall time and device time are kept apart: a
+device counts as online when the server received anything from it within ``ONLINE_S`` and its last
+status was not offline (it signed off); "last hour" figures say which clock they count by (a
+simulated fleet replays hours of its own time in seconds of the server's).
 """
 
 import asyncio
-import json
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import prometheus_client
+import pydantic_core
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from edge.contract.protocol import Name
+from server.api.readpath import ReadPath
 from server.api.state import Principal, ServerState
 
 STATIC = Path(__file__).parent / "static"
@@ -93,20 +98,36 @@ def fleet_snapshot(state: ServerState, who: Principal, page: int = 0, per_page: 
             "bundles": bundles, "assignments": assignments, "jobs": jobs, "llm_keys": llm_keys}
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A computed fleet snapshot as JSON (encoded once, for every viewer it is shared with) and the
+    ``changes`` it was computed under."""
+
+    body: bytes
+    changes: Any
+
+
+def _json(value: dict[str, Any]) -> bytes:
+    """As FastAPI encodes a route's answer (pydantic's encoder, a third of ``json.dumps``' time), an
+    infinite or NaN number (a telemetry field bounded below only) as null, so the page can parse it."""
+    return pydantic_core.to_json(value, inf_nan_mode="null")
+
+
 class SnapshotCache:
     """Fleet snapshots shared between viewers. A view (who, page, search) is computed by one thread
     at a time while the others wait and share it; a snapshot is reused while nothing changed
     (``changes``, the caller's change counter, equal; at most ``max_age_s``) or, under a steady
-    stream of changes, for ``ttl_s``: ten viewers of a busy fleet cost one aggregate per ``ttl_s``."""
+    stream of changes, for ``ttl_s``: ten viewers of a busy fleet cost one aggregate and one JSON
+    encoding per ``ttl_s``. ``computed`` counts the snapshots computed."""
 
-    def __init__(self, compute: Callable[..., dict[str, Any]], ttl_s: float = 2.0, max_age_s: float = 30.0) -> None:
-        self.compute, self.ttl_s, self.max_age_s = compute, ttl_s, max_age_s
+    def __init__(self, compute: Callable[..., dict[str, Any]], ttl_s: float = 2.0, max_age_s: float = 30.0,
+                 computed: Callable[[], None] = lambda: None) -> None:
+        self.compute, self.ttl_s, self.max_age_s, self.computed = compute, ttl_s, max_age_s, computed
         self._lock = threading.Lock()
-        self._entries: dict[tuple[Any, ...], tuple[float, Any, dict[str, Any]]] = {}
+        self._entries: dict[tuple[Any, ...], tuple[float, Snapshot]] = {}
         self._busy: dict[tuple[Any, ...], threading.Lock] = {}
 
-    def get(self, who: Principal, page: int, per_page: int, search: str, changes: Any) -> tuple[dict[str, Any], Any]:
-        """(the snapshot, the ``changes`` it was computed under)."""
+    def get(self, who: Principal, page: int, per_page: int, search: str, changes: Any) -> Snapshot:
         key = (who.admin, who.device.device if who.device else None, page, per_page, search)
         with self._lock:
             busy = self._busy.setdefault(key, threading.Lock())
@@ -114,15 +135,17 @@ class SnapshotCache:
             hit = self._entries.get(key)
             if hit is not None:
                 age = time.monotonic() - hit[0]
-                if age < self.ttl_s or (hit[1] == changes and age < self.max_age_s):
-                    return hit[2], hit[1]
-            snapshot = self.compute(who, page, per_page, search)
+                if age < self.ttl_s or (hit[1].changes == changes and age < self.max_age_s):
+                    return hit[1]
+            value = self.compute(who, page, per_page, search)
+            self.computed()
+            snapshot = Snapshot(_json(value), changes)
             with self._lock:
                 if len(self._entries) > 256:  # views nobody asks for any more
                     self._entries.clear()
                     self._busy = {key: busy}
-                self._entries[key] = (time.monotonic(), changes, snapshot)
-            return snapshot, changes
+                self._entries[key] = (time.monotonic(), snapshot)
+            return snapshot
 
 
 def _job_row(job: dict[str, Any]) -> dict[str, Any]:
@@ -148,10 +171,16 @@ def device_detail(state: ServerState, device: str, limit: int = 5000) -> dict[st
             "events": events, "variants": dict(Counter(r["variant"] for r in results))}
 
 
-def dashboard_router(state: ServerState, principal: Callable[..., Principal], interval_s: float = 1.0) -> APIRouter:
+def dashboard_router(state: ServerState, principal: Callable[..., Principal], read: ReadPath,
+                     interval_s: float = 1.0) -> APIRouter:
+    """The page and its routes; ``read`` gates the stream's work (the other routes are gated by its
+    middleware, ``server.api.readpath``)."""
     router = APIRouter()
     Who = Annotated[Any, Depends(principal)]  # a Principal
-    cache = SnapshotCache(lambda who, page, per_page, q: fleet_snapshot(state, who, page, per_page, q))
+    computed = prometheus_client.Counter("trickle_dashboard_snapshots", "Fleet snapshots computed (each shared by "
+                                         "its viewers)", registry=state.metrics.registry)
+    cache = SnapshotCache(lambda who, page, per_page, q: fleet_snapshot(state, who, page, per_page, q),
+                          computed=computed.inc)
     Page = Annotated[int, Query(ge=0, le=100_000)]
     PerPage = Annotated[int, Query(ge=1, le=500)]
     Search = Annotated[str, Query(max_length=64)]
@@ -167,32 +196,33 @@ def dashboard_router(state: ServerState, principal: Callable[..., Principal], in
             raise HTTPException(404, f"no static file {name!r}")
         return FileResponse(files[name])
 
-    @router.get("/v1/dashboard/fleet")
-    def fleet(who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = "") -> dict[str, Any]:
-        return cache.get(who, page, per_page, q, (state.metrics.stored_count, state.changes))[0]
+    @router.get("/v1/dashboard/fleet", response_model=dict[str, Any])
+    def fleet(who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = "") -> Response:
+        snapshot = cache.get(who, page, per_page, q, (state.metrics.stored_count, state.changes))
+        return Response(snapshot.body, media_type="application/json")  # encoded once, shared
 
     @router.get("/v1/dashboard/stream", include_in_schema=False)  # endless: not for generated clients (or fuzzers)
     async def stream(request: Request, who: Who, page: Page = 0, per_page: PerPage = 50, q: Search = ""
                      ) -> StreamingResponse:
-        async def events() -> AsyncIterator[str]:
+        async def events() -> AsyncIterator[bytes]:
             last: tuple[int, int, Any] | None = None
             sent = 0.0
             while not await request.is_disconnected():
-                jobs = await run_in_threadpool(state.store.jobs_version) if who.admin else None
+                jobs = await read.run(state.store.jobs_version) if who.admin else None
                 version = (state.metrics.stored_count, state.changes, jobs)  # what the page shows changed
                 if version != last or time.monotonic() - sent >= RESEND_S:
-                    snapshot, seen = await run_in_threadpool(cache.get, who, page, per_page, q, version)
-                    yield f"event: fleet\ndata: {json.dumps(snapshot)}\n\n"
-                    last, sent = seen, time.monotonic()  # a shared snapshot of an older version: sent again when fresh
+                    snapshot = await read.run(cache.get, who, page, per_page, q, version)
+                    yield b"event: fleet\ndata: " + snapshot.body + b"\n\n"
+                    last, sent = snapshot.changes, time.monotonic()  # a shared older snapshot: sent again when fresh
                 await asyncio.sleep(interval_s)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @router.get("/v1/dashboard/devices/{device}")
-    def device(device: Name, who: Who) -> dict[str, Any]:
+    @router.get("/v1/dashboard/devices/{device}", response_model=dict[str, Any])
+    def device(device: Name, who: Who) -> Response:
         if not who.admin and (who.device is None or who.device.device != device):
             raise HTTPException(403, "a device sees only itself")
-        return device_detail(state, device)
+        return Response(_json(device_detail(state, device)), media_type="application/json")  # encoded on this thread
 
     return router

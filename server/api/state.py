@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -37,3 +37,5 @@ class ServerState:
     llm_open: bool = False  # the LLM routes without an API key (trickle serve --llm-open)
     changes: int = 0  # registrations, uploads and assignments so far (the dashboard's stream pushes on each)
     workers: Callable[[], tuple[int, int]] | None = None  # (alive, wanted) job worker processes (/readyz)
+    # called with a device's name when its token is rotated or revoked (the embedded broker closes its connections)
+    on_token_revoked: list[Callable[[str], object]] = field(default_factory=list)

@@ -7,8 +7,16 @@ A session, per (device, session id), holds the verified token history and the ta
 of every history token but the last (``models.lm.cache.CachedLM``); one round feeds the new
 history tokens, the last one and the draft in one target forward, keeps what the acceptance rule
 keeps (``edge.llm.acceptance``, the same functions the single-host loop uses) and rolls the cache back.
-Sessions are capped in number and in tokens held and expire after ``ttl_s`` idle; the least
-recently used goes first. A request about a session the server no longer holds, or whose
+Sessions expire after ``ttl_s`` idle and are capped in number, per device and in tokens held
+(``_admit``), so that no device can push out another's: a device at its quota
+(``max_sessions_per_device``) replaces its own least recently used session; when the whole pool
+(``max_sessions``) is full, a new session takes the place of the least recently used session of a
+device holding more than its fair share (``max_sessions // devices holding any``), or the device's own
+when it is the one over. With the pool full and the new device under its share, some other device is
+over its share (pigeonhole), so nobody waits for others' idle sessions to expire; another device's
+session is pushed out only then (counted: ``evicted_across_devices``), or when the pool is smaller
+than the number of devices. Over ``max_tokens``, the device holding the most tokens loses its least
+recently used session. A request about a session the server no longer holds, or whose
 ``start`` is not the server's history length, is refused (``SessionNotHeldError``: HTTP 409) and the client
 resends its history from 0, which rebuilds it. Sessions are keyed by the authenticated device, so
 one device can neither read nor disturb another's.
@@ -33,7 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +50,8 @@ import numpy as np
 from edge.contract.protocol import VerifyRequest, VerifyResponse
 from edge.core.errors import TrickleError
 from edge.llm.acceptance import accept_greedy, accept_tests, distribution
+
+EVICTION_CAUSES = ("expired", "own", "fair_share", "tokens")  # VerifySessions.evictions' keys, see _admit
 
 
 class SessionNotHeldError(TrickleError):
@@ -101,14 +111,21 @@ class VerifySessions:
     """The target and its verification sessions (thread-safe; rounds are batched across sessions)."""
 
     def __init__(self, target: Any, max_sessions: int = 64, ttl_s: float = 600.0, max_tokens: int = 1 << 16,
-                 moa: Any = None, max_batch: int = 16, overload: int | None = None) -> None:
+                 moa: Any = None, max_batch: int = 16, overload: int | None = None,
+                 max_sessions_per_device: int | None = None) -> None:
+        per_device = max(1, max_sessions // 8) if max_sessions_per_device is None else max_sessions_per_device
+        if max_sessions < 1 or not 1 <= per_device <= max_sessions:
+            raise ValueError(f"max_sessions = {max_sessions}, max_sessions_per_device = {per_device}: need "
+                             "1 <= max_sessions_per_device <= max_sessions")
         self.target = target
         self.moa = moa  # a models.lm.moa.MoADraft: its Layer Self-Attention runs here, states go to the device
         self.vocab = int(target.config.vocab_size)
         self.context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
         self.max_sessions, self.ttl_s, self.max_tokens, self.max_batch = max_sessions, ttl_s, max_tokens, max_batch
-        self.sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
-        self.evicted = 0
+        self.max_sessions_per_device = per_device
+        self.sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()  # least recently used first
+        self.evictions = dict.fromkeys(EVICTION_CAUSES, 0)  # sessions dropped, by cause (_admit)
+        self.evicted_across_devices = 0  # of those, sessions of one device dropped to make room for another's
         self.overload = overload if overload is not None else 2 * max_batch  # rounds waiting beyond which drafts are refused
         self.rounds = 0  # target forwards
         self.verified = 0  # requests verified in them
@@ -172,13 +189,43 @@ class VerifySessions:
                 if job not in going:
                     job.done.set()
 
-    def _evict(self, now: float) -> None:
+    @property
+    def evicted(self) -> int:
+        """Sessions dropped so far, whatever the cause."""
+        return sum(self.evictions.values())
+
+    def _drop(self, key: tuple[str, str], cause: str, for_owner: str) -> None:
+        del self.sessions[key]
+        self.evictions[cause] += 1
+        self.evicted_across_devices += key[0] != for_owner
+
+    def _expire(self, now: float) -> None:
         for key in [k for k, s in self.sessions.items() if now - s.used > self.ttl_s]:
-            del self.sessions[key]
-            self.evicted += 1
-        while len(self.sessions) > self.max_sessions or sum(len(s.history) for s in self.sessions.values()) > self.max_tokens:
-            self.sessions.popitem(last=False)
-            self.evicted += 1
+            self._drop(key, "expired", key[0])
+
+    def _admit(self, key: tuple[str, str]) -> None:
+        """Make room after storing session ``key`` (new, or grown): the quotas of the module doc. At
+        most one session goes for the count (one came in), as many as it takes for the tokens."""
+        owner = key[0]
+        mine = [k for k in self.sessions if k[0] == owner]  # least recently used first; ``key`` is last
+        if len(mine) > self.max_sessions_per_device:
+            self._drop(mine[0], "own", owner)
+        elif len(self.sessions) > self.max_sessions:
+            held = Counter(k[0] for k in self.sessions)
+            fair = max(1, self.max_sessions // len(held))
+            if held[owner] > fair:
+                self._drop(mine[0], "own", owner)
+            else:  # someone else is over its share, unless the pool is smaller than the number of devices
+                over = [k for k in self.sessions if held[k[0]] > fair]
+                self._drop(over[0] if over else next(k for k in self.sessions if k[0] != owner), "fair_share", owner)
+        tokens = Counter[str]()
+        for (device, _), session in self.sessions.items():
+            tokens[device] += len(session.history)
+        while tokens.total() > self.max_tokens:
+            heaviest = tokens.most_common(1)[0][0]
+            victim = next(k for k in self.sessions if k[0] == heaviest)
+            tokens[heaviest] -= len(self.sessions[victim].history)
+            self._drop(victim, "tokens", owner)
 
     def _open(self, job: _Job) -> None:
         """The job's session and history, or its error (SessionNotHeldError, BadVerifyError)."""
@@ -211,7 +258,7 @@ class VerifySessions:
         job.session, job.history = session, history
 
     def _round(self, batch: list[_Job]) -> None:
-        self._evict(time.monotonic())
+        self._expire(time.monotonic())
         ready = []
         for job in batch:
             try:
@@ -301,6 +348,7 @@ class VerifySessions:
         session.used = time.monotonic()
         self.sessions[job.key] = session
         self.sessions.move_to_end(job.key)
+        self._admit(job.key)
         return VerifyResponse(accepted=n, next=result, p=p_out, history=len(session.history), target_ms=took)
 
     def _states(self, session: _Session, start: int, kind: str = "moa") -> str:

@@ -13,6 +13,17 @@ call is answered with its status (401, 400) when its id can be read, so the devi
 After each commit the bridge publishes an ``ack`` with the stored keys to each device; only
 then does a device delete them from its outbox (end to end, whatever the broker did).
 
+Replicas (``replica`` NAME: several ``trickle serve`` processes on one database and one external
+broker): each bridge connects as ``trickle-server.NAME`` over MQTT v5 and subscribes through shared
+subscriptions (``$share/trickle/…``, Mosquitto ≥ 1.6 and any v5 broker), so the broker hands each
+message to one replica. The session is clean (expiry 0): a broker keeps a persistent member of a
+share group in the group while it is away and piles its share of the messages into its queue, so
+a dead replica would swallow half the fleet's messages until it came back. With a clean session
+its share goes to the others at once; what it held unacknowledged is lost in the broker but not
+at the device, which publishes again what the server did not acknowledge end to end (the
+store's keys make the second copy a duplicate skipped). Only a replica serving a language model
+subscribes to verification calls.
+
 Each message is checked with ``edge.contract.protocol.decode`` (topic, size, JSON, schema, that the
 device is registered in that fleet, and its HMAC). A rejected message is logged with its
 reason, counted, acknowledged and dropped; nothing a device sends can stop the bridge.
@@ -66,10 +77,12 @@ from edge.contract.protocol import (
     parse_topic,
     topic,
 )
+from server.mqtt.limits import MAX_PACKET_BYTES
 from server.store.store import Incoming, Store
 
 log = logging.getLogger("trickle.server.bridge")
 SERVER_USER = "trickle-server"
+SHARE_GROUP = "trickle"  # the replicas' shared-subscription group
 # a locked, full or failing disk, or a database connection lost: worth another try
 STORE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.OperationalError, OSError)
 try:
@@ -79,6 +92,7 @@ try:
 except ImportError:  # PostgreSQL support not installed: SQLite only
     pass
 STORE_RETRY_S = 30.0
+TOKENS_TTL_S = 2.0  # how long the bridge trusts a device's token it read (a revoked one: see Bridge._tokens)
 
 
 @dataclass(frozen=True)
@@ -163,18 +177,27 @@ class Bridge:
     end (see the module doc)."""
 
     def __init__(self, store: Store, broker: str, server_token: str, metrics: Metrics | None = None,
-                 max_batch: int = 2000, ack_every_s: float = 0.05, tls: TlsFiles | None = None) -> None:
+                 max_batch: int = 2000, ack_every_s: float = 0.05, tls: TlsFiles | None = None,
+                 replica: str | None = None, verify_calls: bool = True) -> None:
         self.store, self.address = store, BrokerAddress.parse(broker)
+        self.replica = replica
+        self.verify_calls = verify_calls  # subscribe to verification calls (a replica: only with a language model)
         self.metrics = metrics or Metrics()
         self.max_batch, self.ack_every_s = max_batch, ack_every_s
         self._unacked: dict[str, list[str]] = {}  # device -> keys stored, not yet acknowledged to it
         self._acks_sent = time.monotonic()
         # units to store: the messages of one MQTT publish (one, or a batch's), its mid and QoS
         self._queue: queue.Queue[tuple[list[Incoming], int, int] | None] = queue.Queue()
-        self._tokens: dict[str, tuple[str, str]] = {}  # device -> (fleet, token)
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=SERVER_USER, clean_session=False,
-                                   manual_ack=True)
-        self._client.username_pw_set(SERVER_USER, server_token)
+        # device -> (fleet, token, when read): a token rotated or revoked (through any replica) stops
+        # verifying within TOKENS_TTL_S, at the cost of one store lookup per device that often
+        self._tokens: dict[str, tuple[str, str, float]] = {}
+        if replica is None:  # one server: a persistent session keeps what arrives while it restarts
+            self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=SERVER_USER, clean_session=False,
+                                       manual_ack=True)
+        else:  # one of several: MQTT v5, a clean session in the share group (see the module doc)
+            self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=replica_user(replica),
+                                       protocol=mqtt.MQTTv5, manual_ack=True)
+        self._client.username_pw_set(self.user, server_token)
         if mqtt_tls(broker):
             self._client.tls_set_context((tls or TlsFiles()).context())
         self._client.reconnect_delay_set(1, 5)
@@ -193,9 +216,26 @@ class Bridge:
         self._last_received = time.monotonic()
         self._stopping = False  # stop() disconnects: that is no broker lost
 
+    @property
+    def user(self) -> str:
+        """The name the bridge logs in with (and its client id)."""
+        return SERVER_USER if self.replica is None else replica_user(self.replica)
+
+    def subscriptions(self) -> list[tuple[str, int]]:
+        """(topic filter, QoS) of what the bridge reads: devices' messages at QoS 1, verification
+        calls at QoS 0; shared among the replicas (``$share/GROUP/``) when this is one."""
+        wanted = [(name, 1) for name in SERVER_SUBSCRIPTIONS]
+        wanted += [(name, 0) for name in REQUEST_SUBSCRIPTIONS] if self.verify_calls else []
+        if self.replica is None:
+            return wanted
+        return [(f"$share/{SHARE_GROUP}/{name}", qos) for name, qos in wanted]
+
     def start(self) -> None:
         self._writer.start()
-        self._client.connect_async(self.address.host, self.address.port, keepalive=30)
+        if self.replica is None:
+            self._client.connect_async(self.address.host, self.address.port, keepalive=30)
+        else:
+            self._client.connect_async(self.address.host, self.address.port, keepalive=30, clean_start=True)
         self._client.loop_start()
 
     def stop(self) -> None:
@@ -226,7 +266,7 @@ class Bridge:
         if reason.is_failure:
             log.error("broker %s:%d refused the bridge: %s", self.address.host, self.address.port, reason)
             return
-        client.subscribe([(name, 1) for name in SERVER_SUBSCRIPTIONS] + [(name, 0) for name in REQUEST_SUBSCRIPTIONS])
+        client.subscribe(self.subscriptions())
         self.connected.set()
         for callback in self.on_connected:
             callback()
@@ -249,12 +289,19 @@ class Bridge:
         self._rejections.note(reason, f"{where}: {err}")
 
     def _token_of(self, fleet: str, device: str) -> str | None:
+        now = time.monotonic()
         known = self._tokens.get(device)
-        if known is None:
-            record = self.store.device(device)
+        if known is None or now - known[2] > TOKENS_TTL_S:
+            try:
+                record = self.store.device(device)
+            except STORE_ERRORS:  # the store is away: the token last read, asked again in TOKENS_TTL_S
+                if known is None:
+                    raise
+                known = self._tokens[device] = (known[0], known[1], now)
+                return known[1] if known[0] == fleet else None
             if record is None:
                 return None
-            known = self._tokens[device] = (record.fleet, record.token)
+            known = self._tokens[device] = (record.fleet, record.token, now)
         return known[1] if known[0] == fleet else None
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
@@ -304,7 +351,11 @@ class Bridge:
         self._queue.put((unit, msg.mid, msg.qos))
 
     def _reply(self, fleet: str, device: str, reply: VerifyReply) -> None:
-        self._client.publish(topic(fleet, device, "verified"), reply.model_dump_json(exclude_none=True).encode(), qos=0)
+        body = reply.model_dump_json(exclude_none=True).encode()
+        if len(body) > MAX_PACKET_BYTES - 1024:  # with its topic over the broker's packet limit: Mosquitto would drop the bridge
+            body = VerifyReply(id=reply.id, status=413, detail=f"the reply ({len(body)} bytes) is over the broker's packet "
+                               f"limit ({MAX_PACKET_BYTES}): verify over HTTP").model_dump_json(exclude_none=True).encode()
+        self._client.publish(topic(fleet, device, "verified"), body, qos=0)
 
     def _verify(self, fleet: str, device: str, call: VerifyCall) -> None:
         try:
@@ -405,6 +456,12 @@ class Bridge:
                 self._client.publish(topic(fleet, device, "ack"), payload, qos=1)
         self._unacked = {}
         self._acks_sent = time.monotonic()
+
+
+def replica_user(replica: str) -> str:
+    """The broker user (and client id) of replica ``replica``'s bridge: ``trickle-server.NAME``.
+    Device names have no dot, so no device can be, or log in as, a replica."""
+    return f"{SERVER_USER}.{replica}"
 
 
 def _incoming(kind: str, message: Message, payload: bytes, received_s: float) -> Incoming:

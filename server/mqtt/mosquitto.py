@@ -8,8 +8,9 @@ the state folder) may read and write every trickle topic. Passwords are the toke
 - ``passwords``: ``user:$7$ITERATIONS$SALT$HASH`` per line, mode 0600;
 - ``acl``: a ``user`` block per account with its ``topic read|write|readwrite`` lines;
 - ``mosquitto.conf``: the lines that use them (``allow_anonymous false``, ``use_username_as_clientid
-  true``: a client's id is the user it authenticated as, ``password_file``, ``acl_file``), to include
-  in a broker's configuration beside its listeners.
+  true``: a client's id is the user it authenticated as, ``password_file``, ``acl_file``) and the
+  broker limits (``limits_text``: packet size, in-flight and queued messages), to include in a
+  broker's configuration beside its listeners.
 
 Registering a device later needs the files written again and Mosquitto told (SIGHUP reloads both).
 The password file is 0600: make it readable by the user Mosquitto runs as (``chown mosquitto``).
@@ -24,12 +25,14 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from edge.contract.protocol import ROOT, device_topics
 from edge.core.errors import LinkError
 from edge.core.files import write_atomic, write_secret
-from server.mqtt.bridge import SERVER_USER
+from server.mqtt.bridge import SERVER_USER, replica_user
+from server.mqtt.limits import MAX_PACKET_BYTES, OUTGOING_IN_FLIGHT, QUEUED_BYTES, QUEUED_MESSAGES
 from server.store.store import Store
 
 ITERATIONS = 101  # mosquitto_passwd's default
@@ -42,8 +45,12 @@ def password_line(user: str, password: str, salt: bytes | None = None) -> str:
     return f"{user}:$7${ITERATIONS}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
-def acl_text(store: Store) -> str:
-    blocks = [f"# written by trickle serve --write-mosquitto-config\nuser {SERVER_USER}\ntopic readwrite {ROOT}/#\n"]
+def acl_text(store: Store, replicas: Sequence[str] = ()) -> str:
+    """The ACL: the server's bridge (and each replica's) reads and writes every trickle topic, each
+    device only its own."""
+    bridges = [SERVER_USER] + [replica_user(name) for name in replicas]
+    blocks = ["# written by trickle serve --write-mosquitto-config\n"
+              + "".join(f"user {user}\ntopic readwrite {ROOT}/#\n" for user in bridges)]
     for record in store.devices():
         topics = device_topics(record["fleet"], record["device"])
         lines = [f"user {record['device']}"]
@@ -53,22 +60,37 @@ def acl_text(store: Store) -> str:
     return "\n".join(blocks)
 
 
-def write_mosquitto_config(store: Store, server_token: str, folder: Path) -> list[Path]:
-    """Write the password file, the ACL and the configuration lines for the registry's devices."""
+def write_mosquitto_config(store: Store, server_token: str, folder: Path, replicas: Sequence[str] = ()) -> list[Path]:
+    """Write the password file, the ACL and the configuration lines for the registry's devices
+    (and for each replica's bridge, ``trickle-server.NAME``, which logs in with the server token)."""
     folder.mkdir(parents=True, exist_ok=True)
-    passwords = [password_line(SERVER_USER, server_token)]
+    passwords = [password_line(user, server_token) for user in [SERVER_USER, *(replica_user(r) for r in replicas)]]
     for record in store.devices():
         device = store.device(record["device"])
         assert device is not None
         passwords.append(password_line(device.device, device.token))
     paths = [folder / "passwords", folder / "acl", folder / "mosquitto.conf"]
     write_secret(paths[0], "\n".join(passwords) + "\n")
-    write_atomic(paths[1], acl_text(store))
+    write_atomic(paths[1], acl_text(store, replicas))
     # the client id is the authenticated user: no device can take the bridge's session, or another
     # device's, by naming its client id (one MQTT session per device through Mosquitto)
     write_atomic(paths[2], f"# include beside your listeners\nallow_anonymous false\nuse_username_as_clientid true\n"
-                           f"password_file {paths[0].resolve()}\nacl_file {paths[1].resolve()}\n")
+                           f"password_file {paths[0].resolve()}\nacl_file {paths[1].resolve()}\n" + limits_text())
     return paths
+
+
+def limits_text() -> str:
+    """The broker limits (``server.mqtt.limits``) as Mosquitto 2.0 configuration lines. Every one
+    applies to all clients alike (2.0 has no per-user limit nor a message rate): ``max_packet_size``
+    is checked on each packet's fixed header, before its body is read and before any login (a 200 MB
+    CONNECT had been read whole), and bounds what a device can retain to its six topics x 512 KiB
+    (the server's ``ota`` commands are retained, so ``retain_available`` stays on); the queue
+    lines size the bridge's backlog (see ``QUEUED_BYTES``). A connection that never sends CONNECT
+    is closed by Mosquitto 2.0.11 after 1.5 x its default 60 s keepalive (95 s measured), which no
+    option shortens: cap a listener's connections with ``max_connections`` where that matters."""
+    return (f"# broker limits (trickle's server/mqtt/limits.py)\nmax_packet_size {MAX_PACKET_BYTES}\n"
+            f"max_inflight_messages {OUTGOING_IN_FLIGHT}\nmax_queued_messages {QUEUED_MESSAGES}\n"
+            f"max_queued_bytes {QUEUED_BYTES}\n")
 
 
 class Mosquitto:
@@ -91,11 +113,10 @@ class Mosquitto:
         binary = shutil.which("mosquitto")
         if binary is None:
             raise LinkError("mosquitto not found: apt-get install mosquitto")
-        self.port = free_port()
+        self.port = self.port or free_port()  # a restart keeps its port: clients reconnect to it
         conf = self.folder / "broker.conf"
         run_as = "user root\n" if os.geteuid() == 0 else ""  # as root it would drop to a user that cannot read the files
-        write_atomic(conf, f"listener {self.port} 127.0.0.1\n{run_as}max_inflight_messages 1000\n"
-                           f"max_queued_messages 1000000\n" + (self.folder / "mosquitto.conf").read_text())
+        write_atomic(conf, f"listener {self.port} 127.0.0.1\n{run_as}" + (self.folder / "mosquitto.conf").read_text())
         with open(self.folder / "mosquitto.log", "ab") as log:
             self.proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

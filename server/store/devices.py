@@ -1,4 +1,9 @@
-"""The device registry: names, fleets and tokens (only their sha256 is looked up)."""
+"""The device registry: names, fleets and tokens (only their sha256 is looked up).
+
+A token is rotated (a new one, shown once) or revoked by replacing it: a revoked device's token
+becomes one nobody was shown, marked ``revoked:``, so every check that compares tokens (HTTP auth,
+the embedded broker, Mosquitto's password file, the bridge's HMAC keys) refuses the old one without
+having to know about revocation, and nothing can match the device until the admin rotates again."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from typing import Any
 from server.store.database import Database, StoreError
 
 RESERVED_USER = "trickle-server"  # the bridge's MQTT user (server.mqtt.bridge.SERVER_USER)
+REVOKED = "revoked:"  # the mark of a revoked device's unknown token (issued tokens are URL-safe base64: no ':')
 
 
 @dataclass(frozen=True)
@@ -48,5 +54,24 @@ class Devices(Database):
         return Device(*row) if row else None
 
     def devices(self) -> list[dict[str, Any]]:
-        rows = self._all("SELECT device, fleet, created_s FROM devices ORDER BY device")
-        return [{"device": d, "fleet": f, "created_s": c} for d, f, c in rows]
+        rows = self._all("SELECT device, fleet, created_s, token FROM devices ORDER BY device")
+        return [{"device": d, "fleet": f, "created_s": c, "revoked": t.startswith(REVOKED)} for d, f, c, t in rows]
+
+    def rotate_token(self, device: str) -> Device | None:
+        """A new token for ``device`` (to show once); the old one stops matching at once. None: no
+        such device."""
+        return self._replace_token(device, secrets.token_urlsafe(32))
+
+    def revoke_token(self, device: str) -> Device | None:
+        """Replace ``device``'s token by one nobody is shown (``rotate_token`` gives it a usable one
+        again). None: no such device."""
+        return self._replace_token(device, REVOKED + secrets.token_urlsafe(32))
+
+    def _replace_token(self, device: str, token: str) -> Device | None:
+        cursor = self._run("UPDATE devices SET token = ?, token_sha256 = ? WHERE device = ?",
+                           (token, token_sha256(token), device))
+        if not cursor.rowcount:
+            return None
+        record = self.device(device)
+        assert record is not None  # devices are never deleted
+        return Device(record.device, record.fleet, token)

@@ -92,3 +92,10 @@ def test_the_cli_modules_import_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(maxsplit=1)
     assert out[0] == "[]", out
     assert time.perf_counter() - start < 5  # generous on two shared cores; `trickle serve --help` takes ~0.2 s
+
+
+def test_a_replica_needs_a_shared_broker_and_store(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="external broker"):
+        ServeConfig(state_dir=tmp_path, replica="a", store="postgresql://x@127.0.0.1:5432/db")
+    with pytest.raises(ConfigError, match="postgresql"):
+        ServeConfig(state_dir=tmp_path, replica="a", broker="mqtt://127.0.0.1:1883")

@@ -299,3 +299,18 @@ def test_llm_api_keys_are_kept_hashed_revocable_and_count_their_use(store: Store
         store.close()
         assert b"alice" in b"".join(f.read_bytes() for f in tmp_path.glob("db.sqlite*"))
         assert key.encode() not in b"".join(f.read_bytes() for f in tmp_path.glob("db.sqlite*"))
+
+
+def test_the_store_rotates_and_revokes_a_token(store: Store) -> None:
+    old = store.add_device("a", "north")
+    store.add_device("b", "north")
+    new = store.rotate_token("a")
+    assert new is not None and (new.device, new.fleet) == ("a", "north") and new.token != old.token
+    assert store.device_by_token(old.token) is None and store.device_by_token(new.token) == new == store.device("a")
+    revoked = store.revoke_token("a")
+    assert revoked is not None and store.device_by_token(new.token) is None
+    assert revoked.token.startswith("revoked:") and store.device_by_token(revoked.token) == revoked  # nobody was shown it
+    assert [(d["device"], d["revoked"]) for d in store.devices()] == [("a", True), ("b", False)]
+    again = store.rotate_token("a")
+    assert again is not None and store.device_by_token(again.token) == again and not store.devices()[0]["revoked"]
+    assert store.rotate_token("zz") is None and store.revoke_token("zz") is None
