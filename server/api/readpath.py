@@ -1,7 +1,7 @@
 """The read path (the dashboard and the fleet queries) bounded apart from the device path, so that
 no number of dashboard viewers slows the devices. One process serves both: 30 dashboard clients
 took the p99 of 20 polling devices from 0.060 to 0.287 s (4.8x; the issue's probe: 0.4 to 4.3-5.0 s);
-behind this module, 1.02-1.26x in two runs (``trickle bench link --part readload``).
+behind this module, 1.01x (``trickle bench link --part readload``, 5 interleaved rounds; 1.02 and 1.26x in earlier runs).
 
 - Which requests are reads (``is_read``): a GET under ``/v1/dashboard/`` with any token (a device
   token loads its own dashboard view), and the admin's GETs of the registry (``/v1/devices``) and of
