@@ -61,7 +61,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -74,7 +73,8 @@ import numpy as np
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
 from bench.measured import measured_commit
-from edge.contract.protocol import Telemetry, encode, topic
+from bench.processes import payload_files, publish, serve
+from edge.contract.protocol import topic
 from edge.core.errors import LinkError
 from edge.core.files import write_atomic
 from edge.core.tables import console_table
@@ -107,34 +107,6 @@ def _mosquitto(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
         proc.terminate()
         raise RuntimeError(f"mosquitto did not listen on port {port}")
     return proc, port
-
-
-def _server(folder: Path, broker: str, mqtt_port: int, store: str | None = None, *flags: str
-            ) -> tuple[subprocess.Popen[bytes], str]:
-    """``trickle serve`` on ``folder`` (more ``flags`` after), once it is healthy and its bridge connected."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "trickle.cli", "serve", "--state-dir", str(folder), "--port", str(port), "--broker", broker]
-    cmd += ["--store", store] if store else []
-    cmd += flags
-    if broker == "embedded":
-        cmd += ["--mqtt-port", str(mqtt_port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-
-    @retry(retry=retry_if_result(lambda up: not up), stop=stop_after_delay(60), wait=wait_fixed(0.1),
-           retry_error_callback=lambda state: False)
-    def healthy() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode}")
-        try:
-            return bool(httpx.get(url + "/healthz", timeout=1).json()["broker_connected"])
-        except httpx.HTTPError:
-            return False
-
-    if not healthy():
-        proc.terminate()
-        raise RuntimeError("the server did not start")
-    return proc, url
 
 
 def rss_growth_mb(pid: int, action: Callable[[], None], settle_s: float = 0.5) -> tuple[float, float]:
@@ -171,45 +143,11 @@ def remaining_length(n: int) -> bytes:
             return bytes(out)
 
 
-def _payload_files(folder: Path, devices: list[tuple[str, str]], messages: int) -> dict[str, Path]:
-    """One file per device of pre-encoded signed messages, a JSON line each."""
-    files = {}
-    for device, token in devices:
-        path = folder / f"{device}.lines"
-        with open(path, "wb") as fh:
-            for i in range(messages):
-                fh.write(encode(Telemetry(key=f"{device}:{i}", device=device, ts_s=float(i), voltage_v=2.5), token) + b"\n")
-        files[device] = path
-    return files
-
-
-def _publish(broker_port: int, devices: list[tuple[str, str]], messages: int, folder: Path) -> tuple[float, dict[str, float]]:
-    """Every device publishes its messages at QoS 1 from its own ``mosquitto_pub -l`` (C, so the
-    publishers measure the link, not Python). Returns the first publish time and, per key, its
-    publish time, interpolated over its publisher's run (they send at a steady pace)."""
-    files = _payload_files(folder, devices, messages)
-    start = time.time()
-    procs = []
-    for device, token in devices:
-        cmd = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1", "-i", f"bench-{device}",
-               "-u", device, "-P", token, "-t", topic("bench", device, "telemetry"), "-l"]
-        with open(files[device], "rb") as lines:  # the child keeps its own descriptor
-            procs.append((device, subprocess.Popen(cmd, stdin=lines)))
-    sent: dict[str, float] = {}
-    for device, proc in procs:
-        if proc.wait(600) != 0:
-            raise RuntimeError(f"mosquitto_pub for {device} exited {proc.returncode}")
-        end = time.time()
-        for i in range(messages):
-            sent[f"{device}:{i}"] = start + (end - start) * (i + 1) / messages
-    return start, sent
-
-
 def _publish_paced(broker_port: int, devices: list[tuple[str, str]], messages: int, folder: Path, rate_per_s: float
                    ) -> tuple[float, dict[str, float]]:
     """The same publishers fed one line at a time at ``rate_per_s`` messages/s in all (a steady
     load); a message's publish time is when its line was handed to its publisher."""
-    files = _payload_files(folder, devices, messages)
+    files = payload_files(folder, devices, messages)
     procs = []
     for device, token in devices:
         cmd = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1", "-i", f"bench-{device}",
@@ -242,7 +180,7 @@ def _raw_rate(broker_port: int, n_devices: int, messages: int, folder: Path) -> 
     sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1", "-i", "bench-raw",
                             "-t", "trickle/v1/bench/+/telemetry", "-C", str(total)], stdout=subprocess.DEVNULL)
     time.sleep(0.3)
-    start, _ = _publish(broker_port, [(f"raw{i}", "x") for i in range(n_devices)], messages, folder)
+    start, _ = publish(broker_port, [(f"raw{i}", "x") for i in range(n_devices)], messages, folder)
     sub.wait(600)
     return total / (time.time() - start)
 
@@ -260,7 +198,7 @@ def _publish_logged(broker_port: int, devices: list[tuple[str, str]], messages: 
     safely queued and drops it if the publisher leaves at once. Returns the time the first line
     was handed over, the send time per key, and the publishers."""
     assert messages < 65535  # message ids do not wrap
-    files = _payload_files(folder, devices, messages)
+    files = payload_files(folder, devices, messages)
     procs = []
     for device, token in devices:
         cmd = ["stdbuf", "-oL", "mosquitto_pub", "-d", "-h", "127.0.0.1", "-p", str(broker_port), "-q", "1",
@@ -320,7 +258,7 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int,
     from server.store.store import open_store
 
     data = folder / name
-    proc, url = _server(data, broker, broker_port, store)
+    proc, url = serve(data, broker, broker_port, store)
     publishers: list[subprocess.Popen[bytes]] = []
     try:
         devices = _register(url, data, n)
@@ -331,7 +269,7 @@ def _run(name: str, broker: str, broker_port: int, folder: Path, n: int, m: int,
         elif rate_per_s is not None:
             start, sent = _publish_paced(broker_port, devices, m, work, rate_per_s)
         else:
-            start, sent = _publish(broker_port, devices, m, work)
+            start, sent = publish(broker_port, devices, m, work)
         total = n * m
         db = open_store(store or data / "trickle.sqlite")
 
@@ -410,7 +348,7 @@ def _mixed_load(folder: Path, seconds: float, n_devices: int = 100, n_viewers: i
     """Device routes under dashboard load (see the module's docstring)."""
     import asyncio
     data = folder / "mixed"
-    proc, url = _server(data, "embedded", free_port())
+    proc, url = serve(data, "embedded", free_port())
     try:
         devices = _register(url, data, n_devices)
         _seed(data, devices, 500)
@@ -492,7 +430,7 @@ def _read_load(folder: Path, seconds: float, rounds: int, n_devices: int = 20, n
     import multiprocessing
 
     data = folder / "readload"
-    proc, url = _server(data, "embedded", free_port())
+    proc, url = serve(data, "embedded", free_port())
     spawn = multiprocessing.get_context("spawn")
     try:
         devices = _register(url, data, 100)
@@ -527,7 +465,7 @@ def _unauthenticated_upload(folder: Path, megabytes: int = 300) -> float:
     """The server's peak RSS growth (MB) while an unauthenticated client sends a ``megabytes`` body."""
     import psutil
 
-    proc, url = _server(folder / "upload", "embedded", free_port())
+    proc, url = serve(folder / "upload", "embedded", free_port())
     try:
         server = psutil.Process(proc.pid)
         before = server.memory_info().rss
@@ -646,7 +584,7 @@ def _broker_limits(folder: Path) -> dict[str, Any]:
     finally:
         broker.stop()
     port = free_port()
-    proc, url = _server(folder / "broker-embedded", "embedded", port)
+    proc, url = serve(folder / "broker-embedded", "embedded", port)
     try:
         (device, token), = _register(url, folder / "broker-embedded", 1)
         per["embedded"] = {"unauth_200mb_connect": growth_mb(proc.pid, lambda: connects(port)),
@@ -756,7 +694,8 @@ def main(quick: bool = False, results_dir: Path = RESULTS, parts: tuple[str, ...
     runs.sort(key=lambda r: order.index(r["broker"]) if r["broker"] in order else len(order))
     out |= {"runs": runs, "lost": sum(r["lost"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
             "measured": {**previous.get("measured", {}),
-                         **dict.fromkeys(parts, measured_commit("server", "edge", "bench/link.py", "bench/replicas.py"))}}
+                         **dict.fromkeys(parts, measured_commit("server", "edge", "bench/link.py", "bench/replicas.py",
+                                                               "bench/processes.py"))}}
     rows = [(r["broker"], f"{r['messages_per_second_stored']:.0f}", f"{r['p50_latency_s']:.4f}", f"{r['p99_latency_s']:.4f}",
              r["lost"], r["duplicated"]) for r in runs]
     print("\n" + console_table(rows, headers=["broker", "stored/s", "p50 s", "p99 s", "lost", "dup"], align="lrrrrr"))

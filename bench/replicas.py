@@ -26,13 +26,13 @@ import numpy as np
 import psutil
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
+from bench.processes import publish, serve
+
 DEVICES, MESSAGES = 10, 3000
 
 
 def _replica(state: Path, store: str, broker: str, name: str) -> tuple[subprocess.Popen[bytes], str]:
-    from bench.link import _server
-
-    return _server(state, broker, 0, store, "--replica", name)
+    return serve(state, broker, 0, store, "--replica", name)
 
 
 def _cpu(procs: list[psutil.Process]) -> float:
@@ -54,7 +54,6 @@ def _one_run(folder: Path, pg: str, n_replicas: int, run: int) -> dict[str, Any]
     """A fresh database and broker files, ``n_replicas`` replicas, the publishers; the rate and the CPU used."""
     import psycopg
 
-    from bench.link import _publish
     from server.mqtt.mosquitto import Mosquitto, write_mosquitto_config
     from server.service import read_or_create_token
     from server.store.store import open_store
@@ -79,7 +78,7 @@ def _one_run(folder: Path, pg: str, n_replicas: int, run: int) -> dict[str, Any]
         before = [_cpu(watched), _cpu([mosquitto]), _cpu(postgres), psutil.cpu_times()]
         work = state / "publishers"
         work.mkdir()
-        start, _ = _publish(broker.port, devices, MESSAGES, work)
+        start, _ = publish(broker.port, devices, MESSAGES, work)
         total = DEVICES * MESSAGES
 
         @retry(retry=retry_if_result(lambda done: not done), stop=stop_after_delay(300), wait=wait_fixed(0.1),
