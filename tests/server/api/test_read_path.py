@@ -205,30 +205,11 @@ def test_concurrent_viewers_share_one_snapshot_computation(plain_server: ServerP
 
 
 def _device_p99(url: str, clients: list[tuple[str, str]], seconds: float) -> float:
-    """Every device polls its newest 50 results and the bundle list every 0.1 s for ``seconds``."""
+    """Every device polls its newest 50 results and the bundle list every 0.1 s for ``seconds``
+    (the bench's pollers, ``bench.link._device_calls``): the p99 of their calls."""
+    from bench.link import _device_calls
 
-    async def device(http: httpx.AsyncClient, name: str, until: float, times: list[float]) -> None:
-        i = 0
-        while time.monotonic() < until:
-            route = f"/v1/devices/{name}/result?limit=50" if i % 2 == 0 else "/v1/bundles"
-            t0 = time.perf_counter()
-            (await http.get(url + route)).raise_for_status()
-            times.append(time.perf_counter() - t0)
-            i += 1
-            await asyncio.sleep(0.1)
-
-    async def run() -> list[float]:
-        https = [httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {t}"}) for _, t in clients]
-        times: list[float] = []
-        until = time.monotonic() + seconds
-        try:
-            await asyncio.gather(*(device(http, name, until, times) for http, (name, _) in zip(https, clients, strict=True)))
-        finally:
-            for http in https:
-                await http.aclose()
-        return times
-
-    return float(np.percentile(asyncio.run(run()), 99))
+    return float(np.percentile(asyncio.run(_device_calls(url, clients, seconds, pace_s=0.1)), 99))
 
 
 @pytest.mark.needs_broker
