@@ -33,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run (results marked quick)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object (the table goes to stderr)")
     p.add_argument("--part", action="append", metavar="PART",
-                   help="firmware, firmbound, link and speculative: run just this part (firmware: trained, tflite or "
-                        "mlperf; firmbound: synthetic, streams, defaults or nodes; link: mosquitto, embedded, mixed or "
+                   help="firmware, firmbound, link and speculative: run just this part (firmware: trained, tflite, "
+                        "mlperf or cmsis-nn; firmbound: synthetic, streams, defaults or nodes; link: mosquitto, embedded, "
+                        "mixed or "
                         "upload; speculative: the target, base or tiny; "
                         "repeatable) and keep the other parts' keys from the "
                         "committed results, each part marked with the commit it was measured at")
@@ -42,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="nexume only: run the benchmark's protocol on your data set instead of the built-in ones (a "
                         "folder of audio per label, a .csv/.parquet table, an .npz, or ucr:NAME; as trickle train "
                         "nexume --dataset reads it)")
+    p.add_argument("--peer", metavar="cmsis-nn[=PATH]",
+                   help="firmware only: measure the MLPerf Tiny models layer by layer beside Arm's CMSIS-NN, read from "
+                        "PATH (default ../shared/peers/cmsis-nn, or $TRICKLE_PEERS/cmsis-nn); without --part, runs just "
+                        "that part (cmsis-nn)")
     add_user_data_arguments(p, "with --dataset")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="with --dataset: the folder for nexume.json and nexume.md (default runs/bench/nexume-<data set>)")
@@ -54,6 +59,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--part", ",".join(args.part), "splits the firmware, firmbound, link and speculative "
                           "benchmarks only")
     options: dict[str, Any] = user_data_options(args)  # read (and refused) before the benchmark imports torch
+    if args.peer is not None:
+        name, _, path = args.peer.partition("=")
+        if args.name != "firmware" or name != "cmsis-nn":
+            raise ConfigError("--peer", args.peer, "is cmsis-nn or cmsis-nn=PATH, for trickle bench firmware")
+        options["peer"] = path or None
+        from bench.cmsis_nn import peer_folder
+
+        peer_folder(path or None)  # absent: one line, before anything runs
+        if not args.part:
+            options["parts"] = ("cmsis-nn",)
     module = importlib.import_module(f"bench.{args.name.replace('-', '_')}")
     if args.part:
         options["parts"] = tuple(args.part)

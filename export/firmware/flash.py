@@ -10,7 +10,8 @@ SRAM, which QEMU does not model: under QEMU the firmware finds it missing and ke
 RAM past the chip's 128 KB, which the harness restores at power-on (QEMU's generic loader) and
 saves at a power cut (the plugin holds the CPU before the cut instruction, the monitor's
 pmemsave writes the region, then QEMU is killed). The ``tncount`` TCG plugin (built here from
-firmware/plugin/tncount.c) counts instructions and cuts power before an exact instruction.
+firmware/plugin/tncount.c) counts instructions, estimates their Cortex-M4 cycles and cuts power
+before an exact instruction.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +140,15 @@ def choose_policy(board: str, config: dict[str, int], input_bytes: int, asked: s
 @dataclass
 class BoardRun:
     """What one firmware run on a board gave: the logits per test vector and variant, mismatches,
-    boots, instructions and progress marks."""
+    boots, instructions and progress marks, and the Cortex-M4 cycle estimate (firmware/plugin/tncount.c)."""
 
     outputs: dict[tuple[int, int], list[int]]  # (vector, variant) -> int32 logits
     mismatches: int
     boots: int = 1
     instructions: int | None = None
-    marks: list[int] = field(default_factory=list)
+    marks: list[int] = field(default_factory=list)  # instructions executed before each call of tn_mark
+    cycles: int | None = None  # estimated cycles of the whole run
+    cycle_marks: list[int] = field(default_factory=list)  # estimated cycles before each call, parallel to marks
     stdout: str = ""
     decisions: dict[int, tuple[int, int]] = field(default_factory=dict)  # early rule: series -> (samples, class)
 
@@ -317,9 +321,45 @@ def fresh_nv(path: Path, voltage_mv: int = 0, board: str = "mps2-an386") -> None
         fh.write(int(voltage_mv).to_bytes(4, "little"))
 
 
+@dataclass
+class PluginCounts:
+    """What the tncount plugin wrote: instructions and estimated Cortex-M4 cycles, in all and before
+    each call of tn_mark. A run with a power cut counts no cycles (``cycles`` None, ``cycle_marks`` empty)."""
+
+    instructions: int = 0
+    cycles: int | None = None
+    marks: list[int] = field(default_factory=list)
+    cycle_marks: list[int] = field(default_factory=list)
+
+
+def parse_counts(text: str) -> PluginCounts:
+    """The plugin's out file: ``total INSNS``, ``cycles CYCLES``, a ``mark INSNS [CYCLES]`` per marker call."""
+    counts = PluginCounts()
+    for line in text.splitlines():
+        key, *values = line.split()
+        if key == "total":
+            counts.instructions = int(values[0])
+        elif key == "cycles":
+            counts.cycles = int(values[0])
+        elif key == "mark":
+            counts.marks.append(int(values[0]))
+            counts.cycle_marks.extend(int(v) for v in values[1:])
+        else:
+            raise FlashError(f"the QEMU plugin wrote {line!r}: expected total, cycles or mark lines")
+    return counts
+
+
 def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float = 600, board: str = "mps2-an386"
          ) -> tuple[int, str, list[int], int]:
-    """One power-on of the board: (exit status, console output, marker counts, instructions)."""
+    """One power-on of the board: (exit status, console output, marker counts, instructions).
+    ``power_on`` gives the cycle estimate too."""
+    rc, out, counts = power_on(elf, nv, work, cut, timeout, board)
+    return rc, out, counts.marks, counts.instructions
+
+
+def power_on(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float = 600,
+             board: str = "mps2-an386") -> tuple[int, str, PluginCounts]:
+    """One power-on of the board: (exit status, console output, the plugin's counts)."""
     counts = work / "counts.txt"
     counts.unlink(missing_ok=True)
     args = f"{plugin(work)},out={counts},mark={symbol(elf, 'tn_mark'):#x}" + (f",cut={cut}" if cut is not None else "")
@@ -333,15 +373,8 @@ def qemu(elf: Path, nv: Path, work: Path, cut: int | None = None, timeout: float
                f"memory-backend-file,id=nv,size={NV_BYTES},mem-path={nv},share=on", "-monitor", "none",
                "-serial", "none", *common, "-plugin", args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    marks, total = [], 0
-    if counts.exists():
-        for line in counts.read_text().splitlines():
-            key, value = line.split()
-            if key == "mark":
-                marks.append(int(value))
-            else:
-                total = int(value)
-    return proc.returncode, proc.stdout + proc.stderr, marks, total
+    found = parse_counts(counts.read_text()) if counts.exists() else PluginCounts()
+    return proc.returncode, proc.stdout + proc.stderr, found
 
 
 def _ram_state_power_on(exe: str, spec: Board, common: list[str], plugin_args: str, nv: Path, work: Path,
@@ -411,11 +444,12 @@ def run_board(exe: Path, board: str, work: Path, voltage_mv: int = 0, mode: str 
         return result
     nv = work / "nv.bin"
     fresh_nv(nv, voltage_mv, board)
-    rc, out, marks, total = qemu(exe, nv, work, board=board)
+    rc, out, counts = power_on(exe, nv, work, board=board)
     if rc not in (0, 1):
         raise FlashError(f"QEMU exited {rc}: {out[-2000:]}")
     result = parse_output(out)
-    result.instructions, result.marks = total, marks
+    result.instructions, result.marks = counts.instructions, counts.marks
+    result.cycles, result.cycle_marks = counts.cycles, counts.cycle_marks
     return result
 
 
@@ -477,6 +511,11 @@ def inference_instructions(marks: list[int]) -> list[int]:
     return [b - a for a, b in zip(marks[0::2], marks[1::2])]
 
 
+def inference_cycles(cycle_marks: list[int]) -> list[int]:
+    """Estimated Cortex-M4 cycles of each inference, from the cycle counts at the marks (``BoardRun.cycle_marks``)."""
+    return inference_instructions(cycle_marks)
+
+
 def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
     """(name, tiles, output bytes) of each firmware layer, in the executor's order: the bytes it
     writes into the arena (``export.firmware.plan.output_bytes``), a concatenation's own channels,
@@ -524,30 +563,46 @@ def layer_tiles(model: Any) -> list[tuple[str, int, int]]:
     return out
 
 
-def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Path) -> list[dict[str, Any]]:
-    """Instructions of each layer of each variant on mps2-an386, for the first test vector.
+def profile_layers(sources: Path, models: list[Any], plain: list[int], work: Path,
+                   plain_cycles: list[int] | None = None) -> list[dict[str, Any]]:
+    """Instructions of each layer of each variant on mps2-an386, for the first test vector; with
+    ``plain_cycles`` their estimated Cortex-M4 cycles too (``estimated_cycles``).
 
     A profiling build marks every commit, so the counts between marks are the tiles; the
     marks' own cost (the same for every tile) is taken out using ``plain``, the unmarked
-    build's instructions for that inference. A layer's first tile includes what precedes it
-    (the first layer: starting the run, copying the input to non-volatile memory)."""
+    build's instructions for that inference (``plain_cycles``: its cycles). A layer's first tile
+    includes what precedes it (the first layer: starting the run, copying the input to non-volatile memory)."""
     elf = build(sources, "mps2-an386", work, vectors=1, profile=True)
     run = run_board(elf, "mps2-an386", work)
-    marks, at, result = run.marks, 0, []
-    for model, total in zip(models, plain):
+    at, result = 0, []
+    for k, (model, total) in enumerate(zip(models, plain)):
         layers = layer_tiles(model)
         n_tiles = sum(t for _, t, _ in layers)
-        job = marks[at : at + n_tiles + 2]  # start, a mark per commit, end
-        at += n_tiles + 2
+        job = run.marks[at : at + n_tiles + 2]  # start, a mark per commit, end
         if len(job) != n_tiles + 2:
             raise FlashError(f"profiling run: expected {n_tiles + 2} marks per inference, got {len(job)}")
-        hook = (job[-1] - job[0] - total) / n_tiles
-        tiles = np.diff(job[:-1]) - hook
-        bounds = np.cumsum([0] + [t for _, t, _ in layers])
-        per_layer = [{"name": name, "instructions": round(float(tiles[a:b].sum())), "output_bytes": int(nbytes)}
-                     for (name, _, nbytes), a, b in zip(layers, bounds[:-1], bounds[1:])]
-        result.append({"instructions": int(total), "layers": per_layer})
+        per_layer = [{"name": name, "instructions": n, "output_bytes": int(nbytes)}
+                     for (name, _, nbytes), n in zip(layers, _layer_counts(job, total, layers))]
+        measured: dict[str, Any] = {"instructions": int(total), "layers": per_layer}
+        if plain_cycles is not None and run.cycle_marks:
+            cycle_job = run.cycle_marks[at : at + n_tiles + 2]
+            for layer, cycles in zip(per_layer, _layer_counts(cycle_job, plain_cycles[k], layers)):
+                layer["estimated_cycles"] = cycles
+            measured["estimated_cycles"] = int(plain_cycles[k])
+        result.append(measured)
+        at += n_tiles + 2
     return result
+
+
+def _layer_counts(job: list[int], total: int, layers: list[tuple[str, int, int]]) -> list[int]:
+    """Each layer's share of one profiled inference: ``job`` the counts at its marks (start, a mark per
+    commit, end), ``total`` the unmarked build's count for it; the marks' own cost, the same for every
+    tile, is what the marked inference has beyond ``total``, spread over the tiles."""
+    n_tiles = len(job) - 2
+    hook = (job[-1] - job[0] - total) / n_tiles
+    tiles = np.diff(job[:-1]) - hook
+    bounds = np.cumsum([0] + [t for _, t, _ in layers])
+    return [round(float(tiles[a:b].sum())) for a, b in pairwise(bounds)]
 
 
 def flash(bundle: Bundle, board: str, out: Path, vectors: int | None = None, profile: bool = False,
@@ -615,11 +670,14 @@ def _board_figures(report: dict[str, Any], run: BoardRun, info: dict[str, Any], 
     """A QEMU board's counts in ``report``: instructions (per MAC, and time and energy on the board's
     CPU profile) per variant, code size, memory; with ``profile`` (the build folder) each variant's layers."""
     per = inference_instructions(run.marks)
+    per_cycles = inference_cycles(run.cycle_marks)
     n_var = len(info["variants"])
     for k, v in enumerate(report["variants"]):
         counts = per[k::n_var]
         v["instructions_per_inference"] = int(np.median(counts)) if counts else None
         v["instructions_per_mac"] = v["instructions_per_inference"] / v["macs"] if counts else None
+        # the plugin's Cortex-M4 estimate from the TRM's instruction timings (firmware/plugin/tncount.c)
+        v["estimated_cycles_per_inference"] = int(np.median(per_cycles[k::n_var])) if per_cycles[k::n_var] else None
         if counts:  # what the storage must carry whole under the atomic policy (instructions taken as cycles)
             mcu = MCUS[BOARD_SPECS[board].cpu]
             v["energy_per_inference_j"] = v["instructions_per_inference"] * mcu.energy_per_cycle_j()
@@ -628,7 +686,9 @@ def _board_figures(report: dict[str, Any], run: BoardRun, info: dict[str, Any], 
     report["memory"] = memory_use(exe, board)
     report["bin"] = str(exe.with_suffix(".bin"))
     if profile is not None and per:
-        for v, measured in zip(report["variants"], profile_layers(gen, info["models"], per[:n_var], profile / "profile")):
+        measured_layers = profile_layers(gen, info["models"], per[:n_var], profile / "profile",
+                                         per_cycles[:n_var] if per_cycles else None)
+        for v, measured in zip(report["variants"], measured_layers):
             v["layers"] = measured["layers"]
 
 
@@ -684,8 +744,9 @@ def record(bundle: Bundle, report: dict[str, Any], out: Path, key: Ed25519Privat
     for v in bundle.manifest.variants:
         if v.name in measured:
             m = measured[v.name]
+            known = MeasuredLayer.model_fields  # the manifest records instructions, not the cycle estimate
             counts = Measured(cpu=BOARD_SPECS[board].cpu, instructions=m["instructions_per_inference"],
-                              layers=[MeasuredLayer(**layer) for layer in m["layers"]])
+                              layers=[MeasuredLayer(**{k: layer[k] for k in known}) for layer in m["layers"]])
             v = v.model_copy(update={"measured": {**(v.measured or {}), board: counts}})
         variants.append(v)
     manifest = bundle.manifest.model_copy(update={"variants": variants, "bundle_version": bundle.manifest.bundle_version + 1})

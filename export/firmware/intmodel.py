@@ -107,7 +107,7 @@ class WindowPoolLayer:  # TFLite's AVERAGE_POOL_2D / MAX_POOL_2D: same scale in 
 
     @property
     def macs(self) -> int:
-        return int(math.prod(self.out_shape) * math.prod(self.kernel))
+        return 0  # no multiply-accumulates: its work is counted as instructions only (MACs: conv, depthwise, FC)
 
 
 @dataclass
@@ -123,7 +123,7 @@ class MeanLayer:  # TFLite Micro's MEAN over all positions
 
     @property
     def macs(self) -> int:
-        return int(math.prod(self.in_shape))
+        return 0  # no multiply-accumulates: its work is counted as instructions only (MACs: conv, depthwise, FC)
 
 
 @dataclass
@@ -157,7 +157,7 @@ class PoolLayer:  # global sum over positions of (x + input_offset), int32
 
     @property
     def macs(self) -> int:
-        return int(math.prod(self.in_shape))
+        return 0  # no multiply-accumulates: its work is counted as instructions only (MACs: conv, depthwise, FC)
 
 
 @dataclass
@@ -224,7 +224,7 @@ class MulLayer:  # TFLite's quantized MUL of two computed tensors of one size (a
 
     @property
     def macs(self) -> int:
-        return int(math.prod(self.shape))
+        return 0  # no multiply-accumulates: its work is counted as instructions only (MACs: conv, depthwise, FC)
 
 
 @dataclass

@@ -8,6 +8,9 @@
  *   host_fw early                an early-rule model (TN_EARLY): every test series sample by
  *                                sample, "EARLY series samples class", checked against edge.classify.early
  *   host_fw early-cuts [SERIES]  a cut after every commit (tiles and steps) of the first SERIES
+ *   host_fw layers [VARIANT]     the first vector; after each layer's last tile, "LAYER index v1 v2 ..."
+ *                                (its output tensor, or the logits of the last one): what a peer's
+ *                                kernels are checked against layer by layer (bench/cmsis_nn.py)
  */
 #include <setjmp.h>
 #include <stdio.h>
@@ -25,8 +28,31 @@ static unsigned long reboots;
 
 static unsigned long commits, cut_commit; /* early-cuts: cut after commit number cut_commit (0 = never) */
 
+static const tn_model *dumped; /* layers: the model whose layer outputs are printed */
+static uint32_t dumped_layer;  /* the next layer to print */
+
+/* After layer `dumped_layer`'s last tile (its tiles so far: the model cut after it), print its output. */
+static void dump_layer(uint32_t progress) {
+    tn_model upto = *dumped;
+    upto.n_layers = (uint16_t)(dumped_layer + 1u);
+    if (dumped_layer >= dumped->n_layers || progress != tn_total_tiles(&upto)) {
+        return;
+    }
+    const tn_layer *l = &dumped->layers[dumped_layer];
+    const uint32_t n = (uint32_t)l->cout * l->hout * l->wout;
+    printf("LAYER %u", (unsigned)dumped_layer);
+    for (uint32_t i = 0; i < n; i++) {
+        printf(" %d", dumped_layer + 1u == dumped->n_layers ? (int)nv.logits[i] : (int)nv.arena[l->dst + i]);
+    }
+    printf("\n");
+    dumped_layer++;
+}
+
 void tn_progress_hook(uint32_t progress) {
     commits++;
+    if (dumped != NULL) {
+        dump_layer(progress);
+    }
     if ((cut_at != 0u && progress == cut_at) || (cut_commit != 0u && commits == cut_commit)) {
         cut_at = 0u;
         cut_commit = 0u;
@@ -168,6 +194,17 @@ int main(int argc, char **argv) {
         printf("MISMATCHES %lu\n", mismatches);
         return mismatches == 0 ? 0 : 1;
     }
+    if (strcmp(mode, "layers") == 0) {
+        const uint32_t variant = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 0u;
+        if (variant >= TN_N_VARIANTS) {
+            fprintf(stderr, "error: variant %u of %u\n", (unsigned)variant, (unsigned)TN_N_VARIANTS);
+            return 2;
+        }
+        dumped = tn_variants[variant];
+        const int r = run_vector(0u, variant, run_id);
+        printf("MISMATCHES %d\n", r);
+        return r == 0 && dumped_layer == dumped->n_layers ? 0 : 1;
+    }
     if (strcmp(mode, "cuts") == 0) {
         uint32_t vectors = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 2u;
         unsigned long trials = 0, identical = 0;
@@ -187,7 +224,7 @@ int main(int argc, char **argv) {
         printf("CUTS %lu IDENTICAL %lu REBOOTS %lu\n", trials, identical, reboots);
         return trials == identical ? 0 : 1;
     }
-    fprintf(stderr, "usage: %s run [VARIANT] | cuts [VECTORS] | dyn VOLTAGE_MV | early | early-cuts [SERIES]\n",
+    fprintf(stderr, "usage: %s run [VARIANT] | cuts [VECTORS] | dyn VOLTAGE_MV | early | early-cuts [SERIES] | layers [VARIANT]\n",
             argv[0]);
     return 2;
 }
