@@ -94,16 +94,16 @@ def _array(ctype: str, name: str, values: np.ndarray, per_line: int = 24) -> str
 
 
 def conv_rows(weight: np.ndarray) -> np.ndarray:
-    """A conv's int8 weights as the firmware stores them: a row per output channel, taps in (kh, kw,
-    cin) order (activations are HWC), zero-padded to a multiple of four, each group of four as w0,
-    w2, w1, w3 (what SXTB16 and SXTB16 ROR #8 unpack into the pairs (w0, w1) and (w2, w3)); the rows
-    of channels 2p and 2p + 1 interleaved group by group (the kernel reads both channels' group
-    with one pointer), an odd last channel's row after them as it is."""
+    """A conv's weights as the firmware stores them, int16 (widened here once, so that the kernel's
+    inner loop only loads and multiplies; firmware/src/conv.c): a row per output channel, taps in
+    (kh, kw, cin) order (activations are HWC), zero-padded to a multiple of four; the rows of
+    channels 2p and 2p + 1 interleaved group of four taps by group (one LDM reads both channels'
+    group), an odd last channel's row after them as it is."""
     rows = np.moveaxis(weight, 1, -1).reshape(weight.shape[0], -1)  # OIHW -> OHWI: HWC windows
     cout, depth = rows.shape[0], -(-rows.shape[1] // 4) * 4
-    padded = np.zeros((cout, depth), dtype=np.int8)
+    padded = np.zeros((cout, depth), dtype=np.int16)
     padded[:, : rows.shape[1]] = rows
-    groups = padded.reshape(cout, depth // 4, 4)[:, :, [0, 2, 1, 3]]
+    groups = padded.reshape(cout, depth // 4, 4)
     even = cout - cout % 2
     paired = groups[:even].reshape(even // 2, 2, depth // 4, 4).transpose(0, 2, 1, 3).reshape(even, depth)
     return np.concatenate([paired, groups[even:].reshape(cout - even, depth)])
@@ -121,6 +121,122 @@ def depthwise_weights(layer: DepthwiseLayer) -> np.ndarray:
     quads = cout // 4 * 4 if mult in (1, 2) or mult % 4 == 0 else 0
     grouped = layer.weight[:, :, :quads].reshape(kh * kw, quads // 4, 4).transpose(1, 0, 2)[:, :, [0, 2, 1, 3]]
     return np.concatenate([grouped.reshape(-1), layer.weight[:, :, quads:].reshape(-1)]).astype(np.int16)
+
+
+PACKED_TAPS = 64  # firmware/include/tn.h TN_PACKED_TAPS: the most taps a packed depthwise window has
+BOUND = 1 << 30  # |accumulator| and |output stage base| of a packed stream: doubled, they fit an int32
+
+
+def _halves(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """int32 words of two int16 values each, lo in the low half (little-endian ``int16`` pairs)."""
+    return np.stack([lo, hi], axis=-1).astype(np.int16).view(np.int32)[..., 0]
+
+
+def doubled_rows(layer: ConvLayer | DepthwiseLayer | FCLayer, reach: np.ndarray) -> np.ndarray | None:
+    """The output stage rows [channel][3] = {multiplier, 2^(s-1) + zero point 2^s, s} of a packed stream
+    (firmware/src/kernel.h's requant_doubled), or None where they cannot be used: a shift below 1 (a
+    zero multiplier, whose output is the zero point at any shift, takes 1), a base of 2^30 or more, or
+    an accumulator that may reach 2^30 (reach: the most |sum of products| each channel adds to its
+    bias)."""
+    multiplier, shift = np.asarray(layer.multiplier, np.int64), np.asarray(layer.shift, np.int64)
+    shift = np.where(multiplier != 0, shift, 1)
+    if shift.min() < 1 or shift.max() > 30:
+        return None
+    base = (1 << (shift - 1)) + layer.output_offset * (1 << shift)
+    if np.any(np.abs(base) >= BOUND) or np.any(np.abs(np.asarray(layer.bias, np.int64)) + reach >= BOUND):
+        return None
+    return np.stack([multiplier, base, shift], axis=1)
+
+
+def _tap_table(kh: int, kw: int, row_bytes: int, tap_bytes: int) -> np.ndarray:
+    """Where a window's taps lie, in bytes from its first: in pairs, then -1 and the odd last tap's
+    offset (or 0), padded to kh kw + 2 words."""
+    at = (np.arange(kh)[:, None] * row_bytes + np.arange(kw)[None, :] * tap_bytes).reshape(-1)
+    tail = [-1, at[-1], 0] if at.size % 2 else [-1, 0]
+    return np.concatenate([at[: at.size - at.size % 2], tail])
+
+
+def packed_depthwise(layer: DepthwiseLayer) -> np.ndarray | None:
+    """A depthwise conv's tn_layer.packed (firmware/include/tn.h), or None where the layer does not
+    qualify (a depth multiplier other than 1 or 2, input channels not whole quads, fewer than 2 or more
+    than PACKED_TAPS taps, or ``doubled_rows`` refuses).
+    The tap tables, in the input and in a gathered window; then per quad of output channels the doubled
+    biases with the input offset folded in; each pair of taps (TFLite's (ky, kx) order) as one word per
+    channel, (2 w_t, 2 w_t+1); an odd last tap in the lanes its input gives, (2 w_c, 2 w_c+2), (2 w_c+1,
+    2 w_c+3) (a multiplier of 2: (c, c + 1), (c + 2, c + 3)); the output stage rows."""
+    kh, kw, cout = layer.weight.shape
+    cin, n = layer.in_shape[0], kh * kw
+    if cout not in (cin, 2 * cin) or cin % 4 or not 2 <= n <= PACKED_TAPS:
+        return None
+    rows = doubled_rows(layer, np.full(cout, n * 255 * 128, np.int64))
+    if rows is None:
+        return None
+    w_in = _hw(layer.in_shape)[1]
+    tables = [_tap_table(kh, kw, layer.dilation_h * w_in * cin, layer.dilation * cin),  # in place in the input
+              _tap_table(kh, kw, kw * cin, cin)]  # gathered
+    taps = layer.weight.reshape(n, cout).astype(np.int64)
+    bias = np.asarray(layer.bias, np.int64) + layer.input_offset * taps.sum(axis=0)  # the taps read the raw input
+    w2 = 2 * taps.reshape(n, cout // 4, 4).transpose(1, 0, 2)  # [quad][tap][4]
+    parts = [2 * bias.reshape(-1, 4), _halves(w2[:, 0 : n - 1 : 2], w2[:, 1:n:2]).reshape(cout // 4, -1)]
+    if n % 2:
+        last, lanes = w2[:, n - 1], ([0, 1], [2, 3]) if cout == cin else ([0, 2], [1, 3])
+        parts.append(_halves(last[:, lanes[0]], last[:, lanes[1]]))
+    parts.append(rows.reshape(-1, 12))
+    quads = np.concatenate([np.asarray(part, np.int64) for part in parts], axis=1).reshape(-1)
+    return np.concatenate([*tables, quads]).astype(np.int32)
+
+
+def packed_pointwise(layer: ConvLayer) -> np.ndarray | None:
+    """A 1 x 1 conv's tn_layer.packed (firmware/src/conv.c's packed pointwise path), or None where the
+    layer does not qualify: 8 or 16 input channels (an even cout for 8), no padding, an output range of
+    all int8, ``doubled_rows``. Blocks of two channels (cin 8) or one: the doubled biases; each channel's
+    doubled weights per input word as int16 halves (w0, w2), (w1, w3) (the lanes SXTB16 gives); the
+    output stage rows."""
+    cout, cin = layer.weight.shape[:2]
+    block = 2 if cin == 8 else 1
+    if (layer.weight.shape[2:] not in ((1,), (1, 1)) or cin not in (8, 16) or cout % block or layer.padding
+            or layer.padding_h or (layer.act_min, layer.act_max) != (-128, 127)):
+        return None
+    rows = doubled_rows(layer, np.full(cout, cin * 255 * 128, np.int64))
+    if rows is None:
+        return None
+    w2 = 2 * layer.weight.reshape(cout, cin // 4, 4).astype(np.int64)
+    words = _halves(w2[:, :, [0, 1]], w2[:, :, [2, 3]]).reshape(cout // block, -1)  # (w0, w2), (w1, w3) per word
+    bias = 2 * np.asarray(layer.bias, np.int64).reshape(-1, block)
+    return np.concatenate([bias, words, rows.reshape(-1, 3 * block)], axis=1).astype(np.int32).reshape(-1)
+
+
+def packed_fc(layer: FCLayer) -> np.ndarray | None:
+    """A fully connected layer's tn_layer.packed (firmware/src/dense.c), or None where it does not qualify:
+    cin a multiple of 8, cout of 4, an output range of all int8, ``doubled_rows``. Blocks of four rows:
+    their biases with the input offset folded in (the kernel doubles the sum itself); per four inputs,
+    each row's four int8 weights as one word; the output stage rows. The stream replaces the weights
+    (tn_layer.weight is 0)."""
+    cout, cin = layer.weight.shape
+    if cin % 8 or cout % 4 or (layer.act_min, layer.act_max) != (-128, 127):
+        return None
+    rows = doubled_rows(layer, np.full(cout, cin * 255 * 128, np.int64))
+    if rows is None:
+        return None
+    weight = np.asarray(layer.weight, np.int8)
+    bias = np.asarray(layer.bias, np.int64) + layer.input_offset * weight.sum(axis=1, dtype=np.int64)
+    words = weight.reshape(cout // 4, 4, cin // 4, 4).transpose(0, 2, 1, 3).copy().view(np.int32)  # [block][group][row]
+    return np.concatenate([bias.reshape(-1, 4), words.reshape(cout // 4, -1), rows.reshape(-1, 12)],
+                          axis=1).astype(np.int32).reshape(-1)
+
+
+def packed_stream(prefix: str, layer: Layer) -> tuple[str, str]:
+    """(array, its name) of a layer's tn_layer.packed, or ("", "0") where its kernel has none."""
+    stream = None
+    if isinstance(layer, DepthwiseLayer):
+        stream = packed_depthwise(layer)
+    elif isinstance(layer, ConvLayer):
+        stream = packed_pointwise(layer)
+    elif isinstance(layer, FCLayer):
+        stream = packed_fc(layer)
+    if stream is None:
+        return "", "0"
+    return _array("int32_t", f"{prefix}_pk", stream), f"{prefix}_pk"
 
 
 def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: int, kh: int = 0, kw: int = 0,
@@ -144,11 +260,12 @@ def _init(kind: str, cin: int, hin: int, win: int, cout: int, hout: int, wout: i
                     f"{in_offset}, {out_offset}, {act_min}, {act_max}, {', '.join(refs)}{tail}")
 
 
-def routed(init: str, offsets: tuple[int, int, int], requant: str = "0") -> str:
+def routed(init: str, offsets: tuple[int, int, int], requant: str = "0", packed: str = "0") -> str:
     """A layer initializer closed with the arena offsets of the tensors it reads and writes
-    (``export.firmware.plan``) and its requantization table (``requant_table``)."""
+    (``export.firmware.plan``), its requantization table (``requant_table``) and its packed stream
+    (``packed_stream``)."""
     src, src2, dst = offsets
-    return f"{init}, {src}u, {src2}u, {dst}u, {requant}}}"
+    return f"{init}, {src}u, {src2}u, {dst}u, {requant}, {packed}}}"
 
 
 def add_tables(layer: AddLayer) -> np.ndarray:
@@ -241,10 +358,12 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                      out_offset=layer.output_offset, arrays=arrays, refs=("0", "0", f"{prefix}_m", f"{prefix}_s"))
     if isinstance(layer, FCLayer):
         n_out, n_in = layer.weight.shape
+        packed = packed_fc(layer) is not None  # its stream carries the weights
         return _init("TN_FC", n_in, layer.rows, 1, n_out, layer.rows, 1, in_offset=layer.input_offset,
                      out_offset=layer.output_offset,
                      act_min=layer.act_min, act_max=layer.act_max,
-                     arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _requant_arrays(prefix, layer), refs=refs)
+                     arrays=("" if packed else _array("int8_t", f"{prefix}_w", layer.weight))
+                     + _requant_arrays(prefix, layer), refs=("0", *refs[1:]) if packed else refs)
     if isinstance(layer, ConvLayer):
         if not np.all((layer.multiplier >= 0) & (layer.multiplier < 2**31)):
             raise IntModelError(f"{prefix}: requantization multipliers must be Q31 values of 0 to 1")
@@ -256,7 +375,8 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
         pad_h = layer.padding_h if layer.padding_h is not None else (layer.padding if kh > 1 else 0)
         return _init("TN_CONV", c_in, h_in, w_in, c_out, h_out, w_out, kh, kw, layer.stride, layer.padding, pad_h,
                      layer.input_offset, layer.output_offset, layer.act_min, layer.act_max,
-                     _array("int8_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer), refs,
+                     _array("int16_t", f"{prefix}_w", conv_rows(layer.weight)) + _requant_arrays(prefix, layer),
+                     (f"(const int8_t *){prefix}_w", *refs[1:]),
                      _geometry(layer))
     if isinstance(layer, LutLayer):
         c, h, w = _chw(layer.shape)
@@ -292,13 +412,24 @@ def _layer(prefix: str, layer: Layer) -> tuple[str, str]:
                  arrays=_array("int8_t", f"{prefix}_w", layer.weight) + _array("int32_t", f"{prefix}_b", layer.bias))
 
 
+def _padded(layer: DepthwiseLayer) -> bool:
+    """Whether some window reaches into the padding (on top, left, below or right): its tiles gather it."""
+    kh, kw = layer.weight.shape[:2]
+    (h_in, w_in), (h_out, w_out) = _hw(layer.in_shape), _hw(layer.out_shape)
+    stride_h = layer.stride_h if layer.stride_h is not None else layer.stride
+    return bool(layer.padding or layer.padding_h or (h_out - 1) * stride_h + (kh - 1) * layer.dilation_h >= h_in
+                or (w_out - 1) * layer.stride + (kw - 1) * layer.dilation >= w_in)
+
+
 def column_need(layer: Layer) -> int:
     """int16 scratch (TN_MAX_COLUMN) a layer's tiles use: a conv's columns of TN_TILE_POSITIONS
-    positions; a 3 x 3 depthwise window gathered at the padding (9 x cin bytes)."""
+    positions; a depthwise window gathered at the padding (kh x kw x cin bytes; a 3 x 3 one's always)."""
     if isinstance(layer, ConvLayer):
         return 2 * (-(-int(np.prod(layer.weight.shape[1:])) // 4) * 4)
     if isinstance(layer, DepthwiseLayer) and layer.weight.shape[:2] == (3, 3):
         return -(-9 * layer.in_shape[0] // 2)
+    if isinstance(layer, DepthwiseLayer) and _padded(layer) and packed_depthwise(layer) is not None:
+        return -(-int(np.prod(layer.weight.shape[:2])) * layer.in_shape[0] // 2)
     return 0
 
 
@@ -369,8 +500,9 @@ def generate(bundle: Bundle, x_test: np.ndarray | None = None, mcu: str = "corte
         for li, layer in enumerate(m.layers):
             arrays, init = _layer(f"v{vi}_l{li}", layer)
             table, ref = requant_table(f"v{vi}_l{li}", layer)
-            parts.append(arrays + table)
-            inits.append(routed(init, mp.routes[li], ref))
+            stream, stream_ref = packed_stream(f"v{vi}_l{li}", layer)
+            parts.append(arrays + table + stream)
+            inits.append(routed(init, mp.routes[li], ref, stream_ref))
         parts.append(f"static const tn_layer v{vi}_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
         energy_nj = round(v.energy_j.get(mcu, 0.0) * 1e9)
         accuracy = round(next((v.accuracy[f] for f in INT8_FORMATS if f in v.accuracy), 0.0) * 1000)  # 0: unmeasured
@@ -449,8 +581,9 @@ def generate_early(bundle: Bundle, series: np.ndarray | None = None) -> tuple[di
     for li, layer in enumerate(layers):
         arrays, init = _layer(f"v0_l{li}", layer)
         table, ref = requant_table(f"v0_l{li}", layer)
-        parts.append(arrays + table)
-        inits.append(routed(init, frame_plan.routes[li], ref))
+        stream, stream_ref = packed_stream(f"v0_l{li}", layer)
+        parts.append(arrays + table + stream)
+        inits.append(routed(init, frame_plan.routes[li], ref, stream_ref))
     parts.append(f"static const tn_layer v0_layers[{len(inits)}] = {{\n    " + ",\n    ".join(inits) + "\n};\n")
     parts.append(f'const tn_model tn_variant_0 = {{"frame", {len(inits)}, v0_layers, {frames.shape[1]}, {n_classes}, '
                  f"{model.macs}, 0, 0, {frame_plan.arena_bytes}u, {frame_plan.input_offset}u}};\n\n"

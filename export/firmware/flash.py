@@ -678,10 +678,11 @@ def _board_figures(report: dict[str, Any], run: BoardRun, info: dict[str, Any], 
         v["instructions_per_mac"] = v["instructions_per_inference"] / v["macs"] if counts else None
         # the plugin's Cortex-M4 estimate from the TRM's instruction timings (firmware/plugin/tncount.c)
         v["estimated_cycles_per_inference"] = int(np.median(per_cycles[k::n_var])) if per_cycles[k::n_var] else None
-        if counts:  # what the storage must carry whole under the atomic policy (instructions taken as cycles)
-            mcu = MCUS[BOARD_SPECS[board].cpu]
-            v["energy_per_inference_j"] = v["instructions_per_inference"] * mcu.energy_per_cycle_j()
-            v["time_per_inference_s"] = v["instructions_per_inference"] / mcu.clock_hz
+        if counts:  # what the storage must carry whole under the atomic policy (the cycle estimate, else
+            mcu = MCUS[BOARD_SPECS[board].cpu]  # the instructions taken as cycles)
+            cycles = v["estimated_cycles_per_inference"] or v["instructions_per_inference"]
+            v["energy_per_inference_j"] = cycles * mcu.energy_per_cycle_j()
+            v["time_per_inference_s"] = cycles / mcu.clock_hz
     report["size"] = code_size(exe)
     report["memory"] = memory_use(exe, board)
     report["bin"] = str(exe.with_suffix(".bin"))

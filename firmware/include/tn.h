@@ -75,10 +75,10 @@ typedef struct {
     int32_t in_offset;            /* added to every input value (-zero point) */
     int32_t out_offset;           /* output zero point */
     int32_t act_min, act_max;     /* output clamp (the fused ReLU) */
-    const int8_t *weight;         /* conv: [cout][depth], a row's taps in (kh, kw, cin) order, zero-padded
-                                   * to depth = a multiple of 4, each group of four stored as w0, w2, w1, w3
-                                   * (the order SXTB16 unpacks), the rows of channels 2p and 2p + 1
-                                   * alternating group by group (an odd last row whole at the end);
+    const int8_t *weight;         /* conv: int16 behind this pointer, word aligned: [cout][depth], a row's
+                                   * taps in (kh, kw, cin) order, zero-padded to depth = a multiple of 4,
+                                   * the rows of channels 2p and 2p + 1 alternating group of four taps by
+                                   * group (an odd last row whole at the end; export.cgen's conv_rows);
                                    * dwconv: int16 behind this pointer, word aligned (export.cgen's
                                    * depthwise_weights: channel quads tap after tap as w0, w2, w1, w3,
                                    * then the other channels in TFLite's [kh][kw][rest] order);
@@ -99,7 +99,32 @@ typedef struct {
                                    * it, so the 64-bit sum cannot overflow): the same
                                    * requantization and zero point in one multiply-accumulate and fewer
                                    * instructions; 0: multiplier, shift and out_offset */
+    const int32_t *packed;        /* 0, or the stream a fast kernel walks with one pointer, export.cgen's
+                                   * packed_stream, where the layer qualifies: biases, weights and output
+                                   * stage block of channels by block, each output stage row {multiplier,
+                                   * 2^(shift - 1) + out_offset 2^shift, shift} taken by one SMMLAR from a
+                                   * doubled sum (kernel.h's requant_doubled). The fields above stay for the
+                                   * other paths (an fc's weight is 0: the stream holds it).
+                                   * dwconv, a depth multiplier of 1 or 2, cin a multiple of 4, 2 to
+                                   * TN_PACKED_TAPS taps (kh kw): two tables of kh kw + 2 words, where the
+                                   * window's taps lie in bytes from its first, in place in the input and
+                                   * gathered (tap after tap, cin bytes each): the taps in pairs, then -1 and
+                                   * the odd last tap's (or 0), padded with 0; then per quad of channels
+                                   * c..c+3: [4] 2 (bias + in_offset x the taps' sum); [pairs][4] taps t and
+                                   * t + 1 (TFLite's (ky, kx) order) of each channel as int16 halves, 2 w_t
+                                   * low; an odd last tap's [2] (c, c + 2), (c + 1, c + 3) halves (a
+                                   * multiplier of 2: (c, c + 1), (c + 2, c + 3)); [4][3] rows.
+                                   * conv, 1 x 1 over cin 8 or 16, unpadded, an output range of all int8: per
+                                   * block of 2 channels (cin 8) or 1: [block] 2 bias; [block][cin / 2] per
+                                   * input word the int16 halves (2 w0, 2 w2), (2 w1, 2 w3); [block][3] rows.
+                                   * fc, cin a multiple of 8, cout of 4, an output range of all int8: per
+                                   * block of 4 rows: [4] bias + in_offset x the row's sum (the kernel doubles
+                                   * the sum); [cin / 4][4] each row's next four int8 weights as one word;
+                                   * [4][3] rows. */
 } tn_layer;
+
+/* The most taps (kh x kw) a packed depthwise window has: its table of input offsets lies on the stack. */
+#define TN_PACKED_TAPS 64u
 
 typedef struct {
     const char *name;

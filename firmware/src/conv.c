@@ -1,6 +1,7 @@
 /* Convolution (1-D and 2-D), int8 -> int8 with TFLite's requantization: the tiled kernel (an
  * im2col column of TN_TILE_POSITIONS positions, two MACs per SMLAD on a Cortex-M4) and the plain
- * one, the benchmark's baseline. */
+ * one, the benchmark's baseline. The weights are int16 (export.cgen's conv_rows widens them when it
+ * writes the model), so the inner loop only loads and multiplies: no SXTB16 per weight word. */
 #include "kernel.h"
 #include "simd.h"
 
@@ -8,14 +9,17 @@ uint32_t tn_depth(const tn_layer *l) {
     return ((uint32_t)l->cin * l->kh * l->kw + 3u) & ~3u;
 }
 
-/* Where tap k of output channel oc's weights is stored: groups of four are kept as w0, w2, w1, w3,
- * and channels 2p and 2p + 1 alternate group by group (an odd last channel's row follows whole). */
+/* Where tap k of output channel oc's int16 weight is stored: channels 2p and 2p + 1 take turns
+ * group of four taps by group (an odd last channel's row follows whole), the taps in order. */
 static uint32_t stored(const tn_layer *l, uint32_t depth, uint32_t oc, uint32_t k) {
-    const uint32_t in_group = ((k & 1u) << 1) | ((k >> 1) & 1u);
     if ((oc | 1u) >= l->cout) { /* the odd last channel */
-        return oc * depth + (k & ~3u) + in_group;
+        return oc * depth + k;
     }
-    return (oc & ~1u) * depth + (k & ~3u) * 2u + (oc & 1u) * 4u + in_group;
+    return (oc & ~1u) * depth + (k & ~3u) * 2u + (oc & 1u) * 4u + (k & 3u);
+}
+
+static const int16_t *weights16(const tn_layer *l) { /* word aligned (export.cgen) */
+    return (const int16_t *)(const void *)l->weight;
 }
 
 /* The plain kernel: every tap checks the padding, one MAC at a time. The benchmark's baseline. */
@@ -38,7 +42,7 @@ void tn_conv_tile_reference(const tn_layer *l, const int8_t *in, int8_t *out, ui
                             continue;
                         }
                         int32_t x = in[((uint32_t)iy * l->win + (uint32_t)ix) * l->cin + ic];
-                        int32_t w = l->weight[stored(l, depth, oc, k)];
+                        int32_t w = weights16(l)[stored(l, depth, oc, k)];
                         acc += (x + l->in_offset) * w;
                     }
                 }
@@ -189,38 +193,34 @@ static void fill_column(const tn_layer *l, const int8_t *in, int16_t *column, ui
 }
 
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
-/* The inner loop of the fast kernel on a Cortex-M4, written out: per four taps one LDRD of the
- * channel pair's weight words (8-byte steps, word aligned), four SXTB16 and, for each of the four
- * column words loaded in turn, two SMLAD: 19 instructions for 16 MACs, every pointer in a register
- * (what gcc makes of the C below spills the loop bound and adds the pointers apart: 24). The C
- * loop is the same arithmetic, which the host build runs. depth >= 4: the loop runs at least once. */
-static inline __attribute__((always_inline)) void pair_dot(const int8_t *w, const int16_t *pa, const int16_t *pb,
+/* The inner loop of the fast kernel on a Cortex-M4, written out (for the layers without a
+ * requantization table; conv_pairs below runs the others): per four taps two LDRD of the channel
+ * pair's int16 weight words, and for each position an LDRD of its two column words and four SMLAD:
+ * 14 instructions for 16 MACs. The C loop is the same arithmetic, which the host build runs.
+ * depth >= 4: the loop runs at least once. */
+static inline __attribute__((always_inline)) void pair_dot(const int16_t *w, const int16_t *pa, const int16_t *pb,
                                                            const int16_t *end, int32_t *a0, int32_t *a1, int32_t *b0,
                                                            int32_t *b1) {
     int32_t sa0 = *a0, sa1 = *a1, sb0 = *b0, sb1 = *b1;
-    uint32_t v0, v1, h0, h1, x;
+    uint32_t v0, v1, h0, h1, x0, x1;
     __asm__("1:\n\t"
-            "ldrd %[v0], %[v1], [%[w]], #8\n\t"
-            "sxtb16 %[h0], %[v0], ror #8\n\t"
-            "sxtb16 %[v0], %[v0]\n\t"
-            "sxtb16 %[h1], %[v1], ror #8\n\t"
-            "sxtb16 %[v1], %[v1]\n\t"
-            "ldr %[x], [%[pa]], #4\n\t"
-            "smlad %[a0], %[x], %[v0], %[a0]\n\t"
-            "smlad %[a1], %[x], %[v1], %[a1]\n\t"
-            "ldr %[x], [%[pa]], #4\n\t"
-            "smlad %[a0], %[x], %[h0], %[a0]\n\t"
-            "smlad %[a1], %[x], %[h1], %[a1]\n\t"
-            "ldr %[x], [%[pb]], #4\n\t"
-            "smlad %[b0], %[x], %[v0], %[b0]\n\t"
-            "smlad %[b1], %[x], %[v1], %[b1]\n\t"
-            "ldr %[x], [%[pb]], #4\n\t"
-            "smlad %[b0], %[x], %[h0], %[b0]\n\t"
-            "smlad %[b1], %[x], %[h1], %[b1]\n\t"
+            "ldrd %[v0], %[h0], [%[w]], #8\n\t"
+            "ldrd %[v1], %[h1], [%[w]], #8\n\t"
+            "ldrd %[x0], %[x1], [%[pa]], #8\n\t"
+            "smlad %[a0], %[x0], %[v0], %[a0]\n\t"
+            "smlad %[a0], %[x1], %[h0], %[a0]\n\t"
+            "smlad %[a1], %[x0], %[v1], %[a1]\n\t"
+            "smlad %[a1], %[x1], %[h1], %[a1]\n\t"
+            "ldrd %[x0], %[x1], [%[pb]], #8\n\t"
+            "smlad %[b0], %[x0], %[v0], %[b0]\n\t"
+            "smlad %[b0], %[x1], %[h0], %[b0]\n\t"
+            "smlad %[b1], %[x0], %[v1], %[b1]\n\t"
+            "smlad %[b1], %[x1], %[h1], %[b1]\n\t"
             "cmp %[pa], %[end]\n\t"
             "bne 1b"
             : [a0] "+r"(sa0), [a1] "+r"(sa1), [b0] "+r"(sb0), [b1] "+r"(sb1), [w] "+r"(w), [pa] "+r"(pa),
-              [pb] "+r"(pb), [v0] "=&r"(v0), [v1] "=&r"(v1), [h0] "=&r"(h0), [h1] "=&r"(h1), [x] "=&r"(x)
+              [pb] "+r"(pb), [v0] "=&r"(v0), [v1] "=&r"(v1), [h0] "=&r"(h0), [h1] "=&r"(h1), [x0] "=&r"(x0),
+              [x1] "=&r"(x1)
             : [end] "r"(end)
             : "cc", "memory");
     *a0 = sa0;
@@ -233,24 +233,34 @@ static inline __attribute__((always_inline)) void pair_dot(const int8_t *w, cons
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
 /* What conv_pairs reads: byte offsets fixed by the assembly below. */
 typedef struct {
-    const int8_t *w;                /*  0: the first pair's weights (pairs follow one another) */
+    const int16_t *w;               /*  0: the first pair's weights (pairs follow one another) */
     const int16_t *ca, *cb, *ca_end; /*  4,  8, 12: the two columns, the first one's end */
     const int32_t *bias, *rows;     /* 16, 20: the first pair's biases and requantization rows */
     int8_t *oa, *ob;                /* 24, 28: where the first pair's outputs go at the two positions */
-    const int8_t *w_end;            /* 32: past the last pair's weights */
+    const int16_t *w_end;           /* 32: past the last pair's weights */
     uint32_t lo4, hi4;              /* 36, 40: the clamp's bounds, one per byte */
 } pair_job;
 
 /* Every channel pair of a tile on a Cortex-M4, written out as one function (in C the compiler
  * spills the loop's pointers around each pair: 32 instructions of setup and a reloaded clamp per
- * output). Per pair: the biases (LDRD), pair_dot's loop (19 instructions for 16 MACs), then the
- * output stage of mbqm_row for the four sums (the table row read once for both positions;
- * AND, ORR, ADD, SMLAL, ASR and SSAT per output), the four bytes packed into one word, clamped
- * per byte (SSUB8 sets a lane's GE flag, SEL picks: the clamp of four outputs in four
- * instructions) and stored as a halfword at each position. Registers: r0-r3 the sums a0, a1, b0,
- * b1; r4-r7 the weights; r8 a column word; r9 the weights' pointer; r10, r11 the columns' pointers;
- * r12 the first column's end; lr the job. With a lone last position cb = ca and ob = oa, so the
- * second store rewrites the first's bytes with the same values. */
+ * output). Per pair: the biases (LDRD), the dot products, then the output stage of mbqm_row for the
+ * four sums (the table row read once for both positions; AND, ORR, ADD, SMLAL, ASR and SSAT per
+ * output), the four bytes packed into one word, clamped per byte (SSUB8 sets a lane's GE flag, SEL
+ * picks: the clamp of four outputs in four instructions) and stored as a halfword at each position.
+ * The dot products take four taps a step: one LDM of the pair's four int16 weight words, for each
+ * position one LDRD of its two column words and four SMLAD (11 instructions, and by the Cortex-M4's
+ * timings 19 cycles, for 16 MACs), two steps a turn of the loop, whose test and branch cost 2 more
+ * instructions and 4 cycles (an odd count of steps enters at the second). Registers: r0-r3 the sums
+ * a0, a1, b0, b1; r4-r7 the weights; r8 and lr a column's two words (the job's pointer, in lr
+ * otherwise, waits on the stack); r9 the weights' pointer; r10, r11 the columns' pointers; r12 the
+ * first column's end. With a lone last position cb = ca and ob = oa, so the second store rewrites
+ * the first's bytes with the same values. */
+#define TN_CONV_ASM_STEP                                                                                               \
+    "ldm r9!, {r4, r5, r6, r7}\n\t"                                                                                    \
+    "ldrd r8, lr, [r10], #8\n\t"                                                                                       \
+    "smlad r0, r8, r4, r0\n\tsmlad r0, lr, r5, r0\n\tsmlad r1, r8, r6, r1\n\tsmlad r1, lr, r7, r1\n\t"                 \
+    "ldrd r8, lr, [r11], #8\n\t"                                                                                       \
+    "smlad r2, r8, r4, r2\n\tsmlad r2, lr, r5, r2\n\tsmlad r3, r8, r6, r3\n\tsmlad r3, lr, r7, r3\n\t"
 #define TN_CONV_ASM_ROW "ldm r12!, {r4, r5, r6}\n\t"
 #define TN_CONV_ASM_OUT(acc, hi)                                                                                    \
     "and r7, " acc ", #0x80000000\n\torr r7, r7, #0x40000000\n\tadd " hi ", r5, " acc ", asr #31\n\t"               \
@@ -268,26 +278,14 @@ typedef struct {
     "str r8, [lr, #16]\n\t"                                                                                            \
     "mov r2, r0\n\t"                                                                                                   \
     "mov r3, r1\n"                                                                                                     \
-    "2:\n\t"                                                                                                           \
-    "ldrd r4, r5, [r9], #8\n\t"                                                                                        \
-    "sxtb16 r6, r4, ror #8\n\t"                                                                                        \
-    "sxtb16 r4, r4\n\t"                                                                                                \
-    "sxtb16 r7, r5, ror #8\n\t"                                                                                        \
-    "sxtb16 r5, r5\n\t"                                                                                                \
-    "ldr r8, [r10], #4\n\t"                                                                                            \
-    "smlad r0, r8, r4, r0\n\t"                                                                                         \
-    "smlad r1, r8, r5, r1\n\t"                                                                                         \
-    "ldr r8, [r10], #4\n\t"                                                                                            \
-    "smlad r0, r8, r6, r0\n\t"                                                                                         \
-    "smlad r1, r8, r7, r1\n\t"                                                                                         \
-    "ldr r8, [r11], #4\n\t"                                                                                            \
-    "smlad r2, r8, r4, r2\n\t"                                                                                         \
-    "smlad r3, r8, r5, r3\n\t"                                                                                         \
-    "ldr r8, [r11], #4\n\t"                                                                                            \
-    "smlad r2, r8, r6, r2\n\t"                                                                                         \
-    "smlad r3, r8, r7, r3\n\t"                                                                                         \
+    "sub r8, r12, r10\n\t"                                                                                             \
+    "str lr, [sp, #-4]!\n\t"                                                                                           \
+    "tst r8, #8\n\t"                                                                                                   \
+    "bne 3f\n"                                                                                                         \
+    "2:\n\t" TN_CONV_ASM_STEP "3:\n\t" TN_CONV_ASM_STEP                                                                \
     "cmp r10, r12\n\t"                                                                                                 \
     "bne 2b\n\t"                                                                                                       \
+    "ldr lr, [sp], #4\n\t"                                                                                             \
     /* the output stage: r4 multiplier, r5 base, r6 shift; r7, r8 the 64-bit sum */                                    \
     "ldr r12, [lr, #20]\n\t"                                                                                           \
     TN_CONV_ASM_ROW TN_CONV_ASM_OUT("r0", "r8") TN_CONV_ASM_OUT("r2", "r5")                                            \
@@ -319,15 +317,140 @@ __attribute__((naked, noinline)) static void conv_pairs_int8(pair_job *job) {
     __asm__(TN_CONV_PAIRS_ASM(""));
 }
 #undef TN_CONV_PAIRS_ASM
+#undef TN_CONV_ASM_STEP
 #undef TN_CONV_ASM_ROW
 #undef TN_CONV_ASM_OUT
 #undef TN_CONV_ASM_CLAMP
 #endif
 
+/* ---- The packed pointwise path (tn_layer.packed): a 1 x 1 conv over 8 or 16 input channels ------
+ * Few input channels leave the column path little to share: a tile's 2 x cin values are widened, stored
+ * and reloaded by every channel pair, and each pair's setup and output stage weigh on its 32 (cin 8)
+ * MACs. Here a position's input stays in registers (cin 8: four words, cin 16: eight, widened by
+ * SXTAB16 with the input offset added, lanes (x0, x2), (x1, x3), ...), and the stream gives each output
+ * channel its doubled bias, its weights widened to int16 and doubled in the same lanes (one LDM or
+ * LDRD per two to four words, no SXTB16) and its output stage row (requant_doubled): per channel
+ * cin / 2 SMLADs. Two channels a block for cin 8 (the LDM of four weight words fits beside the four
+ * input registers), one for cin 16. Only for an output range of all int8 (SSAT is the clamp; each
+ * output one STRB). */
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+/* What conv_pw8 and conv_pw16 read besides the inputs and the outputs: byte offsets fixed below. */
+typedef struct {
+    const int32_t *stream; /* 0 */
+    uint32_t cout;         /* 4: the outputs of a position */
+    uint32_t offsets;      /* 8: the input offset in both halves */
+} pw_job;
+
+/* cin 8, two channels a block, the tile's positions in turn: x0's outputs at out, then (x1 not 0)
+ * x1's after them. Registers: r0-r3 the widened input, r4 the stream, r5 the outputs, r6 their end,
+ * r7 and r8 the doubled sums, r9-r12 the weights, then the rows (one LDM loads both biases and the
+ * first channel's weights), lr the job; x1 waits on the stack. */
+#define TN_PW_OUT(acc)                                                                                                 \
+    "ldm r4!, {r9-r11}\n\tsub r10, r10, " acc ", lsr #31\n\tsmmlar " acc ", " acc ", r9, r10\n\t"                      \
+    "asr " acc ", " acc ", r11\n\tssat " acc ", #8, " acc "\n\tstrb " acc ", [r5], #1\n\t"
+#define TN_PW_DOT4(acc)                                                                                                \
+    "smlad " acc ", r0, r9, " acc "\n\tsmlad " acc ", r1, r10, " acc "\n\t"                                            \
+    "smlad " acc ", r2, r11, " acc "\n\tsmlad " acc ", r3, r12, " acc "\n\t"
+__attribute__((naked, noinline)) static void conv_pw8(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                      const pw_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__("push {r4-r11, lr}\n\t"
+            "str r1, [sp, #-8]!\n\t"
+            "mov lr, r3\n\tmov r5, r2\n\tmov r7, r0\n"
+            "2:\n\t"
+            "ldr r12, [lr, #8]\n\tldr r8, [r7, #4]\n\tldr r7, [r7]\n\t"
+            "sxtab16 r0, r12, r7\n\tsxtab16 r1, r12, r7, ror #8\n\t"
+            "sxtab16 r2, r12, r8\n\tsxtab16 r3, r12, r8, ror #8\n\t"
+            "ldrd r4, r6, [lr]\n\tadd r6, r5, r6\n"
+            "1:\n\t"
+            "ldm r4!, {r7-r12}\n\t" TN_PW_DOT4("r7") "ldm r4!, {r9-r12}\n\t" TN_PW_DOT4("r8") TN_PW_OUT("r7")
+            TN_PW_OUT("r8") "cmp r5, r6\n\tbne 1b\n\t"
+            "ldr r7, [sp]\n\tmovs r8, #0\n\tstr r8, [sp]\n\tcmp r7, #0\n\tbne 2b\n\t"
+            "add sp, sp, #8\n\t"
+            "pop {r4-r11, pc}");
+}
+#undef TN_PW_OUT
+#undef TN_PW_DOT4
+
+/* cin 16, a channel a block, the positions as conv_pw8's. Registers: r0-r7 the widened input, r8 the
+ * stream, r9 the outputs, r10 their end, r11 the doubled sum, r12 and lr two weight words, then the
+ * row; the job and x1 on the stack. */
+#define TN_PW_DOT2(a, b) "ldrd r12, lr, [r8], #8\n\tsmlad r11, " a ", r12, r11\n\tsmlad r11, " b ", lr, r11\n\t"
+__attribute__((naked, noinline)) static void conv_pw16(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                       const pw_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__("push {r4-r11, lr}\n\t"
+            "strd r1, r3, [sp, #-8]!\n\t"
+            "mov r9, r2\n\tmov r8, r0\n"
+            "2:\n\t"
+            "ldr r12, [r3, #8]\n\t"
+            "ldr r4, [r8]\n\tldr r5, [r8, #4]\n\tldr r6, [r8, #8]\n\tldr r7, [r8, #12]\n\t"
+            "sxtab16 r0, r12, r4\n\tsxtab16 r1, r12, r4, ror #8\n\t"
+            "sxtab16 r2, r12, r5\n\tsxtab16 r3, r12, r5, ror #8\n\t"
+            "sxtab16 r4, r12, r6\n\tsxtab16 r5, r12, r6, ror #8\n\t"
+            "sxtab16 r6, r12, r7\n\tsxtab16 r7, r12, r7, ror #8\n\t"
+            "ldr lr, [sp, #4]\n\tldrd r8, r10, [lr]\n\tadd r10, r9, r10\n"
+            "1:\n\t"
+            "ldr r11, [r8], #4\n\t" TN_PW_DOT2("r0", "r1") TN_PW_DOT2("r2", "r3") TN_PW_DOT2("r4", "r5")
+            TN_PW_DOT2("r6", "r7")
+            "ldrd r12, lr, [r8], #8\n\tsub lr, lr, r11, lsr #31\n\tsmmlar r11, r11, r12, lr\n\t"
+            "ldr r12, [r8], #4\n\tasr r11, r11, r12\n\tssat r11, #8, r11\n\tstrb r11, [r9], #1\n\t"
+            "cmp r9, r10\n\tbne 1b\n\t"
+            "ldrd r8, r3, [sp]\n\tmovs r0, #0\n\tstr r0, [sp]\n\tcmp r8, #0\n\tbne 2b\n\t"
+            "add sp, sp, #8\n\t"
+            "pop {r4-r11, pc}");
+}
+#undef TN_PW_DOT2
+#else
+/* The same arithmetic in C (the host build): blocks of `block` channels, each its doubled biases, its
+ * weights (per input word (x0, x2), (x1, x3) as int16 halves) and its rows. */
+static void conv_pw(const int8_t *x, const int32_t *w, int8_t *out, const int8_t *out_end, int32_t offset,
+                    uint32_t cin, uint32_t block) {
+    for (; out < out_end; out += block) {
+        const int32_t *weights = w + block, *rows = weights + block * cin / 2u;
+        for (uint32_t k = 0; k < block; k++) {
+            uint32_t acc = (uint32_t)w[k]; /* wraps as SMLAD does */
+            for (uint32_t i = 0; i < cin; i += 4u) {
+                const int32_t even = *weights++, odd = *weights++;
+                acc += (uint32_t)((x[i] + offset) * (int16_t)(even & 0xFFFF) + (x[i + 2u] + offset) * (even >> 16) +
+                                  (x[i + 1u] + offset) * (int16_t)(odd & 0xFFFF) + (x[i + 3u] + offset) * (odd >> 16));
+            }
+            const int32_t v = requant_doubled((int32_t)acc, rows + 3u * k);
+            out[k] = (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
+        }
+        w = rows + 3u * block;
+    }
+}
+#endif
+
+/* A tile's positions of a packed pointwise conv. */
+__attribute__((noinline)) static void conv_packed_tile(const tn_layer *l, const int8_t *in, int8_t *out,
+                                                       uint32_t tile) {
+    const uint32_t plane = (uint32_t)l->hout * l->wout, cin = l->cin, cout = l->cout, wout = l->wout;
+    const uint32_t p = tile * TN_TILE_POSITIONS, oy = p / wout, ox = p - oy * wout; /* = 2 positions: p, p + 1 */
+    const uint32_t row = stride_rows(l) * l->win * cin, col = l->stride * cin;
+    const int8_t *x0 = in + oy * row + ox * col, *x1 = 0;
+    if (p + 1u < plane) { /* the next position, on this row or the next */
+        x1 = ox + 1u < wout ? x0 + col : in + (oy + 1u) * row;
+    }
+    int8_t *o = out + p * cout;
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    const pw_job job = {l->packed, cout, (uint32_t)(uint16_t)l->in_offset * 0x00010001u};
+    (cin == 8u ? conv_pw8 : conv_pw16)(x0, x1, o, &job);
+#else
+    const uint32_t block = cin == 8u ? 2u : 1u;
+    conv_pw(x0, l->packed, o, o + cout, l->in_offset, cin, block);
+    if (x1 != 0) {
+        conv_pw(x1, l->packed, o + cout, o + 2u * cout, l->in_offset, cin, block);
+    }
+#endif
+}
+
 /* The fast kernel (CMSIS-NN's scheme): an im2col column per output position, two positions and
  * two output channels at a time, so each weight word and each column word loaded feeds two
  * SMLADs (two MACs each). A tile is TN_TILE_POSITIONS output positions of every channel. */
-void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int16_t *column) {
+__attribute__((noinline)) static void conv_column_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile,
+                                                       int16_t *column) {
     const uint32_t depth = tn_depth(l), plane = (uint32_t)l->hout * l->wout, cout = l->cout;
     const uint32_t p = tile * TN_TILE_POSITIONS; /* = 2: the loops below are written for two */
     const int two = p + 1u < plane;
@@ -356,8 +479,8 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
     if (s.table != 0 && cout >= 2u) { /* every pair through the written-out loop */
         const uint32_t pairs = cout / 2u, lo = (uint8_t)s.act_min, hi = (uint8_t)s.act_max;
-        pair_job job = {l->weight, ca, cb, ca_end, l->bias, s.table, oa, two ? ob : oa,
-                        l->weight + 2u * pairs * depth, lo * 0x01010101u, hi * 0x01010101u};
+        pair_job job = {weights16(l), ca, cb, ca_end, l->bias, s.table, oa, two ? ob : oa,
+                        weights16(l) + 2u * pairs * depth, lo * 0x01010101u, hi * 0x01010101u};
         if (s.act_min == -128 && s.act_max == 127) {
             conv_pairs_int8(&job);
         } else {
@@ -367,15 +490,14 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
     }
 #endif
     for (; oc + 2u <= cout; oc += 2u) {
-        const int8_t *w = l->weight + oc * depth; /* the pair's groups, alternating */
+        const int16_t *w = weights16(l) + oc * depth; /* the pair's groups, alternating */
         int32_t a0 = l->bias[oc], a1 = l->bias[oc + 1u], b0 = a0, b1 = a1;
 #if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
         pair_dot(w, ca, cb, ca_end, &a0, &a1, &b0, &b1);
 #else
         /* each column word feeds both channels as it is loaded: few values live at once */
         for (const int16_t *pa = ca, *pb = cb; pa < ca_end; pa += 4, pb += 4, w += 8) {
-            const uint32_t v0 = read_u32(w), v1 = read_u32(w + 4);
-            const uint32_t lo0 = sxtb16(v0), hi0 = sxtb16_ror8(v0), lo1 = sxtb16(v1), hi1 = sxtb16_ror8(v1);
+            const uint32_t lo0 = read_u32(w), hi0 = read_u32(w + 2), lo1 = read_u32(w + 4), hi1 = read_u32(w + 6);
             uint32_t x = read_u32(pa);
             a0 = smlad(x, lo0, a0);
             a1 = smlad(x, lo1, a1);
@@ -408,10 +530,10 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
         }
     }
     if (oc < cout) { /* an odd channel count's last channel */
-        const int8_t *w0 = l->weight + oc * depth;
+        const int16_t *w0 = weights16(l) + oc * depth;
         int32_t a0 = l->bias[oc], b0 = a0;
         for (uint32_t k = 0; k < depth; k += 4u) {
-            const uint32_t v0 = read_u32(w0 + k), lo0 = sxtb16(v0), hi0 = sxtb16_ror8(v0);
+            const uint32_t lo0 = read_u32(w0 + k), hi0 = read_u32(w0 + k + 2u);
             a0 = smlad(read_u32(ca + k), lo0, a0);
             a0 = smlad(read_u32(ca + k + 2u), hi0, a0);
             b0 = smlad(read_u32(cb + k), lo0, b0);
@@ -421,5 +543,13 @@ void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t til
         if (two) {
             ob[oc] = requantize_out(&s, b0, oc);
         }
+    }
+}
+
+void tn_conv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int16_t *column) {
+    if (l->packed != 0) {
+        conv_packed_tile(l, in, out, tile);
+    } else {
+        conv_column_tile(l, in, out, tile, column);
     }
 }

@@ -5,7 +5,9 @@
  * and the quad's two words of weights, stored widened (int16: w0, w2, w1, w3 per tap, what SXTB16
  * would unpack; export.cgen's depthwise_weights), multiplied lane by lane (SMLABB, SMLATT),
  * CMSIS-NN's manner; a depth multiplier of 2 reads two input values for the quad, a multiple of 4
- * one. Other depth multipliers take a channel at a time. */
+ * one. Other depth multipliers take a channel at a time. A layer with a packed stream (a depth
+ * multiplier of 1, whole quads: most layers, any window) takes the packed path below instead: pairs of
+ * taps, two MACs per SMLAD, and a shorter output stage. */
 #include "kernel.h"
 #include "simd.h"
 
@@ -271,7 +273,7 @@ typedef struct {
     "ldr r4, [lr, #8]\n\t"                                                                                             \
     "ldmia r4!, {r0-r3}\n\t"                                                                                           \
     "str r4, [lr, #8]\n\t"                                                                                             \
-    TN_DW_M4_ROW(TAP) "add r8, r8, r11\n\t" TN_DW_M4_ROW(TAP) "add r8, r8, r11\n\t" TN_DW_M4_ROW(TAP)                   \
+    TN_DW_M4_ROW(TAP) "add r8, r8, r11\n\t" TN_DW_M4_ROW(TAP) "add r8, r8, r11\n\t" TN_DW_M4_ROW(TAP)                  \
     "str r9, [lr, #4]\n\t"                                                                                             \
     "ldr r9, [lr, #12]\n\t"                                                                                            \
     TN_DW_M4_OUT("r0") TN_DW_M4_OUT("r1") TN_DW_M4_OUT("r2") TN_DW_M4_OUT("r3")                                        \
@@ -377,13 +379,284 @@ __attribute__((noinline)) static void dw_whole_tile(const tn_layer *l, const int
     }
 }
 
-void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window) {
-    if ((l->cout == l->cin || l->cout == 2u * l->cin) && l->cin % 4u == 0u && l->kh == 3u && l->kw == 3u &&
-        9u * l->cin <= WINDOW_BYTES && l->requant != 0) { /* a 3 x 3 window of whole quads, a requantization table */
-        const out_stage s = stage_of(l);
-        dw_whole_tile(l, in, out, tile, window, &s);
+/* ---- The packed path (tn_layer.packed): a depth multiplier of 1 or 2, whole quads, any window -----
+ * One output position's every quad in one pass over the packed stream. The input offset is in the
+ * biases (export.cgen adds offset x the taps' sum; a gathered window's padding holds the zero point,
+ * which then adds -offset x its weight: nothing, as TFLite's padding). Per pair of taps (t, t + 1),
+ * TFLite's (ky, kx) order: both input words (four channels each) paired byte by byte (PKHBT, PKHTB:
+ * each channel's two values in one word), sign-extended (four SXTB16), one SMLAD per channel against
+ * the stream's (2 w_t, 2 w_t+1): 14 instructions for 8 MACs (a multiplier of 2: a tap's two input
+ * values by LDRH, one PKHBT and two SXTB16 for the quad, 11). An odd last tap takes the lanes as they
+ * come (SMLABB, SMLATT, as quad). The doubled sums leave by requant_doubled. Where the taps lie is a
+ * table at the stream's head, byte offsets from the window's origin, in pairs, ending in (-1, the
+ * odd last tap's offset): any window shape, dilation, or (the second table) a window gathered into
+ * scratch at the padding takes the same loop. */
+
+/* A window that reaches into the padding, gathered into `window` tap after tap (cin bytes each, the
+ * padded ones the input's zero point). Undilated along a row, a row's taps inside the input are one
+ * run: a copy and at most two fills. */
+__attribute__((noinline)) static void gather(const tn_layer *l, const int8_t *in, int8_t *window, int32_t iy0,
+                                             int32_t ix0) {
+    const uint32_t cin = l->cin, dh = dil_rows(l), dw = dil_cols(l), kw = l->kw, win = l->win, row = kw * cin;
+    const uint32_t zp4 = (uint32_t)(uint8_t)(int8_t)-l->in_offset * 0x01010101u;
+    uint32_t kx0 = 0, kx1 = kw; /* undilated: the taps inside the input */
+    if (dw == 1u) {
+        kx0 = ix0 < 0 ? (uint32_t)-ix0 : 0u;
+        kx1 = ix0 + (int32_t)kw > (int32_t)win ? (uint32_t)((int32_t)win - ix0) : kw;
+    }
+    int8_t *t = window;
+    for (uint32_t ky = 0; ky < l->kh; ky++, t += row) {
+        const uint32_t iy = (uint32_t)(iy0 + (int32_t)(ky * dh)); /* a negative coordinate wraps above the bound */
+        if (iy >= l->hin) {
+            fill_words(t, zp4, row);
+        } else if (dw == 1u) {
+            fill_words(t, zp4, kx0 * cin);
+            copy_words(t + kx0 * cin, in + (iy * win + (uint32_t)(ix0 + (int32_t)kx0)) * cin, (kx1 - kx0) * cin);
+            fill_words(t + kx1 * cin, zp4, (kw - kx1) * cin);
+        } else {
+            for (uint32_t kx = 0; kx < kw; kx++) {
+                const uint32_t ix = (uint32_t)(ix0 + (int32_t)(kx * dw));
+                if (ix < win) {
+                    copy_words(t + kx * cin, in + (iy * win + ix) * cin, cin);
+                } else {
+                    fill_words(t + kx * cin, zp4, cin);
+                }
+            }
+        }
+    }
+}
+
+/* What dw_packed reads besides the inputs and the outputs: byte offsets fixed by the assembly below. */
+typedef struct {
+    const int32_t *taps;   /*  0: the tap table */
+    int8_t *out_end;       /*  4: past the position's last output (written here) */
+    uint32_t lo4, hi4;     /*  8, 12: the clamp per byte */
+    const int32_t *quads;  /* 16: the stream's first quad */
+    uint32_t cout;         /* 20: the outputs of a position */
+} packed_job;
+typedef void (*packed_fn)(const int8_t *x0, const int8_t *x1, int8_t *out, packed_job *job);
+
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+
+/* One position from x0 to out, then (x1 not 0) the next from x1 to the outputs after them, the same
+ * taps. Registers: r0-r3 the doubled sums, r4 the quad's input, r5 the tap table, r6 the stream, r7-r11
+ * the taps' words and weights, r12 the outputs, lr the job; x1 waits on the stack. The output stage
+ * per sum, in place: the base less [acc < 0], SMMLAR, ASR, SSAT (requant_doubled), the rows by LDM;
+ * the four bytes packed (BFI), clamped per byte where the range is narrower than int8 (SSUB8, SEL),
+ * stored as one word. */
+#define TN_DWP_PAIRS                                                                                                   \
+    "ldrd r7, r8, [r5], #8\n"                                                                                          \
+    "1:\n\t"                                                                                                           \
+    "ldr r7, [r4, r7]\n\tldr r8, [r4, r8]\n\t"                                                                         \
+    "pkhbt r9, r7, r8, lsl #16\n\tpkhtb r7, r8, r7, asr #16\n\t"                                                       \
+    "sxtb16 r8, r9\n\tsxtb16 r9, r9, ror #8\n\t"                                                                       \
+    "ldrd r10, r11, [r6], #8\n\tsmlad r0, r8, r10, r0\n\tsmlad r1, r9, r11, r1\n\t"                                    \
+    "sxtb16 r8, r7\n\tsxtb16 r7, r7, ror #8\n\t"                                                                       \
+    "ldrd r10, r11, [r6], #8\n\tsmlad r2, r8, r10, r2\n\tsmlad r3, r7, r11, r3\n\t"                                    \
+    "ldrd r7, r8, [r5], #8\n\tcmp r7, #0\n\tbge 1b\n\t"
+#define TN_DWP_PAIRS2 /* a depth multiplier of 2: a tap's two input values (LDRH), channels 0, 1 read the first */ \
+    "ldrd r7, r8, [r5], #8\n"                                                                                          \
+    "1:\n\t"                                                                                                           \
+    "ldrh r7, [r4, r7]\n\tldrh r8, [r4, r8]\n\tpkhbt r9, r7, r8, lsl #16\n\t"                                           \
+    "sxtb16 r8, r9\n\tsxtb16 r9, r9, ror #8\n\t"                                                                       \
+    "ldrd r10, r11, [r6], #8\n\tsmlad r0, r8, r10, r0\n\tsmlad r1, r8, r11, r1\n\t"                                    \
+    "ldrd r10, r11, [r6], #8\n\tsmlad r2, r9, r10, r2\n\tsmlad r3, r9, r11, r3\n\t"                                    \
+    "ldrd r7, r8, [r5], #8\n\tcmp r7, #0\n\tbge 1b\n\t"
+#define TN_DWP_SINGLE2 /* and its odd last tap: weights (c0, c1), (c2, c3) */                                        \
+    "ldrh r7, [r4, r8]\n\tsxtb16 r8, r7\n\tsxtb16 r7, r7, ror #8\n\t"                                                   \
+    "ldrd r10, r11, [r6], #8\n\tsmlabb r0, r8, r10, r0\n\tsmlabt r1, r8, r10, r1\n\t"                                  \
+    "smlabb r2, r7, r11, r2\n\tsmlabt r3, r7, r11, r3\n\t"
+#define TN_DWP_SINGLE /* the odd last tap, its offset in r8 */                                                        \
+    "ldr r7, [r4, r8]\n\tsxtb16 r8, r7\n\tsxtb16 r7, r7, ror #8\n\t"                                                   \
+    "ldrd r10, r11, [r6], #8\n\tsmlabb r0, r8, r10, r0\n\tsmlatt r2, r8, r10, r2\n\t"                                  \
+    "smlabb r1, r7, r11, r1\n\tsmlatt r3, r7, r11, r3\n\t"
+#define TN_DWP_OUT(acc, m, base, shift)                                                                                \
+    "sub " base ", " base ", " acc ", lsr #31\n\tsmmlar " acc ", " acc ", " m ", " base "\n\t"                         \
+    "asr " acc ", " acc ", " shift "\n\tssat " acc ", #8, " acc "\n\t"
+#define TN_DWP_CLAMP                                                                                                   \
+    "ldrd r7, r8, [lr, #8]\n\tssub8 r9, r0, r7\n\tsel r0, r0, r7\n\tssub8 r9, r8, r0\n\tsel r0, r0, r8\n\t"
+#define TN_DWP_ASM(PAIRS, SINGLE, CLAMP, X_STEP)                                                                        \
+    "push {r4-r11, lr}\n\t"                                                                                            \
+    "str r1, [sp, #-8]!\n\t"                                                                                           \
+    "mov r4, r0\n\tmov r12, r2\n\tmov lr, r3\n"                                                                        \
+    "4:\n\t"                                                                                                           \
+    "ldrd r6, r7, [lr, #16]\n\tadd r7, r12, r7\n\tstr r7, [lr, #4]\n"                                                  \
+    "3:\n\t"                                                                                                           \
+    "ldm r6!, {r0-r3}\n\t"                                                                                             \
+    "ldr r5, [lr]\n\t" PAIRS SINGLE                                                                                    \
+    "ldm r6!, {r5, r7-r11}\n\t" TN_DWP_OUT("r0", "r5", "r7", "r8") TN_DWP_OUT("r1", "r9", "r10", "r11")                \
+    "ldm r6!, {r5, r7-r11}\n\t" TN_DWP_OUT("r2", "r5", "r7", "r8") TN_DWP_OUT("r3", "r9", "r10", "r11")                \
+    "bfi r0, r1, #8, #8\n\tbfi r0, r2, #16, #8\n\tbfi r0, r3, #24, #8\n\t" CLAMP                                       \
+    "str r0, [r12], #4\n\tadd r4, r4, #" X_STEP "\n\tldr r7, [lr, #4]\n\tcmp r12, r7\n\tbne 3b\n\t"                   \
+    "ldr r4, [sp]\n\tmovs r7, #0\n\tstr r7, [sp]\n\tcmp r4, #0\n\tbne 4b\n\t"                                          \
+    "add sp, sp, #8\n\tpop {r4-r11, pc}"
+
+/* An even number of taps and an odd one, each with and without the per-byte clamp; a depth multiplier
+ * of 1 (a quad reads a word of four input channels) and of 2 (two input values, the next quad the next
+ * two). */
+__attribute__((naked, noinline)) static void dw_packed_even(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                            packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS, "", TN_DWP_CLAMP, "4"));
+}
+__attribute__((naked, noinline)) static void dw_packed_even_int8(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                                 packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS, "", "", "4"));
+}
+__attribute__((naked, noinline)) static void dw_packed_odd(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                           packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS, TN_DWP_SINGLE, TN_DWP_CLAMP, "4"));
+}
+__attribute__((naked, noinline)) static void dw_packed_odd_int8(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                                packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS, TN_DWP_SINGLE, "", "4"));
+}
+__attribute__((naked, noinline)) static void dw_packed2_even(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                             packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS2, "", TN_DWP_CLAMP, "2"));
+}
+__attribute__((naked, noinline)) static void dw_packed2_even_int8(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                                  packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS2, "", "", "2"));
+}
+__attribute__((naked, noinline)) static void dw_packed2_odd(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                            packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS2, TN_DWP_SINGLE2, TN_DWP_CLAMP, "2"));
+}
+__attribute__((naked, noinline)) static void dw_packed2_odd_int8(const int8_t *x0, const int8_t *x1, int8_t *out,
+                                                                 packed_job *job) {
+    (void)x0, (void)x1, (void)out, (void)job;
+    __asm__(TN_DWP_ASM(TN_DWP_PAIRS2, TN_DWP_SINGLE2, "", "2"));
+}
+#undef TN_DWP_PAIRS
+#undef TN_DWP_PAIRS2
+#undef TN_DWP_SINGLE
+#undef TN_DWP_SINGLE2
+#undef TN_DWP_OUT
+#undef TN_DWP_CLAMP
+#undef TN_DWP_ASM
+#else
+/* The same arithmetic in C (the host build): one position's quads from x to the outputs o..o_end. */
+static void dw_packed_quads(const tn_layer *l, const int8_t *x, const int32_t *taps, const int32_t *w, int8_t *o,
+                            const int8_t *o_end) {
+    const int odd = ((uint32_t)l->kh * l->kw) % 2u == 1u;
+    const uint32_t mult = l->cout / l->cin; /* 1 or 2: output k of a quad reads input k / mult */
+    for (; o < o_end; o += 4, x += 4u / mult) {
+        uint32_t a[4] = {(uint32_t)w[0], (uint32_t)w[1], (uint32_t)w[2], (uint32_t)w[3]}; /* wraps as SMLAD does */
+        w += 4;
+        const int32_t *t = taps;
+        for (; t[0] >= 0; t += 2, w += 4) {
+            for (uint32_t k = 0; k < 4u; k++) {
+                const int32_t lo = (int16_t)(w[k] & 0xFFFF), hi = w[k] >> 16; /* 2 w_t, 2 w_t+1 */
+                a[k] += (uint32_t)(x[t[0] + (int32_t)(k / mult)] * lo + x[t[1] + (int32_t)(k / mult)] * hi);
+            }
+        }
+        if (odd) { /* t at the end mark: the last tap's offset in t[1], its weights (c0, c2), (c1, c3) or, for
+                    * a multiplier of 2, (c0, c1), (c2, c3) */
+            const int8_t *v = x + t[1];
+            const uint32_t k1 = mult == 1u ? 2u : 1u, k2 = 3u - k1; /* the channels in w[0]'s top, w[1]'s bottom */
+            a[0] += (uint32_t)(v[0] * (int16_t)(w[0] & 0xFFFF));
+            a[k1] += (uint32_t)(v[k1 / mult] * (w[0] >> 16));
+            a[k2] += (uint32_t)(v[k2 / mult] * (int16_t)(w[1] & 0xFFFF));
+            a[3] += (uint32_t)(v[3u / mult] * (w[1] >> 16));
+            w += 2;
+        }
+        for (uint32_t k = 0; k < 4u; k++, w += 3) {
+            const int32_t v = requant_doubled((int32_t)a[k], w);
+            o[k] = (int8_t)(v < l->act_min ? l->act_min : v > l->act_max ? l->act_max : v);
+        }
+    }
+}
+#endif
+
+/* One position's quads: the window from x, its taps at `at`, to o. */
+static inline __attribute__((always_inline)) void dw_packed_position(const tn_layer *l, const int8_t *x,
+                                                                     const int32_t *at, const int32_t *quads,
+                                                                     int8_t *o, packed_fn run, packed_job *job) {
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    (void)l, (void)quads;
+    job->taps = at;
+    run(x, 0, o, job);
+#else
+    (void)run, (void)job;
+    dw_packed_quads(l, x, at, quads, o, o + l->cout);
+#endif
+}
+
+static void dw_general_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile);
+
+/* A tile's positions through the packed stream: windows inside the input read where they lie (both
+ * positions in one call), one at the padding gathered first (window: kh kw cin bytes) and read with
+ * the second tap table. Written for TN_TILE_POSITIONS = 2: the second position is the first's
+ * neighbour on its row, or the next row's first. */
+__attribute__((noinline)) static void dw_packed_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile,
+                                                     int8_t *window) {
+    const uint32_t cin = l->cin, cout = l->cout, wout = l->wout, win = l->win, kh = l->kh, kw = l->kw, taps = kh * kw;
+    const uint32_t p = tile * TN_TILE_POSITIONS, oy = p / wout, ox = p - oy * wout;
+    const int32_t ly = (int32_t)l->hin - (int32_t)((kh - 1u) * dil_rows(l));
+    const int32_t lx = (int32_t)win - (int32_t)((kw - 1u) * dil_cols(l));
+    const uint32_t last_y = ly > 0 ? (uint32_t)ly : 0u, last_x = lx > 0 ? (uint32_t)lx : 0u; /* origins inside: below */
+    const int32_t *const direct = l->packed, *const gathered = direct + taps + 2u, *const quads = gathered + taps + 2u;
+    const int32_t iy0 = (int32_t)(oy * stride_rows(l)) - (int32_t)l->pad_h;
+    const int32_t ix0 = (int32_t)(ox * l->stride) - (int32_t)l->pad;
+    int32_t iy1 = iy0, ix1 = ix0 + (int32_t)l->stride; /* the second position's window */
+    if (ox + 1u == wout) {
+        iy1 += (int32_t)stride_rows(l);
+        ix1 = -(int32_t)l->pad;
+    }
+    const int two = p + 1u < (uint32_t)l->hout * wout;
+    int8_t *o = out + p * cout;
+    packed_fn run = 0;
+    packed_job job = {direct, 0, 0, 0, quads, cout};
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    const int int8_range = l->act_min == -128 && l->act_max == 127;
+    if (cout == cin) {
+        run = taps % 2u == 1u ? (int8_range ? dw_packed_odd_int8 : dw_packed_odd)
+                              : (int8_range ? dw_packed_even_int8 : dw_packed_even);
+    } else { /* a depth multiplier of 2 */
+        run = taps % 2u == 1u ? (int8_range ? dw_packed2_odd_int8 : dw_packed2_odd)
+                              : (int8_range ? dw_packed2_even_int8 : dw_packed2_even);
+    }
+    if (!int8_range) {
+        job.lo4 = (uint8_t)l->act_min * 0x01010101u;
+        job.hi4 = (uint8_t)l->act_max * 0x01010101u;
+    }
+#endif
+    /* a negative origin wraps above the bound */
+    const int in0 = (uint32_t)iy0 < last_y && (uint32_t)ix0 < last_x;
+    const int in1 = (uint32_t)iy1 < last_y && (uint32_t)ix1 < last_x;
+    const int8_t *const x0 = in0 ? in + ((uint32_t)iy0 * win + (uint32_t)ix0) * cin : window;
+    const int8_t *const x1 = in1 ? in + ((uint32_t)iy1 * win + (uint32_t)ix1) * cin : window;
+#if defined(__ARM_FEATURE_DSP) && defined(__thumb2__)
+    if (in0 && (in1 || !two)) { /* the common case: no padding, one call */
+        run(x0, two ? x1 : 0, o, &job);
         return;
     }
+#endif
+    if ((!in0 || (two && !in1)) && taps * cin > WINDOW_BYTES) { /* a window to gather, larger than the */
+        dw_general_tile(l, in, out, tile); /* scratch: export.cgen sizes it, a layer built otherwise may not */
+        return;
+    }
+    if (!in0) {
+        gather(l, in, window, iy0, ix0);
+    }
+    dw_packed_position(l, x0, in0 ? direct : gathered, quads, o, run, &job);
+    if (two) {
+        if (!in1) {
+            gather(l, in, window, iy1, ix1);
+        }
+        dw_packed_position(l, x1, in1 ? direct : gathered, quads, o + cout, run, &job);
+    }
+}
+
+/* Any depthwise conv, four channels at a time where the depth multiplier allows, the rest one by one. */
+__attribute__((noinline)) static void dw_general_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile) {
     const uint32_t plane = (uint32_t)l->hout * l->wout, cout = l->cout, cin = l->cin, mult = cout / cin;
     const uint32_t dh = dil_rows(l), dw = dil_cols(l);
     const int32_t offset = l->in_offset;
@@ -453,5 +726,17 @@ void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t t
                 out[pos * cout + cb + i] = requantize_out(&s, acc[i], cb + i);
             }
         }
+    }
+}
+
+void tn_dwconv_tile(const tn_layer *l, const int8_t *in, int8_t *out, uint32_t tile, int8_t *window) {
+    if (l->packed != 0) {
+        dw_packed_tile(l, in, out, tile, window);
+    } else if ((l->cout == l->cin || l->cout == 2u * l->cin) && l->cin % 4u == 0u && l->kh == 3u && l->kw == 3u &&
+               9u * l->cin <= WINDOW_BYTES && l->requant != 0) { /* a 3 x 3 window of whole quads, a table */
+        const out_stage s = stage_of(l);
+        dw_whole_tile(l, in, out, tile, window, &s);
+    } else {
+        dw_general_tile(l, in, out, tile);
     }
 }

@@ -5,6 +5,17 @@
 
 #define TN_ADD_LEFT_SHIFT 20 /* TFLite's int8 ADD: inputs scaled up before their rescaling */
 
+/* The ADD's table path on its own, so that its few values stay in registers (a store to out may
+ * alias the row; the other paths' multipliers and shifts would crowd them out): two lookups, the
+ * sum's output stage row (mbqm_row) and the clamp a value. */
+__attribute__((noinline)) static void add_looked_up(const int8_t *a, const int8_t *b, int8_t *out, uint32_t n, const int32_t *ta,
+                          const int32_t *tb, const int32_t *r, int32_t lo, int32_t hi) {
+    const int32_t row[3] = {r[0], r[1], r[2]};
+    for (const int8_t *end = a + n; a < end; a++, b++, out++) {
+        *out = row_out(ta[*a] + tb[*b], row, lo, hi);
+    }
+}
+
 /* out = clamp(mbqm(mbqm((a + off_a) << 20, m0, s0) + mbqm((b + off_b) << 20, m1, s1), m2, s2) + zp):
  * reference_integer_ops::AddElementwise, with Prepare's multipliers (export.firmware.tflite_import).
  * With bias = the two inputs' rescaled values for each int8 value ([2][256], export.firmware.cgen's
@@ -12,19 +23,19 @@
  * multiply-accumulate a value. */
 void tn_add(const tn_layer *l, const int8_t *a, const int8_t *b, int8_t *out) {
     const uint32_t n = (uint32_t)l->cin * l->hin * l->win;
+    if (l->bias != 0 && l->requant != 0) {
+        add_looked_up(a, b, out, n, l->bias + 128, l->bias + 256 + 128, l->requant, l->act_min, l->act_max);
+        return;
+    }
     const int32_t m0 = l->multiplier[0], m1 = l->multiplier[1], m2 = l->multiplier[2];
     const int32_t s0 = l->shift[0], s1 = l->shift[1], s2 = l->shift[2];
     const int32_t off_a = l->in_offset, off_b = l->in2_offset, zp = l->out_offset;
     const int32_t lo = l->act_min, hi = l->act_max;
     if (l->bias != 0) { /* each input's rescaling looked up (export.firmware.cgen's add_tables) */
-        const int32_t *ta = l->bias + 128, *tb = l->bias + 256 + 128, *r = l->requant;
+        const int32_t *ta = l->bias + 128, *tb = l->bias + 256 + 128;
         for (uint32_t i = 0; i < n; i++) {
-            if (r != 0) {
-                out[i] = row_out(ta[a[i]] + tb[b[i]], r, lo, hi);
-            } else {
-                const int32_t v = mbqm(ta[a[i]] + tb[b[i]], m2, s2) + zp;
-                out[i] = (int8_t)(v < lo ? lo : v > hi ? hi : v);
-            }
+            const int32_t v = mbqm(ta[a[i]] + tb[b[i]], m2, s2) + zp;
+            out[i] = (int8_t)(v < lo ? lo : v > hi ? hi : v);
         }
         return;
     }

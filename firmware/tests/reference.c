@@ -2,8 +2,8 @@
 
 #include "check.h"
 
-/* Where tap k of a row sits in the firmware's rows: within each group of four, taps 1 and 2
- * trade places (the order SXTB16 unpacks). */
+/* Within each group of four int8 depthwise weights, taps 1 and 2 trade places (the order SXTB16
+ * unpacks; export.cgen's depthwise_weights). */
 static const uint32_t group_order[4] = {0u, 2u, 1u, 3u};
 
 static uint32_t taps_of(const tn_layer *l) {
@@ -14,17 +14,17 @@ static uint32_t depth_of(const tn_layer *l) {
     return (taps_of(l) + 3u) / 4u * 4u;
 }
 
-/* The byte of channel oc's tap k: its group of four at k / 4 in its row, the rows of an even and
+/* The int16 of channel oc's tap k: its group of four at k / 4 in its row, the rows of an even and
  * an odd channel taking turns group by group, an odd last channel's row on its own at the end. */
 static uint32_t slot_of(const tn_layer *l, uint32_t oc, uint32_t k) {
-    const uint32_t depth = depth_of(l), group = k / 4u, within = group_order[k % 4u];
+    const uint32_t depth = depth_of(l), group = k / 4u;
     if (oc + 1u == l->cout && l->cout % 2u == 1u) {
-        return oc * depth + group * 4u + within;
+        return oc * depth + k;
     }
-    return (oc / 2u) * 2u * depth + group * 8u + (oc % 2u) * 4u + within;
+    return (oc / 2u) * 2u * depth + group * 8u + (oc % 2u) * 4u + k % 4u;
 }
 
-tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed) {
+tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int16_t *packed) {
     if (l->kind != TN_CONV) {
         return TN_ERR_MODEL;
     }
@@ -37,8 +37,8 @@ tn_status ref_pack_conv(const tn_layer *l, const int8_t *taps, int8_t *packed) {
     return TN_OK;
 }
 
-static int8_t weight_at(const tn_layer *l, uint32_t oc, uint32_t k) {
-    return l->weight[slot_of(l, oc, k)];
+static int16_t weight_at(const tn_layer *l, uint32_t oc, uint32_t k) {
+    return ((const int16_t *)(const void *)l->weight)[slot_of(l, oc, k)];
 }
 
 /* v clamped to the layer's output range. */
@@ -104,6 +104,146 @@ tn_status ref_pack_dwconv(const tn_layer *l, const int8_t *taps, int16_t *packed
             const uint32_t slot = oc < quads ? (oc / 4u * n + t) * 4u + group_order[oc % 4u]
                                              : quads * n + t * rest + (oc - quads);
             packed[slot] = taps[t * cout + oc];
+        }
+    }
+    return TN_OK;
+}
+
+/* A stream word: two int16 values, lo in the low half. */
+static int32_t halves(int32_t lo, int32_t hi) {
+    return (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xFFFFu));
+}
+
+static int doubled_fits(const tn_layer *l, uint32_t taps) {
+    for (uint32_t oc = 0; oc < l->cout; oc++) {
+        const int64_t sh = l->shift[oc], bias = l->bias[oc];
+        if (sh < 1 || sh > 30) {
+            return 0;
+        }
+        const int64_t base = (INT64_C(1) << (sh - 1)) + (int64_t)l->out_offset * (INT64_C(1) << sh);
+        if (base <= -(INT64_C(1) << 30) || base >= (INT64_C(1) << 30) ||
+            (bias < 0 ? -bias : bias) + (int64_t)taps * 255 * 128 >= (INT64_C(1) << 30)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Channel oc's output stage row for a doubled accumulator: {multiplier, 2^(s-1) + out_offset 2^s, s}. */
+static int32_t *doubled_row(const tn_layer *l, uint32_t oc, int32_t *s) {
+    const int32_t sh = l->shift[oc];
+    *s++ = l->multiplier[oc];
+    *s++ = (int32_t)((INT64_C(1) << (sh - 1)) + (int64_t)l->out_offset * (INT64_C(1) << sh));
+    *s++ = sh;
+    return s;
+}
+
+tn_status ref_pack_dwconv_packed(const tn_layer *l, const int8_t *taps, int32_t *stream) {
+    const uint32_t n = (uint32_t)l->kh * l->kw, c = l->cout, cin = l->cin;
+    if (l->kind != TN_DWCONV || (c != cin && c != 2u * cin) || cin % 4u != 0u || n < 2u || n > TN_PACKED_TAPS) {
+        return TN_ERR_MODEL;
+    }
+    if (!doubled_fits(l, n)) {
+        return TN_ERR_MODEL;
+    }
+    int32_t *s = stream;
+    const uint32_t dr = l->dil_h > 1u ? l->dil_h : 1u, dc = l->dil_w > 1u ? l->dil_w : 1u;
+    const uint32_t steps[2][2] = {{dr * l->win * cin, dc * cin}, {l->kw * cin, cin}}; /* in place, gathered */
+    for (uint32_t table = 0; table < 2u; table++) {
+        int32_t *t = s;
+        for (uint32_t ky = 0; ky < l->kh; ky++) {
+            for (uint32_t kx = 0; kx < l->kw; kx++) {
+                *t++ = (int32_t)(ky * steps[table][0] + kx * steps[table][1]);
+            }
+        }
+        if (n % 2u == 1u) { /* (-1, the last tap), then a word of padding */
+            t[0] = t[-1];
+            t[-1] = -1;
+            t[1] = 0;
+        } else {
+            t[0] = -1;
+            t[1] = 0;
+        }
+        s += n + 2u;
+    }
+    for (uint32_t q = 0; q < c; q += 4u) {
+        for (uint32_t k = 0; k < 4u; k++) { /* the input offset folded in: the taps read the raw input */
+            int32_t sum = 0;
+            for (uint32_t t = 0; t < n; t++) {
+                sum += taps[t * c + q + k];
+            }
+            *s++ = 2 * (l->bias[q + k] + l->in_offset * sum);
+        }
+        for (uint32_t t = 0; t + 1u < n; t += 2u) {
+            for (uint32_t k = 0; k < 4u; k++) {
+                *s++ = halves(2 * taps[t * c + q + k], 2 * taps[(t + 1u) * c + q + k]);
+            }
+        }
+        if (n % 2u == 1u) { /* the lanes the last tap's input word gives: (c0, c2), (c1, c3); two input values */
+            const int8_t *last = taps + (n - 1u) * c + q;                  /* (a multiplier of 2): (c0, c1), (c2, c3) */
+            const uint32_t k1 = c == cin ? 2u : 1u, k2 = 3u - k1;
+            *s++ = halves(2 * last[0], 2 * last[k1]);
+            *s++ = halves(2 * last[k2], 2 * last[3]);
+        }
+        for (uint32_t k = 0; k < 4u; k++) {
+            s = doubled_row(l, q + k, s);
+        }
+    }
+    return TN_OK;
+}
+
+/* Whether a doubled accumulator and requant_doubled's rows serve every channel: right shifts of 1 to
+ * 30, |2^(s-1) + out_offset 2^s| < 2^30, and |bias| + taps x 255 x 128 < 2^30. */
+tn_status ref_pack_conv_packed(const tn_layer *l, const int8_t *taps, int32_t *stream) {
+    const uint32_t cin = l->cin, block = cin == 8u ? 2u : 1u;
+    if (l->kind != TN_CONV || l->kh != 1u || l->kw != 1u || l->pad != 0u || l->pad_h != 0u ||
+        (cin != 8u && cin != 16u) || l->cout % block != 0u || l->act_min != -128 || l->act_max != 127 ||
+        !doubled_fits(l, cin)) {
+        return TN_ERR_MODEL;
+    }
+    int32_t *s = stream;
+    for (uint32_t c = 0; c < l->cout; c += block) {
+        for (uint32_t k = 0; k < block; k++) {
+            *s++ = 2 * l->bias[c + k];
+        }
+        for (uint32_t k = 0; k < block; k++) { /* per input word, the lanes SXTB16 gives: (x0, x2), (x1, x3) */
+            const int8_t *w = taps + (c + k) * cin;
+            for (uint32_t i = 0; i < cin; i += 4u) {
+                *s++ = halves(2 * w[i], 2 * w[i + 2u]);
+                *s++ = halves(2 * w[i + 1u], 2 * w[i + 3u]);
+            }
+        }
+        for (uint32_t k = 0; k < block; k++) {
+            s = doubled_row(l, c + k, s);
+        }
+    }
+    return TN_OK;
+}
+
+tn_status ref_pack_fc_packed(const tn_layer *l, int32_t *stream) {
+    const uint32_t cin = l->cin, cout = l->cout;
+    if (l->kind != TN_FC || cin % 8u != 0u || cout % 4u != 0u || l->act_min != -128 || l->act_max != 127 ||
+        !doubled_fits(l, cin)) {
+        return TN_ERR_MODEL;
+    }
+    int32_t *s = stream;
+    for (uint32_t o = 0; o < cout; o += 4u) {
+        for (uint32_t k = 0; k < 4u; k++) { /* the input offset folded in: the rows read the raw input */
+            int32_t sum = 0;
+            for (uint32_t i = 0; i < cin; i++) {
+                sum += l->weight[(o + k) * cin + i];
+            }
+            *s++ = l->bias[o + k] + l->in_offset * sum;
+        }
+        for (uint32_t i = 0; i < cin; i += 4u) {
+            for (uint32_t k = 0; k < 4u; k++) { /* a row's four weights as they lie in memory */
+                const int8_t *w = l->weight + (o + k) * cin + i;
+                const uint32_t b0 = (uint8_t)w[0], b1 = (uint8_t)w[1], b2 = (uint8_t)w[2], b3 = (uint8_t)w[3];
+                *s++ = (int32_t)(b0 | b1 << 8 | b2 << 16 | b3 << 24);
+            }
+        }
+        for (uint32_t k = 0; k < 4u; k++) {
+            s = doubled_row(l, o + k, s);
         }
     }
     return TN_OK;

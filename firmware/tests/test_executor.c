@@ -16,32 +16,36 @@
 #include "reference.h"
 #include "tn.h"
 
+#define CONV_WEIGHTS __attribute__((aligned(4))) /* int16, read a word (LDM) at a time */
+
 /* ---- model A: conv2d 3x3 pad 1 -> conv2d 2x2 stride 2 -> pool -> dense ------------------ */
-static int8_t a_taps1[3 * 3 * 3 * 2], a_w1[3 * 20], a_taps2[4 * 2 * 2 * 3], a_w2[4 * 12], a_w4[3 * 4];
+static int8_t a_taps1[3 * 3 * 3 * 2], a_taps2[4 * 2 * 2 * 3], a_w4[3 * 4];
+static int16_t a_w1[3 * 20] CONV_WEIGHTS, a_w2[4 * 12] CONV_WEIGHTS;
 static int32_t a_b1[3], a_m1[3], a_s1[3], a_b2[4], a_m2[4], a_s2[4], a_b4[3];
 static const tn_layer a_layers[4] = {
     /* kind cin hin win cout hout wout kh kw stride pad pad_h in_off out_off act_min act_max */
-    /* ... weight bias multiplier shift stride_h dil_h dil_w in2_offset src src2 dst requant; the plan:
+    /* ... weight bias multiplier shift stride_h dil_h dil_w in2_offset src src2 dst requant packed; the plan:
      * the input at 0 (40 bytes), conv1's output at 48 (60), conv2's at 0 over the dead input (16) */
-    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, a_w1, a_b1, a_m1, a_s1, 0, 0, 0, 0, 0, 0, 48, 0},
-    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, a_w2, a_b2, a_m2, a_s2, 0, 0, 0, 0, 48, 0, 0, 0},
-    {TN_POOL, 4, 2, 2, 4, 1, 1, 0, 0, 0, 0, 0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {TN_DENSE, 4, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, a_w4, a_b4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, (const int8_t *)a_w1, a_b1, a_m1, a_s1, 0, 0, 0, 0, 0, 0, 48, 0, 0},
+    {TN_CONV, 3, 5, 4, 4, 2, 2, 2, 2, 2, 0, 0, 10, 3, -128, 127, (const int8_t *)a_w2, a_b2, a_m2, a_s2, 0, 0, 0, 0, 48, 0, 0, 0, 0},
+    {TN_POOL, 4, 2, 2, 4, 1, 1, 0, 0, 0, 0, 0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_DENSE, 4, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, a_w4, a_b4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 static const tn_model model_a = {"a", 4, a_layers, 5 * 4 * 2, 3, 0, 1000u, 900u, 112u, 0u};
 #define A_TILES (10u + 2u + 1u + 1u) /* 20 positions / 2, 4 / 2, the pool, the classifier */
 
 /* ---- model B: three conv1d (the second writes over the dead input, the third where the first
  * wrote), odd position counts (a lone last tile) -> pool -> dense ------------------------- */
-static int8_t b_taps1[5 * 3 * 3], b_w1[5 * 12], b_taps2[2 * 3 * 5], b_w2[2 * 16], b_taps3[3 * 2 * 2], b_w3[3 * 4];
+static int8_t b_taps1[5 * 3 * 3], b_taps2[2 * 3 * 5], b_taps3[3 * 2 * 2];
+static int16_t b_w1[5 * 12] CONV_WEIGHTS, b_w2[2 * 16] CONV_WEIGHTS, b_w3[3 * 4] CONV_WEIGHTS;
 static int8_t b_w5[4 * 3];
 static int32_t b_b1[5], b_m1[5], b_s1[5], b_b2[2], b_m2[2], b_s2[2], b_b3[3], b_m3[3], b_s3[3], b_b5[4];
 static const tn_layer b_layers[5] = {
-    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, b_w1, b_b1, b_m1, b_s1, 0, 0, 0, 0, 0, 0, 32, 0},
-    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, b_w2, b_b2, b_m2, b_s2, 0, 0, 0, 0, 32, 0, 0, 0},
-    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, b_w3, b_b3, b_m3, b_s3, 0, 0, 0, 0, 0, 0, 32, 0},
-    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0},
-    {TN_DENSE, 3, 1, 1, 4, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, b_w5, b_b5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 3, 1, 9, 5, 1, 5, 1, 3, 2, 1, 0, -7, 0, 0, 127, (const int8_t *)b_w1, b_b1, b_m1, b_s1, 0, 0, 0, 0, 0, 0, 32, 0, 0},
+    {TN_CONV, 5, 1, 5, 2, 1, 5, 1, 3, 1, 1, 0, 0, -20, -20, 127, (const int8_t *)b_w2, b_b2, b_m2, b_s2, 0, 0, 0, 0, 32, 0, 0, 0, 0},
+    {TN_CONV, 2, 1, 5, 3, 1, 4, 1, 2, 1, 0, 0, 20, 1, -128, 127, (const int8_t *)b_w3, b_b3, b_m3, b_s3, 0, 0, 0, 0, 0, 0, 32, 0, 0},
+    {TN_POOL, 3, 1, 4, 3, 1, 1, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0},
+    {TN_DENSE, 3, 1, 1, 4, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, b_w5, b_b5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 static const tn_model model_b = {"b", 5, b_layers, 9 * 3, 4, 0, 2000u, 950u, 64u, 0u};
 #define B_TILES (3u + 3u + 2u + 1u + 1u)
@@ -50,25 +54,26 @@ static const tn_model model_b = {"b", 5, b_layers, 9 * 3, 4, 0, 2000u, 950u, 64u
  * of the sum and the second conv along channels -> pool -> dense. The plan: the input at 0 (40
  * bytes), conv1's output at 48 (60), conv2's at 112 (60, read by the ADD and the concatenation),
  * the sum at 176 (60), the concatenation at 240 (120) ---------------------------------------- */
-static int8_t c_taps1[3 * 3 * 3 * 2], c_w1[3 * 20], c_taps2[3 * 3 * 3 * 3], c_w2[3 * 28], c_w6[3 * 6];
+static int8_t c_taps1[3 * 3 * 3 * 2], c_taps2[3 * 3 * 3 * 3], c_w6[3 * 6];
+static int16_t c_w1[3 * 20] CONV_WEIGHTS, c_w2[3 * 28] CONV_WEIGHTS;
 static int32_t c_b1[3], c_m1[3], c_s1[3], c_b2[3], c_m2[3], c_s2[3], c_b6[3];
 /* TFLite's ADD of inputs at scales 0.02 and 0.03 into 0.04: 0.02 / 0.06, 0.03 / 0.06, 0.06 / (2^20 0.04) */
 static const int32_t c_add_m[3] = {1431655765, 1073741824, 1610612736}, c_add_s[3] = {1, 0, 19};
 static const tn_layer c_layers[7] = {
-    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, c_w1, c_b1, c_m1, c_s1, 0, 0, 0, 0, 0, 0, 48, 0},
-    {TN_CONV, 3, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 10, 3, -128, 127, c_w2, c_b2, c_m2, c_s2, 0, 0, 0, 0, 48, 0, 112, 0},
-    {TN_ADD, 3, 5, 4, 3, 5, 4, 0, 0, 0, 0, 0, -3, -7, -128, 100, 0, 0, c_add_m, c_add_s, 0, 0, 0, 10, 112, 48, 176, 0},
-    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 176, 0, 240, 0},
-    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 112, 0, 240, 0},
-    {TN_POOL, 6, 5, 4, 6, 1, 1, 0, 0, 0, 0, 0, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 240, 0, 0, 0},
-    {TN_DENSE, 6, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, c_w6, c_b6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 2, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 5, -10, -10, 127, (const int8_t *)c_w1, c_b1, c_m1, c_s1, 0, 0, 0, 0, 0, 0, 48, 0, 0},
+    {TN_CONV, 3, 5, 4, 3, 5, 4, 3, 3, 1, 1, 1, 10, 3, -128, 127, (const int8_t *)c_w2, c_b2, c_m2, c_s2, 0, 0, 0, 0, 48, 0, 112, 0, 0},
+    {TN_ADD, 3, 5, 4, 3, 5, 4, 0, 0, 0, 0, 0, -3, -7, -128, 100, 0, 0, c_add_m, c_add_s, 0, 0, 0, 10, 112, 48, 176, 0, 0},
+    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 176, 0, 240, 0, 0},
+    {TN_CONCAT, 3, 5, 4, 6, 5, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 112, 0, 240, 0, 0},
+    {TN_POOL, 6, 5, 4, 6, 1, 1, 0, 0, 0, 0, 0, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 240, 0, 0, 0, 0},
+    {TN_DENSE, 6, 1, 1, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, c_w6, c_b6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 static const tn_model model_c = {"c", 7, c_layers, 5 * 4 * 2, 3, 0, 0u, 0u, 368u, 0u};
 #define C_TILES (10u + 10u + 1u + 2u + 1u + 1u)
 
 /* Weights, biases and requantization of a conv, seeded; the shift keeps outputs inside int8
  * for most positions, so the clamps are reached but the outputs are not all clamped. */
-static check_status fill_conv(check_rng *rng, const tn_layer *l, int8_t *taps, int8_t *packed, int32_t *b, int32_t *m,
+static check_status fill_conv(check_rng *rng, const tn_layer *l, int8_t *taps, int16_t *packed, int32_t *b, int32_t *m,
                               int32_t *s, int32_t shift) {
     for (uint32_t i = 0; i < (uint32_t)l->cout * l->kh * l->kw * l->cin; i++) {
         taps[i] = (int8_t)check_range(rng, -128, 127);
@@ -105,14 +110,14 @@ static check_status build_models(void) {
         return CHECK_FAIL;
     }
     fill_dense(&rng, &c_layers[6], c_w6, c_b6);
-    CHECK_EQ(sizeof c_w2, 3u * tn_depth(&c_layers[1]));
+    CHECK_EQ(sizeof c_w2 / 2u, 3u * tn_depth(&c_layers[1]));
     fill_dense(&rng, &a_layers[3], a_w4, a_b4);
     fill_dense(&rng, &b_layers[4], b_w5, b_b5);
-    CHECK_EQ(sizeof a_w1, 3u * tn_depth(&a_layers[0]));
-    CHECK_EQ(sizeof a_w2, 4u * tn_depth(&a_layers[1]));
-    CHECK_EQ(sizeof b_w1, 5u * tn_depth(&b_layers[0]));
-    CHECK_EQ(sizeof b_w2, 2u * tn_depth(&b_layers[1]));
-    CHECK_EQ(sizeof b_w3, 3u * tn_depth(&b_layers[2]));
+    CHECK_EQ(sizeof a_w1 / 2u, 3u * tn_depth(&a_layers[0]));
+    CHECK_EQ(sizeof a_w2 / 2u, 4u * tn_depth(&a_layers[1]));
+    CHECK_EQ(sizeof b_w1 / 2u, 5u * tn_depth(&b_layers[0]));
+    CHECK_EQ(sizeof b_w2 / 2u, 2u * tn_depth(&b_layers[1]));
+    CHECK_EQ(sizeof b_w3 / 2u, 3u * tn_depth(&b_layers[2]));
     return CHECK_OK;
 }
 

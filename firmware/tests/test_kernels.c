@@ -24,7 +24,7 @@
 
 static int8_t input_store[MAX_HIN * MAX_WIN * MAX_DW_COUT];
 static int8_t taps[MAX_DW_COUT * MAX_TAPS];
-static int8_t weight_store[MAX_COUT * MAX_DEPTH];
+static int16_t weight_store[MAX_COUT * MAX_DEPTH] __attribute__((aligned(8))); /* conv: int16, LDM: word aligned */
 static int16_t dw_weight_store[MAX_K * MAX_K * MAX_DW_COUT] __attribute__((aligned(8))); /* LDRD: word aligned */
 static int32_t bias[MAX_DW_COUT], multiplier[MAX_DW_COUT], shift[MAX_DW_COUT], requant[MAX_DW_COUT * 3];
 static int8_t want[MAX_HIN * MAX_WIN * MAX_DW_COUT];
@@ -111,10 +111,10 @@ static check_status random_conv(check_rng *rng, tn_layer *l, const int8_t **weig
         taps[i] = (int8_t)check_range(rng, -128, 127);
     }
     random_requantization(rng, l);
-    int8_t *w = weight_store + sizeof weight_store - l->cout * depth;
-    l->weight = w;
+    int16_t *w = weight_store + sizeof weight_store / sizeof weight_store[0] - l->cout * depth;
+    l->weight = (const int8_t *)w;
     CHECK_EQ(ref_pack_conv(l, taps, w), TN_OK);
-    *weight = w;
+    *weight = l->weight;
     return CHECK_OK;
 }
 
@@ -181,6 +181,66 @@ static check_status test_conv_tiles_match_reference(void) {
     return CHECK_OK;
 }
 
+/* The packed pointwise conv (1 x 1 over 8 or 16 input channels: vww_96_int8's conv2 and conv3) on random
+ * layers, strided or not, odd position counts, against ref_conv. */
+static check_status test_conv_packed_matches_reference(void) {
+    static int32_t pk_bias[40], pk_mult[40], pk_shift[40], stream[40 * (1 + 8 + 3)];
+    check_rng rng = {24680u};
+    unsigned eight = 0, strided = 0, lone = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = TN_CONV;
+        l.cin = (uint16_t)(check_range(&rng, 0, 1) == 1 ? 8 : 16);
+        l.cout = (uint16_t)(l.cin == 8u ? 2 * check_range(&rng, 1, 20) : check_range(&rng, 1, 40));
+        l.kh = l.kw = 1;
+        l.stride = (uint8_t)check_range(&rng, 1, 2);
+        l.stride_h = (uint8_t)check_range(&rng, 0, 2);
+        l.hin = (uint16_t)check_range(&rng, 1, 8);
+        l.win = (uint16_t)check_range(&rng, 1, 8);
+        const uint32_t sr = l.stride_h ? l.stride_h : l.stride;
+        l.hout = (uint16_t)((l.hin - 1u) / sr + 1u);
+        l.wout = (uint16_t)((l.win - 1u) / l.stride + 1u);
+        l.in_offset = check_range(&rng, -127, 128);
+        l.out_offset = check_range(&rng, -128, 127);
+        l.act_min = -128;
+        l.act_max = 127;
+        for (uint32_t i = 0; i < (uint32_t)l.cout * l.cin; i++) {
+            taps[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        for (uint32_t oc = 0; oc < l.cout; oc++) {
+            pk_bias[oc] = check_range(&rng, -100000, 100000);
+            pk_mult[oc] = check_range(&rng, 1 << 30, INT32_MAX);
+            pk_shift[oc] = check_range(&rng, 1, 14);
+        }
+        l.bias = pk_bias;
+        l.multiplier = pk_mult;
+        l.shift = pk_shift;
+        int16_t *w = weight_store + sizeof weight_store / sizeof weight_store[0] - (uint32_t)l.cout * tn_depth(&l);
+        CHECK_EQ(ref_pack_conv(&l, taps, w), TN_OK);
+        l.weight = (const int8_t *)w;
+        CHECK_EQ(ref_pack_conv_packed(&l, taps, stream), TN_OK);
+        l.packed = stream;
+        const uint32_t n_in = (uint32_t)l.hin * l.win * l.cin;
+        int8_t *in = input_store + sizeof input_store - n_in;
+        for (uint32_t i = 0; i < n_in; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        CHECK_MSG(ref_conv(&l, in, want) == TN_OK, "case %u: reference rejected the layer", c);
+        const uint32_t column_n = TN_TILE_POSITIONS * tn_depth(&l);
+        int16_t *column = column_store + sizeof column_store / sizeof column_store[0] - column_n;
+        if (tiles_match("tn_conv_tile (packed)", conv_tile, &l, in, c, column, 2u * column_n) != CHECK_OK) {
+            return CHECK_FAIL;
+        }
+        eight += l.cin == 8u ? 1u : 0u;
+        strided += sr > 1u || l.stride > 1u ? 1u : 0u;
+        lone += ((uint32_t)l.hout * l.wout) % 2u;
+    }
+    CHECK_MSG(eight > 100u && eight < CASES - 100u && strided > 100u && lone > 50u, "eight %u, strided %u, lone %u",
+              eight, strided, lone);
+    return CHECK_OK;
+}
+
 /* An output clamp: all of int8, a ReLU's (from the zero point) or a narrow range (ReLU6-like), for
  * the kernels' copies with and without the per-byte clamp. */
 static void random_clamp(check_rng *rng, tn_layer *l) {
@@ -213,9 +273,11 @@ static void random_dwconv(check_rng *rng, tn_layer *l) {
     random_requantization(rng, l);
 }
 
+static int32_t packed_store[2 * (MAX_K * MAX_K + 2) + MAX_DW_COUT / 4 * (16 + 4 * (MAX_K * MAX_K / 2) + 2)];
+
 static check_status test_dwconv_tiles_match_reference(void) {
     check_rng rng = {2468u};
-    unsigned whole = 0, gathered = 0, shared = 0, rest = 0, narrow = 0;
+    unsigned whole = 0, gathered = 0, shared = 0, rest = 0, narrow = 0, packed = 0;
     for (unsigned c = 0; c < CASES; c++) {
         tn_layer l;
         random_dwconv(&rng, &l);
@@ -233,10 +295,16 @@ static check_status test_dwconv_tiles_match_reference(void) {
         if (c % 2u == 1u) {
             table_of(&l);
         }
+        /* every other case that qualifies (3 x 3 ones too) through the packed stream export.cgen writes */
+        if (c / 2u % 2u == 1u && ref_pack_dwconv_packed(&l, taps, packed_store) == TN_OK) {
+            l.packed = packed_store;
+            packed++;
+        }
         if (tiles_match("tn_dwconv_tile", dwconv_tile, &l, in, c, window_store, sizeof window_store) != CHECK_OK) {
             return CHECK_FAIL;
         }
-        const int quads3 = l.kh == 3u && l.kw == 3u && l.cout == l.cin && l.cin % 4u == 0u && l.requant != 0;
+        const int quads3 = l.kh == 3u && l.kw == 3u && l.cout == l.cin && l.cin % 4u == 0u && l.requant != 0 &&
+                           l.packed == 0;
         whole += quads3 ? 1u : 0u;
         gathered += quads3 && (l.pad > 0u || l.pad_h > 0u) ? 1u : 0u;
         shared += l.cout == 4u * l.cin ? 1u : 0u;
@@ -245,8 +313,97 @@ static check_status test_dwconv_tiles_match_reference(void) {
     }
     /* the seeded cases reach the whole-window function (padded windows gathered), a quad reading one
      * input value, channels outside the quads and a clamp narrower than int8 */
-    CHECK_MSG(whole > 20u && gathered > 10u && shared > 20u && rest > 20u && narrow > 20u,
-              "whole %u, gathered %u, shared %u, rest %u, narrow %u", whole, gathered, shared, rest, narrow);
+    CHECK_MSG(whole > 20u && gathered > 10u && shared > 20u && rest > 20u && narrow > 20u && packed > 20u,
+              "whole %u, gathered %u, shared %u, rest %u, narrow %u, packed %u", whole, gathered, shared, rest, narrow,
+              packed);
+    return CHECK_OK;
+}
+
+/* The packed depthwise path on the shapes it is for: tall 1-D windows over (H, 1, C) (str_ww_ref_model's
+ * 3x1 to 15x1) and 2-D ones of any size, C = 8 and 40 (or a depth multiplier of 2), odd and even tap
+ * counts, strided, dilated, padded (windows gathered) or not; each against ref_dwconv. */
+#define PK_C 40
+#define PK_TAPS 52
+static check_status test_dwconv_packed_match_reference(void) {
+    /* 13 x 4 x 40 is more than the scratch a padded window is gathered into: such tiles take the general path */
+    static const uint8_t shapes[][2] = {{3, 1}, {5, 1}, {10, 1}, {15, 1}, {1, 7},
+                                        {2, 2}, {5, 5},  {4, 3},  {2, 1},  {13, 4}};
+    static int32_t pk_bias[PK_C], pk_mult[PK_C], pk_shift[PK_C];
+    static int32_t stream[2 * (PK_TAPS + 2) + PK_C / 4 * (16 + 4 * (PK_TAPS / 2) + 2)];
+    static int16_t pk_weight[PK_TAPS * PK_C] __attribute__((aligned(8)));
+    check_rng rng = {97531u};
+    unsigned tall = 0, padded = 0, dilated = 0, strided = 0, big = 0, doubled = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = TN_DWCONV;
+        l.cin = l.cout = (uint16_t)(check_range(&rng, 0, 1) == 1 ? PK_C : 8);
+        if (check_range(&rng, 0, 2) == 0) { /* a depth multiplier of 2: a quad reads two input values */
+            l.cin = (uint16_t)(check_range(&rng, 0, 1) == 1 ? PK_C / 2 : 4);
+            l.cout = (uint16_t)(2u * l.cin);
+        }
+        const uint8_t *shape = shapes[check_range(&rng, 0, (int32_t)(sizeof shapes / sizeof shapes[0]) - 1)];
+        l.kh = shape[0];
+        l.kw = shape[1];
+        const int one_d = l.kw == 1u || l.kh == 1u;
+        l.stride = (uint8_t)check_range(&rng, 1, 2);
+        l.stride_h = (uint8_t)check_range(&rng, 0, 2);
+        const int dilate = l.kh * l.kw <= 25u; /* the input of a dilated 13 x 4 would not fit its store */
+        l.dil_h = (uint8_t)(dilate && check_range(&rng, 0, 3) == 0 ? 2 : 0);
+        l.dil_w = (uint8_t)(dilate && check_range(&rng, 0, 3) == 0 ? 2 : 0);
+        const int32_t rows = ((int32_t)l.kh - 1) * (l.dil_h > 1 ? l.dil_h : 1) + 1;
+        const int32_t cols = ((int32_t)l.kw - 1) * (l.dil_w > 1 ? l.dil_w : 1) + 1;
+        const int pad = check_range(&rng, 0, 2) == 0;
+        l.pad_h = (uint8_t)(pad ? check_range(&rng, 0, (rows - 1) / 2) : 0);
+        l.pad = (uint8_t)(pad ? check_range(&rng, 0, (cols - 1) / 2) : 0);
+        const int32_t max_h = l.kw == 1u ? 40 : one_d ? 1 : 9, max_w = l.kh == 1u ? 40 : one_d ? 1 : 9;
+        const int32_t min_h = rows - 2 * l.pad_h, min_w = cols - 2 * l.pad;
+        l.hin = (uint16_t)check_range(&rng, min_h > 1 ? min_h : 1, max_h > min_h ? max_h : min_h);
+        l.win = (uint16_t)check_range(&rng, min_w > 1 ? min_w : 1, max_w > min_w ? max_w : min_w);
+        const int32_t sr = l.stride_h ? l.stride_h : l.stride;
+        l.hout = (uint16_t)((l.hin + 2 * l.pad_h - rows) / sr + 1);
+        l.wout = (uint16_t)((l.win + 2 * l.pad - cols) / l.stride + 1);
+        l.in_offset = check_range(&rng, -127, 128);
+        l.out_offset = check_range(&rng, -128, 127);
+        random_clamp(&rng, &l);
+        const uint32_t n_taps = (uint32_t)l.kh * l.kw;
+        for (uint32_t i = 0; i < n_taps * l.cout; i++) {
+            taps[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        for (uint32_t oc = 0; oc < l.cout; oc++) {
+            pk_bias[oc] = check_range(&rng, -20000, 20000);
+            pk_mult[oc] = check_range(&rng, 1 << 30, INT32_MAX);
+            pk_shift[oc] = check_range(&rng, 1, 12);
+        }
+        l.bias = pk_bias;
+        l.multiplier = pk_mult;
+        l.shift = pk_shift;
+        CHECK_EQ(ref_pack_dwconv(&l, taps, pk_weight), TN_OK);
+        l.weight = (const int8_t *)pk_weight;
+        CHECK_EQ(ref_pack_dwconv_packed(&l, taps, stream), TN_OK);
+        l.packed = stream;
+        const uint32_t n_in = (uint32_t)l.hin * l.win * l.cin;
+        int8_t *in = input_store + sizeof input_store - n_in;
+        for (uint32_t i = 0; i < n_in; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        CHECK_MSG(ref_dwconv(&l, taps, in, want) == TN_OK, "case %u: reference rejected the layer", c);
+        if (tiles_match("tn_dwconv_tile (packed)", dwconv_tile, &l, in, c, window_store, sizeof window_store) !=
+            CHECK_OK) {
+            fprintf(stderr, "  %ux%u cin %u, in %ux%u, stride %u/%u, dil %u/%u, pad %u/%u\n", l.kh, l.kw, l.cin, l.hin,
+                    l.win, l.stride_h, l.stride, l.dil_h, l.dil_w, l.pad_h, l.pad);
+            return CHECK_FAIL;
+        }
+        tall += l.kw == 1u && l.kh >= 5u ? 1u : 0u;
+        padded += l.pad > 0u || l.pad_h > 0u ? 1u : 0u;
+        dilated += l.dil_h > 1u || l.dil_w > 1u ? 1u : 0u;
+        strided += sr > 1 || l.stride > 1u ? 1u : 0u;
+        big += (l.pad > 0u || l.pad_h > 0u) && (uint32_t)l.kh * l.kw * l.cin > sizeof window_store ? 1u : 0u;
+        doubled += l.cout == 2u * l.cin ? 1u : 0u;
+    }
+    CHECK_MSG(tall > 50u && padded > 50u && dilated > 50u && strided > 50u && big > 3u && doubled > 50u,
+              "tall %u, padded %u, dilated %u, strided %u, big %u, multiplier 2 %u", tall, padded, dilated, strided, big,
+              doubled);
     return CHECK_OK;
 }
 
@@ -284,6 +441,61 @@ static check_status test_fc_matches_reference(void) {
         odd_out += l.cout % 4u != 0u ? 1u : 0u;
     }
     CHECK(odd_in > 20u && odd_out > 20u);
+    return CHECK_OK;
+}
+
+/* The packed fully connected path (ad01_int8's layers: 8, 128 and 640 inputs), int8 outputs and the
+ * logits' int32, against ref_fc. */
+static check_status test_fc_packed_matches_reference(void) {
+    static int8_t w_store[48 * 160], in_store[160], got_store[48], expect[48];
+    static int32_t got32[48], pk_bias[48], pk_mult[48], pk_shift[48], stream[48 * (1 + 40 + 3)];
+    check_rng rng = {86420u};
+    unsigned logits = 0;
+    for (unsigned c = 0; c < CASES; c++) {
+        tn_layer l;
+        memset(&l, 0, sizeof l);
+        l.kind = TN_FC;
+        l.cin = (uint16_t)(8 * check_range(&rng, 1, 20));
+        l.cout = (uint16_t)(4 * check_range(&rng, 1, 12));
+        l.hin = l.win = l.hout = l.wout = 1;
+        l.in_offset = check_range(&rng, -127, 128);
+        l.out_offset = check_range(&rng, -128, 127);
+        l.act_min = -128;
+        l.act_max = 127;
+        int8_t *w = w_store + sizeof w_store - (uint32_t)l.cout * l.cin, *in = in_store + sizeof in_store - l.cin;
+        for (uint32_t i = 0; i < (uint32_t)l.cout * l.cin; i++) {
+            w[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        for (uint32_t i = 0; i < l.cin; i++) {
+            in[i] = (int8_t)check_range(&rng, -128, 127);
+        }
+        for (uint32_t o = 0; o < l.cout; o++) {
+            pk_bias[o] = check_range(&rng, -200000, 200000);
+            pk_mult[o] = check_range(&rng, 1 << 30, INT32_MAX);
+            pk_shift[o] = check_range(&rng, 1, 14);
+        }
+        l.weight = w;
+        l.bias = pk_bias;
+        l.multiplier = pk_mult;
+        l.shift = pk_shift;
+        CHECK_EQ(ref_fc(&l, in, expect), TN_OK);
+        CHECK_EQ(ref_pack_fc_packed(&l, stream), TN_OK);
+        l.packed = stream;
+        int8_t *got = got_store + sizeof got_store - l.cout;
+        if (c % 3u == 2u) { /* the last layer's way: the int8 values as int32 logits */
+            int32_t *got_logits = got32 + sizeof got32 / sizeof got32[0] - l.cout;
+            tn_fc(&l, in, 0, got_logits);
+            for (uint32_t o = 0; o < l.cout; o++) {
+                CHECK_MSG(got_logits[o] == expect[o], "case %u (cin %u, cout %u): logit %lu", c, l.cin, l.cout,
+                          (unsigned long)o);
+            }
+            logits++;
+            continue;
+        }
+        tn_fc(&l, in, got, 0);
+        CHECK_MSG(memcmp(got, expect, l.cout) == 0, "case %u (cin %u, cout %u)", c, l.cin, l.cout);
+    }
+    CHECK(logits > 100u);
     return CHECK_OK;
 }
 
@@ -362,10 +574,10 @@ static check_status test_window_pools_match_reference(void) {
  * shift, so each output is half the window sum (half up), plus the zero point, clamped. */
 static check_status test_conv_known_values(void) {
     static const int8_t in[4] = {10, 20, 30, 41};
-    static int8_t w[4];
+    static int16_t w[4] __attribute__((aligned(4)));
     static const int8_t taps3[3] = {1, 1, 1};
     static const int32_t b[1] = {0}, m[1] = {1 << 30}, s[1] = {0};
-    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 0, 1, -128, 127, w, b, m, s, 0, 0, 0, 0, 0, 0, 0, 0};
+    tn_layer l = {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 3, 1, 1, 0, 0, 1, -128, 127, (const int8_t *)w, b, m, s, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     CHECK_EQ(ref_pack_conv(&l, taps3, w), TN_OK);
     static const int8_t expect[4] = {16, 31, 47, 37}; /* (30 / 2 = 15, 60 / 2, 91 / 2 = 45.5 -> 46, 71 / 2 -> 36) + 1 */
     int8_t out[4];
@@ -464,10 +676,13 @@ int main(void) {
     int failures = 0;
     RUN(failures, test_conv_known_values);
     RUN(failures, test_conv_tiles_match_reference);
+    RUN(failures, test_conv_packed_matches_reference);
     RUN(failures, test_dwconv_tiles_match_reference);
+    RUN(failures, test_dwconv_packed_match_reference);
     RUN(failures, test_pool_matches_reference);
     RUN(failures, test_window_pools_match_reference);
     RUN(failures, test_fc_matches_reference);
+    RUN(failures, test_fc_packed_matches_reference);
     RUN(failures, test_mul_matches_reference);
     RUN(failures, test_dense_matches_reference);
     RUN(failures, test_argmax);

@@ -36,14 +36,14 @@ extern const int32_t tn_expected_flat[];
 #endif
 """
 MODEL_C = """#include "model.h"
-static const int8_t w0[4] = {1, 0, 0, 0};
+static const int16_t w0[4] __attribute__((aligned(4))) = {1, 0, 0, 0}; /* a conv's weights are int16 */
 static const int32_t b0[1] = {0}, m0[1] = {1073741824}, s0[1] = {0};
 static const int8_t w2[2] = {1, -1};
 static const int32_t b2[2] = {10, 20};
 static const tn_layer layers[3] = {
-    {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 1, 1, 0, 0, 0, 0, -128, 127, w0, b0, m0, s0, 0, 0, 0, 0, 0, 0, 16, 0},
-    {TN_POOL, 1, 1, 4, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0},
-    {TN_DENSE, 1, 1, 1, 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, w2, b2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {TN_CONV, 1, 1, 4, 1, 1, 4, 1, 1, 1, 0, 0, 0, 0, -128, 127, (const int8_t *)w0, b0, m0, s0, 0, 0, 0, 0, 0, 0, 16, 0, 0},
+    {TN_POOL, 1, 1, 4, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0},
+    {TN_DENSE, 1, 1, 1, 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, w2, b2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 const tn_model tn_variant_0 = {"tiny", 3, layers, 4, 2, 4, 1, 1000, 32, 0};
 const tn_model *const tn_variants[TN_N_VARIANTS] = {&tn_variant_0};
