@@ -554,7 +554,18 @@ def cmsis_markdown(per: list[dict[str, Any]], commit: str) -> str:
              "own input tensor, between two marks: its kernels alone, no interpreter. The firmware's figure per layer "
              "is its profile (tiles and commits included); its total is the whole inference. MACs count convolution, "
              "depthwise and fully connected multiply-accumulates only. *equal*: CMSIS-NN's output equals TFLite "
-             "Micro's tensor and the firmware's layer output, byte for byte.", ""]
+             "Micro's tensor and the firmware's layer output, byte for byte.", "",
+             "| model | trickle instr | CMSIS-NN instr | ratio | trickle cycles~ | CMSIS-NN cycles~ | Plumerai cycles | "
+             "layers equal |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m in per:
+        pairs = [r for r in m["layers"] if "cmsis_nn_equals_firmware" in r]
+        lines.append(f"| {m['model']}{' (the project’s)' if m.get('own') else ''} | {m['compared_instructions']:,} | "
+                     f"{m['cmsis_nn_instructions']:,} | {m['instruction_ratio']:.3f} | "
+                     f"{_count(m['estimated_cycles_per_inference'] if m['every_layer_paired'] else None)} | "
+                     f"{_count(m['cmsis_nn_estimated_cycles'])} | "
+                     f"{_count(PLUMERAI_CYCLES.get(m['model']))} | "
+                     f"{sum(r['cmsis_nn_equals_firmware'] for r in pairs)}/{len(pairs)} |")
+    lines.append("")
     for m in per:
         if m["every_layer_paired"]:
             ours = f"trickle {m['instructions_per_inference']:,} instructions per inference"
