@@ -377,6 +377,8 @@ def build_harness(model_cases: list[Case], lib: Path, peer: Path, out: Path) -> 
 
 @dataclass
 class LayerCount:
+    """One operator's count on mps2-an386 through CMSIS-NN, and how its output compared."""
+
     name: str
     kind: str
     shape: str
