@@ -211,7 +211,8 @@ def build(sources: Path, board: str, out: Path, vectors: int | None = None, sani
         region, extra = overflow.groups()
         names = {"FLASH": "flash", "RAM": "RAM", "BKPSRAM": "backup SRAM (the non-volatile state)",
                  "NVRAM": "non-volatile region"}
-        advice = {"FLASH": "fewer --vectors (the test vectors are in flash), or a smaller model",
+        advice = {"FLASH": "fewer --vectors (the test vectors are in flash), or a smaller model: a conv layer's "
+                           "weights take 2 bytes each, widened to int16 when the model is written, for speed",
                   "RAM": "a smaller model: the arena and scratch are in RAM"}.get(
             region, "--policy atomic keeps only the progress and results there")
         raise FlashError(f"the image does not fit the {board}: its {names.get(region, region)} overflows by {extra} "
