@@ -249,8 +249,8 @@ typedef struct {
  * picks: the clamp of four outputs in four instructions) and stored as a halfword at each position.
  * The dot products take four taps a step: one LDM of the pair's four int16 weight words, for each
  * position one LDRD of its two column words and four SMLAD (11 instructions, and by the Cortex-M4's
- * timings 19 cycles, for 16 MACs), two steps a turn of the loop, whose test and branch cost 2 more
- * instructions and 4 cycles (an odd count of steps enters at the second). Registers: r0-r3 the sums
+ * timings 19 cycles, for 16 MACs), four steps a turn of the loop, whose test and branch cost 2 more
+ * instructions and 4 cycles (a count of steps not a multiple of four enters where that many remain). Registers: r0-r3 the sums
  * a0, a1, b0, b1; r4-r7 the weights; r8 and lr a column's two words (the job's pointer, in lr
  * otherwise, waits on the stack); r9 the weights' pointer; r10, r11 the columns' pointers; r12 the
  * first column's end. With a lone last position cb = ca and ob = oa, so the second store rewrites
@@ -280,9 +280,13 @@ typedef struct {
     "mov r3, r1\n"                                                                                                     \
     "sub r8, r12, r10\n\t"                                                                                             \
     "str lr, [sp, #-4]!\n\t"                                                                                           \
-    "tst r8, #8\n\t"                                                                                                   \
-    "bne 3f\n"                                                                                                         \
-    "2:\n\t" TN_CONV_ASM_STEP "3:\n\t" TN_CONV_ASM_STEP                                                                \
+    "ands r8, r8, #24\n\t" /* 8 x (the steps mod 4): enter where that many remain */                                   \
+    "beq 2f\n\t"                                                                                                       \
+    "cmp r8, #16\n\t"                                                                                                  \
+    "beq 4f\n\t"                                                                                                       \
+    "bhi 3f\n\t"                                                                                                       \
+    "b 5f\n"                                                                                                           \
+    "2:\n\t" TN_CONV_ASM_STEP "3:\n\t" TN_CONV_ASM_STEP "4:\n\t" TN_CONV_ASM_STEP "5:\n\t" TN_CONV_ASM_STEP            \
     "cmp r10, r12\n\t"                                                                                                 \
     "bne 2b\n\t"                                                                                                       \
     "ldr lr, [sp], #4\n\t"                                                                                             \
