@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: venv demo test test-fast test-edge lint bench clean native
+.PHONY: venv demo test test-fast test-edge test-docs docs docs-pictures lint bench clean native
 
 # the exact engine's hot path, compiled with mypyc (3-4x faster, byte-identical results); without a C
 # compiler and Python headers the build is skipped and the same modules run as Python
@@ -37,6 +37,22 @@ test: $(PY)
 	$(MAKE) lint
 	$(VENV)/bin/pytest -q
 	$(MAKE) test-edge
+
+# the documentation site (docs/, mkdocs.yml) into site/: strict, so a warning, a broken link or a
+# missing reference fails it; `make test` builds it too (tests/docs/test_site.py)
+docs: $(PY)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	@echo "the site is in site/ (open site/index.html, or serve it: $(VENV)/bin/mkdocs serve)"
+
+# the docs tier: the site's strict build and every tutorial run as written (tests/docs)
+test-docs: $(PY)
+	$(VENV)/bin/pytest -q tests/docs
+
+# the site's pictures, drawn by the project's own code (docs/pictures.py); the dashboard's come from
+# its browser test
+docs-pictures: $(PY)
+	$(PY) docs/pictures.py
+	TRICKLE_SCREENSHOTS=docs/images $(VENV)/bin/pytest -q -p no:cacheprovider tests/server/api/test_dashboard.py
 
 # the tests that need no model training, server, broker, database, firmware build or browser (markers
 # are applied in tests/conftest.py): the loop to run while working, well under 90 s
@@ -71,5 +87,5 @@ build/native.stamp: $(NATIVE_SRC)
 	@touch $@
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info simulator/*.so
+	rm -rf $(VENV) runs build site *.egg-info simulator/*.so
 	$(MAKE) -C firmware clean

@@ -35,8 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part", action="append", metavar="PART",
                    help="firmware, firmbound, link and speculative: run just this part (firmware: trained, tflite, "
                         "mlperf or cmsis-nn; firmbound: synthetic, streams, defaults or nodes; link: mosquitto, embedded, "
-                        "mixed or "
-                        "upload; speculative: the target, base or tiny; "
+                        "mixed, readload, upload, sessions, replicas or broker; speculative: the target, base or tiny; "
                         "repeatable) and keep the other parts' keys from the "
                         "committed results, each part marked with the commit it was measured at")
     p.add_argument("--dataset", metavar="PATH",

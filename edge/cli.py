@@ -65,8 +65,8 @@ printed with the number of samples the rule took before it stopped.
 
 GENERATE_HELP = """Generate text with a draft on this machine, verified by the server's language model.
 
-    trickle edge generate --bundle drafts/moa --server http://127.0.0.1:8080 --token-file m1.token "ROMEO.\n"
-    trickle edge generate --bundle drafts/moa --broker mqtt://127.0.0.1:1883 --device m1 --token-file m1.token "ROMEO.\n"
+    trickle edge generate --bundle drafts/moa --server http://127.0.0.1:8080 --token-file m1.token $'ROMEO.\\n'
+    trickle edge generate --bundle drafts/moa --broker mqtt://127.0.0.1:1883 --device m1 --token-file m1.token $'ROMEO.\\n'
     trickle edge generate --bundle drafts/moa --server URL --token-file F --temperature 0.8 --seed 3 "prompt"
     trickle edge generate --bundle drafts/moa "prompt"                # no server: the draft alone
 

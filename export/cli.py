@@ -31,7 +31,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-precision", choices=["fp32", "int8"], default="int8",
                    help="with --target: int8 (default) quantizes the draft's weights after the float32 parity check "
                         "(its agreement with float32 goes into the manifest; verification keeps the text exact; "
-                        "measured 1.04-1.08x the float32 draft's tokens/s on every link, bench client-server)")
+                        "measured 0.98-1.12x the float32 draft's tokens/s over five links, bench client-server)")
     p.add_argument("--formats", default=",".join(FORMATS), metavar="LIST",
                    help=f"comma-separated, among {','.join(FORMATS)} (default: all)")
     p.add_argument("--key", type=Path, metavar="PRIVATE", help="Ed25519 private key file to sign the manifest with")

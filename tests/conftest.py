@@ -37,7 +37,9 @@ FIXTURE_MARKS = {
 # folders whose every test needs one: training and export need torch; firmware the C toolchains and QEMU
 FOLDER_MARKS = {"models": "needs_torch", "export": "needs_torch", "bench": "needs_torch", "firmware": "needs_qemu"}
 FILE_MARKS = {"test_demo.py": ("needs_torch", "needs_broker", "slow"), "test_mosquitto_acl.py": ("needs_broker",),
-              "test_tls.py": ("needs_broker",), "test_ray.py": ("slow",), "test_api_fuzz.py": ("slow",)}
+              "test_tls.py": ("needs_broker",), "test_ray.py": ("slow",), "test_api_fuzz.py": ("slow",),
+              # the docs tier's tutorials train, serve, build firmware and run it under QEMU
+              "test_tutorials.py": ("slow", "needs_torch", "needs_broker", "needs_qemu")}
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 # without torch (the edge tier's own install) the folders that train or export are not collected
 collect_ignore_glob = [] if HAVE_TORCH else ["models/*", "export/*", "bench/*"]

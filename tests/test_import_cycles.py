@@ -1,5 +1,5 @@
 """No import cycles between modules, typing-only imports included: each tier reads bottom-up, and
-a type two modules share lives below both (``docs/architecture.md``)."""
+a type two modules share lives below both (``docs/concepts/architecture.md``)."""
 
 from __future__ import annotations
 

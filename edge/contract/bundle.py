@@ -1,4 +1,4 @@
-"""Bundles: the contract between training and devices (see docs/architecture.md).
+"""Bundles: the contract between training and devices (see docs/concepts/architecture.md).
 
 A bundle is a folder, or a tar of one, holding ``manifest.json`` (the typed ``edge.contract.manifest.Manifest``;
 its JSON Schema is in ``edge/contract/schemas/``), the model files it lists with their sha256, and ``manifest.sig``: an

@@ -113,9 +113,9 @@ def depthwise_weights(layer: DepthwiseLayer) -> np.ndarray:
     """A depthwise conv's weights as the firmware stores them, widened to int16 (the kernel loads a
     tap's four weights with one LDRD instead of unpacking a word with two SXTB16 per window and
     position): where four channels are computed together (a depth multiplier of 1, 2 or a multiple
-    of 4), each quad's taps in turn, [cout / 4][kh][kw][w0, w2, w1, w3] (the lane pairs the input's
+    of 4), each quad's taps in turn, ``[cout / 4][kh][kw][w0, w2, w1, w3]`` (the lane pairs the input's
     SXTAB16 words meet), so the kernel walks a quad's window with one post-incremented load; then
-    the other channels in TFLite's order, [kh][kw][rest]."""
+    the other channels in TFLite's order, ``[kh][kw][rest]``."""
     kh, kw, cout = layer.weight.shape
     mult = cout // layer.in_shape[0]
     quads = cout // 4 * 4 if mult in (1, 2) or mult % 4 == 0 else 0
@@ -133,7 +133,7 @@ def _halves(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def doubled_rows(layer: ConvLayer | DepthwiseLayer | FCLayer, reach: np.ndarray) -> np.ndarray | None:
-    """The output stage rows [channel][3] = {multiplier, 2^(s-1) + zero point 2^s, s} of a packed stream
+    """The output stage rows ``[channel][3]`` = {multiplier, 2^(s-1) + zero point 2^s, s} of a packed stream
     (firmware/src/kernel.h's requant_doubled), or None where they cannot be used: a shift below 1 (a
     zero multiplier, whose output is the zero point at any shift, takes 1), a base of 2^30 or more, or
     an accumulator that may reach 2^30 (reach: the most |sum of products| each channel adds to its
@@ -269,7 +269,7 @@ def routed(init: str, offsets: tuple[int, int, int], requant: str = "0", packed:
 
 
 def add_tables(layer: AddLayer) -> np.ndarray:
-    """An ADD's two inputs rescaled, for each int8 value: int32 (2, 256), [i][v + 128] =
+    """An ADD's two inputs rescaled, for each int8 value: int32 (2, 256), ``[i][v + 128]`` =
     RoundingDivideByPOT(SaturatingRoundingDoublingHighMul((v + offset_i) * 2^20, m_i), s_i), what
     TFLite's ADD computes of each input before the sum (a function of the one int8 value)."""
     v = np.arange(-128, 128, dtype=np.int64)

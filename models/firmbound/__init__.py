@@ -7,27 +7,34 @@
 - ``classifier``: ``FirmboundClassifier``, both behind sktime's early-classification interface.
 """
 
-from models.firmbound.classifier import FirmboundClassifier, harmonic_mean
-from models.firmbound.core import (
-    LOSS_L,
-    ConvexContinuation,
-    DensityRatio,
-    ExactRule,
-    FrameNet,
-    GPContinuation,
-    MaxAffine,
-    StoppingRule,
-    backward_induction,
-    bayes_risk,
-    exact_backward_induction,
-    fit_density_ratio,
-    gaussian_sequences,
-    posteriors,
-    stack_frames,
-    stopping_risk,
-    tandem_loss,
-)
-from models.firmbound.prefix import PrefixPosteriors, fit_prefix_posteriors
+import importlib
+from typing import Any
+
+# the public names, imported on first use: `trickle export` reads a checkpoint through
+# ``models.firmbound.checkpoint`` without loading sktime (the classifier) for a NExUME one
+_LAZY = {
+    "FirmboundClassifier": "models.firmbound.classifier",
+    "harmonic_mean": "models.firmbound.classifier",
+    "ConvexContinuation": "models.firmbound.core",
+    "DensityRatio": "models.firmbound.core",
+    "ExactRule": "models.firmbound.core",
+    "FrameNet": "models.firmbound.core",
+    "GPContinuation": "models.firmbound.core",
+    "LOSS_L": "models.firmbound.core",
+    "MaxAffine": "models.firmbound.core",
+    "StoppingRule": "models.firmbound.core",
+    "backward_induction": "models.firmbound.core",
+    "bayes_risk": "models.firmbound.core",
+    "exact_backward_induction": "models.firmbound.core",
+    "fit_density_ratio": "models.firmbound.core",
+    "gaussian_sequences": "models.firmbound.core",
+    "posteriors": "models.firmbound.core",
+    "stack_frames": "models.firmbound.core",
+    "stopping_risk": "models.firmbound.core",
+    "tandem_loss": "models.firmbound.core",
+    "PrefixPosteriors": "models.firmbound.prefix",
+    "fit_prefix_posteriors": "models.firmbound.prefix",
+}
 
 __all__ = [
     "LOSS_L",
@@ -52,3 +59,11 @@ __all__ = [
     "stopping_risk",
     "tandem_loss",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

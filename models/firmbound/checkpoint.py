@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,10 +24,11 @@ import torch
 from edge.classify.rocket import CausalRocket
 from edge.core.errors import DataError
 from edge.core.files import write_atomic
-from models.firmbound.classifier import FirmboundClassifier
 from models.firmbound.core import ConvexContinuation, DensityRatio, FrameNet, StoppingRule
-from models.firmbound.prefix import PrefixPosteriors
 from models.weights import load_weights
+
+if TYPE_CHECKING:
+    from models.firmbound.classifier import FirmboundClassifier
 
 ALGORITHM = "firmbound"
 CHECKPOINT_VERSION = 1
@@ -122,6 +123,10 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 def classifier(payload: dict[str, Any]) -> FirmboundClassifier:
     """The fitted classifier a checkpoint's payload holds."""
+    # imported here: reading a checkpoint (``read_checkpoint``) needs neither sktime nor scikit-learn
+    from models.firmbound.classifier import FirmboundClassifier
+    from models.firmbound.prefix import PrefixPosteriors
+
     params = payload["params"]
     clf = FirmboundClassifier(**params)
     est = payload["estimator"]

@@ -268,7 +268,8 @@ def generate_example(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, prom
     """The greedy continuation of ``prompt``, both within the model's context (the prompt's end kept)."""
     context = model.config.max_position_embeddings
     new_tokens = min(new_tokens, context // 2)
-    ids = tok(prompt, return_tensors="pt").input_ids[:, -(context - new_tokens):]  # (1, P)
+    # the prompt may be longer than the context: its end is kept below, so the tokenizer need not warn
+    ids = tok(prompt, return_tensors="pt", verbose=False).input_ids[:, -(context - new_tokens):]  # (1, P)
     model.eval()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
                          pad_token_id=tok.pad_token_id)
