@@ -5,15 +5,23 @@
 - ``images/voltage.png``: a node's capacitor voltage with its power failures, as ``trickle simulate``
   plots it (the bundled ``jit_checkpoint`` scenario, an hour);
 - ``images/pareto.png``: a design's Pareto front, as ``trickle design`` plots it (the example spec);
+- ``images/tutorial-voltage.png`` and ``tutorial-pareto.png``: the plots the tutorials "Simulate my
+  node" and "Design my node" make, from running those pages as the docs tier does;
 - ``images/dashboard.png`` and ``dashboard-device.png`` are taken by the dashboard's browser test:
   ``TRICKLE_SCREENSHOTS=docs/images pytest tests/server/api/test_dashboard.py``.
 
 The same command gives the same bytes (the plots carry no version or date stamp).
+
+``python docs/pictures.py --screenshots DIR`` builds the site and photographs a few of its pages in
+Debian's chromium (through Playwright): what a reader sees, for a review or a closing note.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -97,12 +105,80 @@ def pareto(out: Path, work: Path) -> None:
     shutil.copy(work / "design" / "pareto.png", out)
 
 
+# page, and what to type into the search box first (None: the page as it opens)
+PAGES = (("home", "index.html", None), ("tutorial-model-to-board", "tutorials/model-to-board.html", None),
+         ("results", "results/index.html", None), ("search", "index.html", "power cuts"))
+
+
+def screenshots(out: Path, chromium: str = "/usr/bin/chromium") -> None:
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        site = Path(tmp) / "site"
+        subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "--quiet", "-d", str(site)],
+                       cwd=ROOT, check=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(site)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                for name, path, search in PAGES:
+                    for _ in range(50):  # until the server answers
+                        try:
+                            page.goto(f"http://127.0.0.1:{port}/{path}")
+                            break
+                        except Exception:  # the server is still starting
+                            page.wait_for_timeout(100)
+                    page.wait_for_load_state("networkidle")
+                    if search:
+                        page.keyboard.press("/")
+                        page.keyboard.type(search)
+                        page.wait_for_selector(".md-search-result__item")
+                    page.screenshot(path=str(out / f"{name}.png"))
+                print(f"photographed {len(PAGES)} pages in chromium {browser.version} into {out}")
+                browser.close()
+        finally:
+            server.terminate()
+
+
+# tutorial page -> (a plot it writes, the picture it shows)
+TUTORIAL_PLOTS = {"simulate-node.md": ("runs/my_node/plots/voltage.png", "tutorial-voltage.png"),
+                  "design-node.md": ("runs/design/mine/pareto.png", "tutorial-pareto.png")}
+
+
+def tutorial_plots(work: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from edge.core.files import data_root
+    from tests.docs.tutorial import run
+
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               TRICKLE_DATA=os.fspath(data_root()), MPLBACKEND="Agg")
+    for page, (plot, picture) in TUTORIAL_PLOTS.items():
+        folder = work / page.removesuffix(".md")
+        folder.mkdir()
+        (folder / "examples").symlink_to(ROOT / "examples")
+        run(ROOT / "docs" / "tutorials" / page, folder, env)
+        shutil.copy(folder / plot, IMAGES / picture)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--screenshots", type=Path, metavar="DIR", help="photograph the built site's pages instead")
+    args = parser.parse_args()
+    if args.screenshots:
+        screenshots(args.screenshots)
+        return
     IMAGES.mkdir(parents=True, exist_ok=True)
     architecture(IMAGES / "architecture.png")
     with tempfile.TemporaryDirectory() as tmp:
         voltage(IMAGES / "voltage.png", Path(tmp))
         pareto(IMAGES / "pareto.png", Path(tmp))
+        tutorial_plots(Path(tmp))
     print(f"wrote {', '.join(p.name for p in sorted(IMAGES.glob('*.png')))} in {IMAGES}")
 
 
