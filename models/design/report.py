@@ -31,7 +31,7 @@ def shown_params(spec: DesignSpec, params: dict[str, Any]) -> dict[str, Any]:
         elif choices is not None:
             out[p.field] = choices[int(v)]
         else:
-            out[p.field] = v
+            out[p.field] = p.value(v)
     return out
 
 

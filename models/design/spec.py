@@ -87,6 +87,16 @@ class Parameter(Config):
                               "name that field")
         return self
 
+    def value(self, sampled: Any) -> Any:
+        """A sampled point of a range as the scenario gets it: an int, or a float on the grid of ``step``
+        without the sampler's float residue (3.0, not 3.0000000000000004)."""
+        if self.integer:
+            return int(sampled)
+        value = float(sampled)
+        if self.step is not None and self.low is not None:
+            value = self.low + round((value - self.low) / self.step) * self.step
+        return float(f"{value:.12g}") if self.step is not None else value
+
     @property
     def choices(self) -> list[Any] | None:
         """The ordered values searched by index (parts: the parts, by capacitance), else None."""
@@ -191,7 +201,7 @@ class DesignSpec(Config):
             elif choices is not None:
                 out[p.field] = choices[int(value)]
             else:
-                out[p.field] = int(value) if p.integer else float(value)
+                out[p.field] = p.value(value)
         return out
 
     def part(self, chosen: dict[str, Any]) -> Part | None:

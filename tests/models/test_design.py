@@ -202,9 +202,11 @@ def test_ctrl_c_is_one_line_and_the_study_resumes(tmp_path: Path) -> None:
     doc = _spec(trials=400, random_baseline=False).model_dump(exclude_defaults=True)
     spec.write_text(tomli_w.dumps(doc))
     out = tmp_path / "d"
+    # Ctrl-C as at a terminal: a suite started in the background (`make test &`) runs with SIGINT ignored,
+    # which its children would inherit, and then no Ctrl-C reaches the study at all
     proc = subprocess.Popen([sys.executable, "-m", "trickle", "design", str(spec), "--out", str(out), "--workers", "2",
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log = out / "study.log"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not log.exists() or log.read_text().count('"values"') < 4):
@@ -338,3 +340,13 @@ def test_the_ratio_metrics_are_design_objectives_and_constraints(tmp_path: Path)
         ratio = t.user_attrs["metrics"]["packets_delivered_ratio"]
         assert 0.0 <= ratio <= 1.0 and 0.0 <= t.values[0] <= 1.0
         assert (t.user_attrs["constraints"][0] <= 0) == (ratio >= 0.95)
+
+
+def test_a_stepped_range_gives_values_on_its_grid_without_float_residue() -> None:
+    # 2.4 + 6 * 0.1 is 3.0000000000000004 in floating point; the scenario file and design.json said so
+    from models.design.spec import Parameter
+
+    stepped = Parameter(field="storage.v_on_v", low=2.4, high=3.6, step=0.1)
+    assert stepped.value(2.4 + 6 * 0.1) == 3.0 and repr(stepped.value(3.1000000000000005)) == "3.1"
+    assert Parameter(field="storage.v_on_v", low=2.4, high=3.6).value(2.4 + 6 * 0.1) == 2.4 + 6 * 0.1
+    assert Parameter(field="workload.sense_period_s", low=10, high=600, integer=True, step=10).value(120) == 120
