@@ -154,15 +154,12 @@ TUTORIAL_PLOTS = {"simulate-node.md": ("runs/my_node/plots/voltage.png", "tutori
 def tutorial_plots(work: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from edge.core.files import data_root
-    from tests.docs.tutorial import run
+    from tests.docs.tutorial import reader_setup, run
 
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               TRICKLE_DATA=os.fspath(data_root()), MPLBACKEND="Agg")
     for page, (plot, picture) in TUTORIAL_PLOTS.items():
         folder = work / page.removesuffix(".md")
         folder.mkdir()
-        (folder / "examples").symlink_to(ROOT / "examples")
-        run(ROOT / "docs" / "tutorials" / page, folder, env)
+        run(ROOT / "docs" / "tutorials" / page, folder, reader_setup(folder, data_root()))
         shutil.copy(folder / plot, IMAGES / picture)
 
 

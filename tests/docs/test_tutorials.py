@@ -3,14 +3,12 @@ give), so the site cannot drift from the code. See ``tests/docs/tutorial.py`` fo
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from edge.core.files import data_root
-from tests.docs.tutorial import run
+from tests.docs.tutorial import reader_setup, run
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted(p for p in (ROOT / "docs" / "tutorials").glob("*.md") if p.name != "index.md")
@@ -21,10 +19,7 @@ def test_tutorial_runs_as_written(page: Path, tmp_path: Path) -> None:
     data = data_root()
     if not data.is_dir():
         pytest.skip(f"the data folder is not at {data} (set TRICKLE_DATA)")
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               TRICKLE_DATA=os.fspath(data), MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
-    outcomes = run(page, tmp_path, env)
+    outcomes = run(page, tmp_path, reader_setup(tmp_path, data))
     assert outcomes, f"{page.name} runs nothing"
     for outcome in outcomes:
         print(f"{page.name}:{outcome.block.line} {outcome.block.language} {outcome.seconds:.1f} s")

@@ -137,6 +137,14 @@ class Outcome:
     output: str
 
 
+def reader_setup(folder: Path, data: Path) -> dict[str, str]:
+    """Make ``folder`` what a reader's checkout offers a tutorial (``examples/``) and return the
+    environment they work in: the venv's commands first on PATH, the data folder, plots off-screen."""
+    (folder / "examples").symlink_to(Path(__file__).resolve().parents[2] / "examples")
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                TRICKLE_DATA=os.fspath(data), MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+
+
 def run(page: Path, folder: Path, env: dict[str, str], timeout_s: float = 600.0) -> list[Outcome]:
     """Run every block of ``page`` in ``folder``; raise ``TutorialError`` at the first that fails."""
     groups: list[int] = []
